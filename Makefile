@@ -1,0 +1,30 @@
+# Two commands matter: `make demo` (the main job) and `make test` (the suite).
+# Both create .venv and install the package with its dev extras when needed.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test bench clean
+
+$(STAMP): setup.cfg setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/alpa-comm plan --suite n-to-m --last-dim 16
+	$(BIN)/alpa-comm plan --suite 1-to-m --size-mb 64
+	$(BIN)/alpa-comm plan --shape 1024,1024,16 --src-mesh 2x4@0,1 --src-spec RS0R --dst-mesh 2x4@2,3 --dst-spec S0RR
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/planner_speed.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

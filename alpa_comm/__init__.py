@@ -1,0 +1,17 @@
+"""alpa_comm: fast cross-mesh resharding and overlap-friendly pipeline schedules.
+
+The planning layer imported here is pure Python + NumPy; runtime pieces that
+need jax, ray, torch or cupy live in submodules and import them lazily.
+"""
+from .cluster import ClusterSpec
+from .errors import (AlpaCommError, InvalidClusterError, InvalidMeshError, InvalidOptionError,
+                     InvalidSpecError)
+from .mesh import DeviceMesh
+from .resharding import LOADBALANCE_MODES, STRATEGIES, ReshardingPlan, UnitTask, plan_resharding
+from .spec import ShardingSpec
+
+__version__ = "0.1.0"
+
+__all__ = ["AlpaCommError", "ClusterSpec", "DeviceMesh", "InvalidClusterError", "InvalidMeshError",
+           "InvalidOptionError", "InvalidSpecError", "LOADBALANCE_MODES", "ReshardingPlan", "STRATEGIES",
+           "ShardingSpec", "UnitTask", "plan_resharding", "__version__"]

@@ -1,0 +1,163 @@
+"""The ``alpa-comm`` command line.
+
+Sub-commands take the same mesh/spec/strategy vocabulary as the Python API;
+bad input ends with exit code 2 and a message naming the offending value.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from .cluster import ClusterSpec
+from .errors import AlpaCommError
+from .resharding import LOADBALANCE_MODES, STRATEGIES, plan_resharding
+from .resharding.explain import fmt_bytes, fmt_seconds
+from .resharding.plan import smallest_cluster
+from .report import table
+from . import suites
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.replace("x", ",").split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"shape must be comma-separated integers, got {text!r}") from None
+
+
+def _chunks(text: str):
+    if text == "auto":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"chunks must be a positive integer or 'auto', got {text!r}") from None
+
+
+def add_cluster_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("cluster (defaults: the smallest that holds both meshes)")
+    g.add_argument("--hosts", type=int, help="number of hosts")
+    g.add_argument("--devices-per-host", type=int, help="devices per host")
+    g.add_argument("--nic-gbps", type=float, default=10.0, help="NIC bandwidth per host, Gbit/s (default 10)")
+    g.add_argument("--intra-gbps", type=float, default=1200.0,
+                   help="intra-host link bandwidth, Gbit/s (default 1200, NVLink-class)")
+    g.add_argument("--latency-us", type=float, default=20.0, help="per-message latency, microseconds (default 20)")
+
+
+def add_resharding_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--shape", type=_shape, help="tensor shape, e.g. 1024,1024,16")
+    p.add_argument("--dtype", default="float32", help="element type (default float32)")
+    p.add_argument("--src-mesh", help="source mesh SHAPE@HOSTS, e.g. 2x4@0,1")
+    p.add_argument("--src-spec", help="source sharding spec, e.g. S0RR")
+    p.add_argument("--dst-mesh", help="destination mesh, e.g. 2x4@2,3")
+    p.add_argument("--dst-spec", help="destination sharding spec, e.g. S01RR")
+    p.add_argument("--strategy", default="broadcast", choices=STRATEGIES, help="per-task strategy (default broadcast)")
+    p.add_argument("--loadbalance", default="auto", choices=LOADBALANCE_MODES,
+                   help="sender choice and ordering (default auto: dfs when small, else greedy)")
+    p.add_argument("--chunks", type=_chunks, default=None, help="broadcast chunks per slice, or 'auto' (default)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the randomized greedy search")
+    p.add_argument("--suite", choices=sorted(suites.SUITES),
+                   help="plan a reference suite with every method side by side instead of one resharding")
+    p.add_argument("--last-dim", type=int, default=512, help="n-to-m suite: last tensor dim (paper: 512)")
+    p.add_argument("--size-mb", type=float, default=1024, help="1-to-m suite: vector size in MiB (paper: 1024)")
+    add_cluster_args(p)
+
+
+def cluster_from_args(args, src_mesh=None, dst_mesh=None, hosts=None, dph=None) -> ClusterSpec:
+    kw = dict(nic_send_gbps=args.nic_gbps, intra_host_gbps=args.intra_gbps, latency_s=args.latency_us * 1e-6)
+    if args.hosts or hosts:
+        kw["num_hosts"] = args.hosts or hosts
+    if args.devices_per_host or dph:
+        kw["devices_per_host"] = args.devices_per_host or dph
+    if src_mesh is None:
+        return ClusterSpec(**kw)
+    return smallest_cluster(src_mesh, dst_mesh, **kw)
+
+
+def _suite_cases(args):
+    if args.suite == "n-to-m":
+        return suites.n_to_m(args.last_dim)
+    return suites.one_to_m(int(args.size_mb * (1 << 20)))
+
+
+def cmd_plan(args) -> int:
+    if args.suite:
+        return _plan_suite(args)
+    missing = [o for o in ("shape", "src_mesh", "src_spec", "dst_mesh", "dst_spec") if getattr(args, o) is None]
+    if missing:
+        raise AlpaCommError("missing option(s): " + ", ".join("--" + m.replace("_", "-") for m in missing)
+                            + " (or use --suite)")
+    cluster = cluster_from_args(args, args.src_mesh, args.dst_mesh)
+    plan = plan_resharding(args.shape, args.dtype, args.src_mesh, args.src_spec, args.dst_mesh, args.dst_spec,
+                           cluster=cluster, strategy=args.strategy, loadbalance=args.loadbalance,
+                           chunks=args.chunks, seed=args.seed)
+    print(plan.to_json(indent=1) if args.json else plan.explain())
+    return 0
+
+
+def _plan_suite(args) -> int:
+    cluster = cluster_from_args(args, hosts=suites.SUITE_HOSTS, dph=suites.SUITE_DEVICES_PER_HOST)
+    cases = _suite_cases(args)
+    results = []
+    t0 = time.monotonic()
+    for i, case in enumerate(cases):
+        print(f"[{i + 1}/{len(cases)}] planning case {case.name} ...", file=sys.stderr, flush=True)
+        row = {}
+        for m in suites.METHODS:
+            plan = plan_resharding(case.shape, case.dtype, case.src_mesh, case.src_spec, case.dst_mesh,
+                                   case.dst_spec, cluster=cluster, strategy=m.strategy,
+                                   loadbalance=m.loadbalance, chunks=args.chunks, seed=args.seed)
+            row[m.name] = plan
+        results.append((case, row))
+    print(f"planned {len(cases)} cases x {len(suites.METHODS)} methods in {time.monotonic() - t0:.1f} s",
+          file=sys.stderr)
+    if args.json:
+        out = []
+        for case, row in results:
+            bound = row["broadcast"].lower_bound_seconds
+            for name, plan in row.items():
+                out.append({"suite": case.suite, "case": case.name, "method": name,
+                            "predicted_seconds": plan.predicted_seconds, "lower_bound_seconds": bound})
+        print(json.dumps(out, indent=1))
+        return 0
+    print(f"Suite {args.suite} on {cluster.describe()}")
+    print("Each cell: predicted time, and in brackets its ratio to the physical lower bound.\n")
+    headers = ["case", "src -> dst", "size", "lower bound"] + [m.name for m in suites.METHODS]
+    rows = []
+    for case, row in results:
+        bound = row["broadcast"].lower_bound_seconds
+        cells = [case.name, f"{case.src_spec}@{case.src_mesh.split('@')[0]} -> {case.dst_spec}@{case.dst_mesh.split('@')[0]}",
+                 fmt_bytes(row["broadcast"].nbytes), fmt_seconds(bound)]
+        cells += [f"{fmt_seconds(p.predicted_seconds)} ({p.predicted_seconds / bound:.2f})" for p in row.values()]
+        rows.append(cells)
+    print(table(headers, rows))
+    print("\nMethods: " + "; ".join(f"{m.name} = {m.note}" for m in suites.METHODS))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="alpa-comm", description=__doc__.splitlines()[0].strip("`. ")
+                                     + ": plan, simulate and run cross-mesh resharding.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("plan", help="plan one cross-mesh resharding (or a reference suite) and explain it",
+                       description="Plan a cross-mesh resharding: unit tasks, strategy, sender choice and order, "
+                                   "predicted time vs the physical lower bound.")
+    add_resharding_args(p)
+    p.add_argument("--json", action="store_true", help="print the plan as JSON (docs/plan-json.md)")
+    p.set_defaults(func=cmd_plan)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (AlpaCommError, ValueError) as e:
+        print(f"alpa-comm {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

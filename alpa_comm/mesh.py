@@ -1,0 +1,154 @@
+"""Device meshes: n-d arrays of global device ids, host-major.
+
+Global device id = host * devices_per_host + local index. A mesh of shape s on
+k listed hosts uses the first prod(s)/k devices of each listed host, in host
+order, reshaped to s: ``4x2@1,2,3,4`` on 4-device hosts is devices
+4,5, 8,9, 12,13, 16,17. Meshes may also be built from explicit device ids.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Sequence
+
+import numpy as np
+
+from .errors import InvalidMeshError
+
+_MESH = re.compile(r"^\s*(\d+(?:x\d+)*)\s*(?:@\s*(\d+(?:\s*,\s*\d+)*))?\s*$")
+
+
+def parse_mesh_text(text: str) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
+    """Split ``'2x4@0,1'`` into its shape and host list (None when no '@')."""
+    m = _MESH.match(text) if isinstance(text, str) else None
+    if not m:
+        raise InvalidMeshError(f"cannot parse mesh {text!r}: expected SHAPE[@HOSTS] such as '2x4@0,1'")
+    shape = tuple(int(x) for x in m.group(1).split("x"))
+    hosts = None if m.group(2) is None else tuple(int(x) for x in m.group(2).split(","))
+    if any(s <= 0 for s in shape):
+        raise InvalidMeshError(f"mesh {text!r} has a non-positive dimension")
+    return shape, hosts
+
+
+def devices_per_host_needed(text: str) -> int:
+    """Devices each host must have for the mesh written as ``text``."""
+    shape, hosts = parse_mesh_text(text)
+    k = len(hosts) if hosts else (shape[0] if len(shape) > 1 else 1)
+    return -(-int(np.prod(shape)) // k)
+
+
+@dataclass(frozen=True, eq=False)
+class DeviceMesh:
+    """An n-d array of global device ids on hosts of ``devices_per_host`` devices."""
+
+    device_ids: np.ndarray
+    devices_per_host: int
+
+    def __post_init__(self):
+        ids = np.asarray(self.device_ids, dtype=np.int64)
+        if ids.ndim == 0 or ids.size == 0:
+            raise InvalidMeshError(f"a mesh needs at least one device, got {self.device_ids!r}")
+        if (ids < 0).any():
+            raise InvalidMeshError(f"negative device id in mesh {ids.tolist()}")
+        if len(np.unique(ids)) != ids.size:
+            raise InvalidMeshError(f"mesh lists a device twice: {ids.tolist()}")
+        if not isinstance(self.devices_per_host, int) or self.devices_per_host <= 0:
+            raise InvalidMeshError(f"devices_per_host must be a positive integer, got {self.devices_per_host!r}")
+        ids.setflags(write=False)
+        object.__setattr__(self, "device_ids", ids)
+
+    # ------------------------------------------------------------ constructors
+    @classmethod
+    def on_hosts(cls, shape: Sequence[int], hosts: Sequence[int], devices_per_host: int) -> "DeviceMesh":
+        shape = tuple(int(s) for s in shape)
+        hosts = tuple(int(h) for h in hosts)
+        total = int(np.prod(shape))
+        label = "x".join(map(str, shape)) + "@" + ",".join(map(str, hosts))
+        if len(set(hosts)) != len(hosts):
+            raise InvalidMeshError(f"mesh {label} lists a host twice")
+        if any(h < 0 for h in hosts):
+            raise InvalidMeshError(f"mesh {label} names a negative host")
+        if total % len(hosts):
+            raise InvalidMeshError(f"mesh {label}: {total} devices do not divide evenly over {len(hosts)} hosts")
+        per = total // len(hosts)
+        if per > devices_per_host:
+            raise InvalidMeshError(
+                f"mesh {label} needs {per} devices per host but hosts have {devices_per_host}")
+        ids = [h * devices_per_host + i for h in hosts for i in range(per)]
+        return cls(np.array(ids).reshape(shape), devices_per_host)
+
+    @classmethod
+    def parse(cls, text: "str | DeviceMesh", devices_per_host: int) -> "DeviceMesh":
+        """``'2x4@2,3'``; without ``@`` the hosts are 0.. (one per row of a 2-d+ mesh)."""
+        if isinstance(text, DeviceMesh):
+            return text
+        shape, hosts = parse_mesh_text(text)
+        if hosts is None:
+            hosts = tuple(range(shape[0] if len(shape) > 1 else 1))
+        return cls.on_hosts(shape, hosts, devices_per_host)
+
+    @classmethod
+    def from_devices(cls, device_ids, devices_per_host: int) -> "DeviceMesh":
+        return cls(np.asarray(device_ids), devices_per_host)
+
+    # ------------------------------------------------------------------ views
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.device_ids.shape)
+
+    @property
+    def ndim(self) -> int:
+        return self.device_ids.ndim
+
+    @property
+    def size(self) -> int:
+        return int(self.device_ids.size)
+
+    @cached_property
+    def devices(self) -> tuple[int, ...]:
+        """Device ids in row-major mesh order."""
+        return tuple(int(d) for d in self.device_ids.ravel())
+
+    @cached_property
+    def hosts(self) -> tuple[int, ...]:
+        """Hosts the mesh touches, ascending."""
+        return tuple(sorted({self.host_of(d) for d in self.devices}))
+
+    def host_of(self, device: int) -> int:
+        return int(device) // self.devices_per_host
+
+    def coords(self):
+        """(mesh coordinates, device id) for every device, row-major."""
+        for coord in np.ndindex(*self.shape):
+            yield coord, int(self.device_ids[coord])
+
+    def overlaps(self, other: "DeviceMesh") -> set[int]:
+        return set(self.devices) & set(other.devices)
+
+    def label(self) -> str:
+        """The shortest text form: ``2x4@0,1`` when it is a host block, else the ids."""
+        shape = "x".join(map(str, self.shape))
+        try:
+            if DeviceMesh.on_hosts(self.shape, self.hosts, self.devices_per_host) == self:
+                return f"{shape}@{','.join(map(str, self.hosts))}"
+        except InvalidMeshError:
+            pass
+        return f"{shape}{list(self.devices)}"
+
+    def __eq__(self, other) -> bool:
+        return (isinstance(other, DeviceMesh) and self.devices_per_host == other.devices_per_host
+                and self.shape == other.shape and bool((self.device_ids == other.device_ids).all()))
+
+    def __hash__(self) -> int:
+        return hash((self.shape, self.devices, self.devices_per_host))
+
+    def __repr__(self) -> str:
+        return f"DeviceMesh({self.label()})"
+
+    def to_dict(self) -> dict:
+        return {"shape": list(self.shape), "device_ids": list(self.devices), "devices_per_host": self.devices_per_host}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DeviceMesh":
+        return cls(np.array(d["device_ids"]).reshape(d["shape"]), d["devices_per_host"])

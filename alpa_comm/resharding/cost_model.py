@@ -1,0 +1,100 @@
+"""Closed-form time of the communication patterns a plan is built from.
+
+All times are seconds; rates are bytes/second (``inf`` allowed for an ideal
+intra-host link); ``lat`` is paid once per message. With ``lat = 0`` and an
+ideal intra-host link these reduce to the paper's formulas, where t is the time
+of one slice copy through one NIC and A x B the receiving hosts x devices:
+
+=================  ==================  ==================================
+strategy           paper               here
+=================  ==================  ==================================
+send_recv          A*B*t               A*B point-to-point sends
+local_allgather    A*t                 A sends, then intra-host all-gather
+global_allgather   2t                  scatter (t) + ring all-gather
+                                       ((N-1)/N * t, N = A*B; the paper
+                                       rounds (N-1)/N up to 1)
+broadcast          t + (A-1)t/K        K-chunk pipelined chain
+=================  ==================  ==================================
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Sequence
+
+MAX_AUTO_CHUNKS = 256
+MIN_CHUNK_BYTES = 16 * 1024
+
+
+def p2p_time(nbytes: float, rate: float, lat: float) -> float:
+    """One message of ``nbytes`` over one stream."""
+    return lat + nbytes / rate
+
+
+def chain_time(nbytes: float, hop_rates: Sequence[float], chunks: int, lat: float) -> float:
+    """Chunk-pipelined chain broadcast: every hop forwards chunk k while taking chunk k+1.
+
+    The first chunk crosses every hop once; the other K-1 chunks follow at the
+    pace of the slowest hop.
+    """
+    if not hop_rates:
+        return 0.0
+    c = nbytes / chunks
+    hops = [lat + c / r for r in hop_rates]
+    return sum(hops) + (chunks - 1) * max(hops)
+
+
+def ring_allgather_time(nbytes: float, ring_rates: Sequence[float], lat: float) -> float:
+    """Ring all-gather of ``nbytes`` held as N equal parts by N members.
+
+    N-1 steps; in each, every member passes one part (nbytes/N) to its
+    successor, so a step lasts as long as the slowest ring edge takes a part.
+    """
+    n = len(ring_rates)
+    if n <= 1:
+        return 0.0
+    part = nbytes / n
+    return (n - 1) * (lat + part / min(ring_rates))
+
+
+@functools.lru_cache(maxsize=4096)
+def _best_chunks(nbytes: int, hop_rates: tuple[float, ...], lat: float, limit: int) -> int:
+    if lat <= 0:
+        return limit
+    slow = min(hop_rates)
+    # K* = sqrt((H-1) t / lat) for H equal hops; intra-host hops are faster, so
+    # search powers of two and the neighbourhood of K* against the exact model.
+    k_star = int(math.sqrt(max(1, len(hop_rates) - 1) * (nbytes / slow) / lat))
+    options = {1, limit, max(1, min(limit, k_star)), max(1, min(limit, k_star + 1))}
+    options.update(min(limit, 2 ** i) for i in range(limit.bit_length()))
+    return min(sorted(options), key=lambda k: chain_time(nbytes, hop_rates, k, lat))
+
+
+def auto_chunks(nbytes: int, hop_rates: Sequence[float], lat: float, max_chunks: int | None = None) -> int:
+    """Chunk count K minimizing ``chain_time`` for this chain.
+
+    More chunks shorten the fill of an H-hop pipeline (the (H-1)t/K term) but
+    each costs one more message latency per hop; chunks are kept at least
+    ``MIN_CHUNK_BYTES`` large and at most ``MAX_AUTO_CHUNKS`` many.
+    """
+    if len(hop_rates) <= 1:
+        return 1
+    limit = max(1, min(MAX_AUTO_CHUNKS, nbytes // MIN_CHUNK_BYTES))
+    if max_chunks is not None:
+        limit = max(1, min(limit, max_chunks))
+    return _best_chunks(int(nbytes), tuple(hop_rates), float(lat), limit)
+
+
+def closed_form(strategy: str, t: float, hosts: int, devices: int, chunks: int = 1) -> float:
+    """The paper's formula for one slice sent to ``hosts`` x ``devices`` (ideal links, no latency)."""
+    a, b = hosts, devices
+    if strategy == "send_recv":
+        return a * b * t
+    if strategy == "local_allgather":
+        return a * t
+    if strategy == "global_allgather":
+        n = a * b
+        return t + t * (n - 1) / n
+    if strategy == "broadcast":
+        return t + (a - 1) * t / chunks
+    raise ValueError(f"no closed form for strategy {strategy!r}")

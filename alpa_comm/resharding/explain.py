@@ -1,0 +1,59 @@
+"""Human-readable summary of a ``ReshardingPlan``."""
+from __future__ import annotations
+
+from collections import Counter
+
+from .strategies import ALLGATHER
+
+
+def fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} GiB"
+
+
+def fmt_seconds(s: float) -> str:
+    if s >= 1:
+        return f"{s:.3f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.3f} ms"
+    return f"{s * 1e6:.1f} us"
+
+
+def explain_plan(plan, max_transfers: int = 12) -> str:
+    lines = []
+    shape = "x".join(map(str, plan.shape))
+    lines.append(f"Resharding {shape} {plan.dtype} ({fmt_bytes(plan.nbytes)})")
+    lines.append(f"  from {plan.src_spec} on {plan.src_mesh.label()}  to  {plan.dst_spec} on {plan.dst_mesh.label()}")
+    lines.append(f"  cluster: {plan.cluster.describe()}")
+    lb = plan.loadbalance if plan.loadbalance == plan.loadbalance_used else f"{plan.loadbalance} -> {plan.loadbalance_used}"
+    lines.append(f"  strategy: {plan.strategy}, loadbalance: {lb}"
+                 + ("" if plan.search_complete else " (search budget ran out; best found)"))
+    if plan.sent_spec != plan.dst_spec:
+        lines.append(f"  Alpa local-allgather rewrite: network delivers {plan.sent_spec}, then all-gather -> {plan.dst_spec}")
+    kinds = Counter(t.kind for t in plan.transfers)
+    lines.append(f"  unit tasks: {len(plan.unit_tasks)}; transfers: {len(plan.transfers)} ("
+                 + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())) + ")")
+    lines.append(f"  predicted: {fmt_seconds(plan.predicted_seconds)}   lower bound: "
+                 f"{fmt_seconds(plan.lower_bound_seconds)}   ratio: {plan.ratio_to_lower_bound:.2f}x")
+    sent, recv = plan.network_bytes()
+    hosts = sorted(set(sent) | set(recv))
+    if hosts:
+        lines.append("")
+        lines.append("  host   NIC sent      NIC received")
+        for h in hosts:
+            lines.append(f"  {h:>4}   {fmt_bytes(sent.get(h, 0)):>11}   {fmt_bytes(recv.get(h, 0)):>11}")
+    if max_transfers and plan.transfers:
+        lines.append("")
+        lines.append(f"  first {min(max_transfers, len(plan.transfers))} of {len(plan.transfers)} transfers "
+                     "(start, duration, kind, sender -> receivers, slice):")
+        for t in plan.transfers[:max_transfers]:
+            sender = "group" if t.kind == ALLGATHER else f"dev{t.sender}"
+            recv_s = ",".join(map(str, t.receivers[:8])) + ("..." if len(t.receivers) > 8 else "")
+            box = " ".join(f"{a}:{b}" for a, b in t.index)
+            chunks = f" K={t.chunks}" if t.chunks > 1 else ""
+            lines.append(f"  {fmt_seconds(t.start):>11} {fmt_seconds(t.duration):>11}  {t.kind}{chunks}  "
+                         f"{sender} -> [{recv_s}]  [{box}]")
+    return "\n".join(lines)

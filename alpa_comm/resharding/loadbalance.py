@@ -1,0 +1,329 @@
+"""Host-level load balancing and ordering of jobs (paper, section 3.2).
+
+A schedule is a sequence of (job, candidate) pairs. Each job starts at the
+earliest time all resources of its chosen candidate are free (the per-host
+order is the order of the sequence) and its dependencies are done; the goal is
+the smallest makespan, max_i(S_i + T_i).
+
+Modes:
+
+``naive``   lowest-index sender host, jobs in task order (the paper's baseline).
+``loads``   Alpa's "normal" mode: jobs in task order, each to the source host
+            that has sent the fewest bytes so far.
+``size``    LPT: longest job first, to the sender host with the least work.
+``greedy``  the paper's randomized greedy: repeatedly start the waiting job
+            (and sender) that can start earliest, i.e. a maximal set of
+            non-conflicting jobs at each moment; several seeded random
+            priorities are tried and the best schedule (naive, size and LPT list
+            scheduling included) wins. Deterministic for a seed.
+``dfs``     depth-first search over job order and sender choice with
+            lower-bound pruning under a time budget; starts from the greedy
+            schedule, so it always returns a valid plan no worse than greedy.
+``auto``    dfs for small instances, greedy otherwise.
+"""
+from __future__ import annotations
+
+import heapq
+import random
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..errors import InvalidOptionError
+from .strategies import Job
+
+LOADBALANCE_MODES = ("naive", "loads", "size", "greedy", "dfs", "auto")
+AUTO_DFS_MAX_JOBS = 12
+DEFAULT_DFS_BUDGET_S = 0.5
+
+Sequence_ = list[tuple[int, int]]  # (job index, candidate index)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Chosen candidates, sequence, per-job start times and the makespan."""
+
+    sequence: tuple[tuple[int, int], ...]
+    starts: dict[int, float]
+    finishes: dict[int, float]
+    makespan: float
+    mode: str  # the mode that produced it (auto resolves to dfs or greedy)
+    complete: bool = True  # False when dfs ran out of budget before proving optimality
+
+
+def evaluate(jobs: Sequence[Job], seq: Sequence[tuple[int, int]]):
+    """Start and finish time of every job of ``seq``; returns (starts, finishes, makespan)."""
+    free: dict[int, float] = {}
+    starts: dict[int, float] = {}
+    finishes: dict[int, float] = {}
+    for j, c in seq:
+        cand = jobs[j].candidates[c]
+        s = 0.0
+        for r in cand.resources:
+            f = free.get(r, 0.0)
+            if f > s:
+                s = f
+        for d in jobs[j].deps:
+            if finishes[d] > s:
+                s = finishes[d]
+        e = s + cand.duration
+        for r in cand.resources:
+            free[r] = e
+        starts[j], finishes[j] = s, e
+    return starts, finishes, max(finishes.values(), default=0.0)
+
+
+def _split(jobs: Sequence[Job]) -> tuple[list[int], list[int]]:
+    free = [i for i, j in enumerate(jobs) if not j.deps]
+    dependent = [i for i, j in enumerate(jobs) if j.deps]
+    return free, dependent
+
+
+def _tail(jobs, dependent):
+    return [(j, 0) for j in dependent]
+
+
+def _lowest_host(job: Job) -> int:
+    return min(range(len(job.candidates)), key=lambda c: job.candidates[c].host)
+
+
+def naive(jobs: Sequence[Job]) -> Sequence_:
+    free, dep = _split(jobs)
+    return [(j, _lowest_host(jobs[j])) for j in free] + _tail(jobs, dep)
+
+
+def loads(jobs: Sequence[Job]) -> Sequence_:
+    free, dep = _split(jobs)
+    sent: dict[int, int] = {}
+    seq = []
+    for j in free:
+        job = jobs[j]
+        c = min(range(len(job.candidates)), key=lambda k: (sent.get(job.candidates[k].host, 0),
+                                                           job.candidates[k].host))
+        sent[job.candidates[c].host] = sent.get(job.candidates[c].host, 0) + job.nbytes
+        seq.append((j, c))
+    return seq + _tail(jobs, dep)
+
+
+def _min_duration(job: Job) -> float:
+    return min(c.duration for c in job.candidates)
+
+
+def size(jobs: Sequence[Job]) -> Sequence_:
+    free, dep = _split(jobs)
+    order = sorted(free, key=lambda j: -_min_duration(jobs[j]))
+    work: dict[int, float] = {}
+    seq = []
+    for j in order:
+        job = jobs[j]
+        c = min(range(len(job.candidates)),
+                key=lambda k: (work.get(job.candidates[k].host, 0.0) + job.candidates[k].duration,
+                               job.candidates[k].host))
+        cand = job.candidates[c]
+        work[cand.host] = work.get(cand.host, 0.0) + cand.duration
+        seq.append((j, c))
+    return seq + _tail(jobs, dep)
+
+
+def _list_schedule(jobs: Sequence[Job], order: Sequence[int]) -> Sequence_:
+    """Place jobs in ``order``, each on the candidate that finishes it earliest."""
+    free: dict[int, float] = {}
+    seq = []
+    for j in order:
+        job = jobs[j]
+        best_c, best_end = 0, float("inf")
+        for c, cand in enumerate(job.candidates):
+            s = 0.0
+            for r in cand.resources:
+                f = free.get(r, 0.0)
+                if f > s:
+                    s = f
+            e = s + cand.duration
+            if e < best_end:
+                best_c, best_end = c, e
+        for r in job.candidates[best_c].resources:
+            free[r] = best_end
+        seq.append((j, best_c))
+    return seq
+
+
+def _signature(job: Job) -> tuple:
+    return tuple((c.host, c.resources, c.duration) for c in job.candidates)
+
+
+def _nondelay_schedule(jobs: Sequence[Job], free_jobs: Sequence[int], rank: dict[int, float]) -> Sequence_:
+    """The paper's randomized greedy: at every step start, among all waiting jobs
+    and their candidate senders, the one that can start earliest (ties: lower
+    ``rank``), so each moment gets a maximal set of non-conflicting jobs.
+
+    Identical jobs form a class and share heap entries, and start times only
+    grow, so a lazy heap keeps this near O(n log n) even for 25,000 jobs.
+    """
+    classes: dict[tuple, list[int]] = {}
+    for j in sorted(free_jobs, key=lambda j: rank[j]):
+        classes.setdefault(_signature(jobs[j]), []).append(j)
+    members = list(classes.values())
+    pos = [0] * len(members)
+    free: dict[int, float] = {}
+    heap = []
+    for ci, ms in enumerate(members):
+        for c in range(len(jobs[ms[0]].candidates)):
+            heap.append((0.0, rank[ms[0]], ci, c))
+    heapq.heapify(heap)
+    seq = []
+    while heap:
+        start, _, ci, c = heapq.heappop(heap)
+        if pos[ci] == len(members[ci]):
+            continue
+        j = members[ci][pos[ci]]
+        cand = jobs[j].candidates[c]
+        actual = max((free.get(r, 0.0) for r in cand.resources), default=0.0)
+        if actual > start:
+            heapq.heappush(heap, (actual, rank[j], ci, c))
+            continue
+        end = actual + cand.duration
+        for r in cand.resources:
+            free[r] = end
+        seq.append((j, c))
+        pos[ci] += 1
+        if pos[ci] < len(members[ci]):
+            heapq.heappush(heap, (actual, rank[members[ci][pos[ci]]], ci, c))
+    return seq
+
+
+def greedy(jobs: Sequence[Job], seed: int = 0, tries: int | None = None) -> Sequence_:
+    free, dep = _split(jobs)
+    tail = _tail(jobs, dep)
+    if tries is None:
+        tries = max(2, min(16, 100_000 // max(1, len(free))))
+    rng = random.Random(seed)
+    lpt = sorted(free, key=lambda j: -_min_duration(jobs[j]))
+    options = [naive(jobs), size(jobs), _list_schedule(jobs, lpt) + tail,
+               _nondelay_schedule(jobs, free, {j: i for i, j in enumerate(lpt)}) + tail]
+    for _ in range(tries - 2):
+        # Random priorities: the paper's random task orders, biased to big jobs first.
+        keys = {j: -_min_duration(jobs[j]) * rng.uniform(0.5, 1.5) for j in free}
+        options.append(_nondelay_schedule(jobs, free, keys) + tail)
+    return min(options, key=lambda s: evaluate(jobs, s)[2])
+
+
+def dfs(jobs: Sequence[Job], budget_s: float = DEFAULT_DFS_BUDGET_S, seed: int = 0
+        ) -> tuple[Sequence_, bool]:
+    """Exact search (within ``budget_s``) starting from greedy's schedule.
+
+    Returns (sequence, complete) where ``complete`` says the search finished,
+    i.e. the schedule is optimal for this model.
+    """
+    free_jobs, dep = _split(jobs)
+    tail = _tail(jobs, dep)
+    best_seq = greedy(jobs, seed=seed)
+    best = evaluate(jobs, best_seq)[2]
+    # Dependent jobs run after everything else; only the free jobs are searched,
+    # against the free-jobs-only makespan of the incumbent.
+    if dep:
+        best_free = evaluate(jobs, [p for p in best_seq if p[0] not in set(dep)])[2]
+    else:
+        best_free = best
+    keys = sorted({r for j in free_jobs for c in jobs[j].candidates for r in c.resources})
+    rid = {r: i for i, r in enumerate(keys)}
+    cands = {j: [(c, [rid[r] for r in cand.resources], cand.duration)
+                 for c, cand in sorted(enumerate(jobs[j].candidates), key=lambda x: x[1].duration)]
+             for j in free_jobs}
+    # Resources every candidate of a job uses: a lower bound on remaining load there.
+    mandatory = {j: (set.intersection(*(set(r) for _, r, _ in cands[j])), min(d for _, _, d in cands[j]))
+                 for j in free_jobs}
+    remaining = [0.0] * len(keys)
+    for j in free_jobs:
+        for r in mandatory[j][0]:
+            remaining[r] += mandatory[j][1]
+    # Identical jobs are interchangeable: only the first unplaced one of a class may go next.
+    sig = {j: tuple((jobs[j].candidates[c].host, tuple(jobs[j].candidates[c].resources),
+                     jobs[j].candidates[c].duration) for c in range(len(jobs[j].candidates)))
+           for j in free_jobs}
+    classes: dict[tuple, list[int]] = {}
+    for j in sorted(free_jobs, key=lambda j: -_min_duration(jobs[j])):
+        classes.setdefault(sig[j], []).append(j)
+    class_list = list(classes.values())
+    placed_count = [0] * len(class_list)
+    res_free = [0.0] * len(keys)
+    deadline = time.monotonic() + budget_s
+    state = {"best": best_free, "seq": None, "nodes": 0, "timed_out": False}
+    path: list[tuple[int, int]] = []
+
+    def bound(makespan: float) -> float:
+        b = makespan
+        for r in range(len(keys)):
+            v = res_free[r] + remaining[r]
+            if v > b:
+                b = v
+        return b
+
+    def rec(makespan: float, last_res: frozenset, last_class: int) -> None:
+        state["nodes"] += 1
+        if state["nodes"] & 255 == 0 and time.monotonic() > deadline:
+            state["timed_out"] = True
+        if state["timed_out"]:
+            return
+        if len(path) == len(free_jobs):
+            if makespan < state["best"] - 1e-15:
+                state["best"], state["seq"] = makespan, list(path)
+            return
+        for ci, members in enumerate(class_list):
+            k = placed_count[ci]
+            if k == len(members):
+                continue
+            j = members[k]
+            for c, res, dur in cands[j]:
+                # Partial-order reduction: adjacent placements on disjoint resources
+                # commute; explore them in class order only.
+                if ci < last_class and last_res.isdisjoint(res):
+                    continue
+                s = max((res_free[r] for r in res), default=0.0)
+                e = s + dur
+                new_ms = max(makespan, e)
+                if new_ms >= state["best"] - 1e-15:
+                    continue
+                saved = [res_free[r] for r in res]
+                for r in res:
+                    res_free[r] = e
+                for r in mandatory[j][0]:
+                    remaining[r] -= mandatory[j][1]
+                if bound(new_ms) < state["best"] - 1e-15:
+                    placed_count[ci] += 1
+                    path.append((j, c))
+                    rec(new_ms, frozenset(res), ci)
+                    path.pop()
+                    placed_count[ci] -= 1
+                for r in mandatory[j][0]:
+                    remaining[r] += mandatory[j][1]
+                for r, v in zip(res, saved):
+                    res_free[r] = v
+                if state["timed_out"]:
+                    return
+
+    rec(0.0, frozenset(), -1)
+    if state["seq"] is not None:
+        return state["seq"] + tail, not state["timed_out"]
+    return best_seq, not state["timed_out"]
+
+
+def schedule(jobs: Sequence[Job], mode: str, *, seed: int = 0, dfs_budget_s: float = DEFAULT_DFS_BUDGET_S
+             ) -> Schedule:
+    """Choose a sender candidate and an order for every job with ``mode``."""
+    if mode not in LOADBALANCE_MODES:
+        raise InvalidOptionError(f"unknown loadbalance mode {mode!r}; choose one of {', '.join(LOADBALANCE_MODES)}")
+    complete = True
+    if mode == "auto":
+        mode = "dfs" if len(_split(jobs)[0]) <= AUTO_DFS_MAX_JOBS else "greedy"
+    if mode == "naive":
+        seq = naive(jobs)
+    elif mode == "loads":
+        seq = loads(jobs)
+    elif mode == "size":
+        seq = size(jobs)
+    elif mode == "greedy":
+        seq = greedy(jobs, seed=seed)
+    else:
+        seq, complete = dfs(jobs, budget_s=dfs_budget_s, seed=seed)
+    starts, finishes, makespan = evaluate(jobs, seq)
+    return Schedule(tuple(seq), starts, finishes, makespan, mode, complete)

@@ -1,0 +1,379 @@
+"""``plan_resharding``: the whole planning pipeline, and the plan it returns.
+
+decompose -> jobs per strategy -> load balance + order -> transfers with times.
+A ``ReshardingPlan`` is plain data: executors, the simulator and the Alpa
+adapter all read the same object or its JSON form (see docs/plan-json.md).
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from ..cluster import ClusterSpec
+from ..dtypes import dtype_name, itemsize
+from ..errors import InvalidMeshError, InvalidOptionError, InvalidSpecError
+from ..mesh import DeviceMesh, devices_per_host_needed
+from ..spec import Box, ShardingSpec
+from . import loadbalance as lb
+from .strategies import (ALLGATHER, LOCAL_COPY, SIGNAL_BYTES, STRATEGIES, Job, allgather_job,
+                         alpa_local_allgather_spec, jobs_for_task)
+from .unit_tasks import UnitTask, decompose, device_boxes
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One scheduled piece of communication.
+
+    ``kind`` is the strategy that moves it (``send_recv``, ``local_allgather``,
+    ``global_allgather``, ``broadcast``, ``signal``), ``local_copy`` (intra-host
+    copy from a local replica) or ``allgather`` (Alpa's follow-up all-gather
+    among ``receivers``; ``sender`` is None and ``task`` is -1). ``receivers``
+    are in chain order for broadcasts. Every receiver ends up holding ``index``.
+    """
+
+    id: int
+    task: int
+    kind: str
+    sender: int | None
+    receivers: tuple[int, ...]
+    index: Box
+    nbytes: int
+    chunks: int
+    start: float
+    duration: float
+    deps: tuple[int, ...] = ()
+
+    @property
+    def end(self) -> float:
+        return self.start + self.duration
+
+    def to_dict(self) -> dict:
+        return {"id": self.id, "task": self.task, "kind": self.kind, "sender": self.sender,
+                "receivers": list(self.receivers), "index": [list(p) for p in self.index],
+                "nbytes": self.nbytes, "chunks": self.chunks, "start": self.start,
+                "duration": self.duration, "deps": list(self.deps)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Transfer":
+        return cls(d["id"], d["task"], d["kind"], d["sender"], tuple(d["receivers"]),
+                   tuple(tuple(p) for p in d["index"]), d["nbytes"], d["chunks"], d["start"],
+                   d["duration"], tuple(d["deps"]))
+
+
+@dataclass(frozen=True)
+class ReshardingPlan:
+    """Everything an executor needs to run one cross-mesh resharding."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    src_mesh: DeviceMesh
+    src_spec: ShardingSpec
+    dst_mesh: DeviceMesh
+    dst_spec: ShardingSpec
+    cluster: ClusterSpec
+    strategy: str
+    loadbalance: str          # as asked
+    loadbalance_used: str     # what ran (auto resolves to dfs or greedy)
+    chunks: int | None        # as asked (None = auto per task)
+    sent_spec: ShardingSpec   # the spec the network delivers (differs from dst_spec for alpa)
+    unit_tasks: tuple[UnitTask, ...]
+    transfers: tuple[Transfer, ...]
+    predicted_seconds: float
+    lower_bound_seconds: float
+    search_complete: bool = True
+    host_operations: dict[int, tuple[int, ...]] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ views
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * itemsize(self.dtype)
+
+    @property
+    def ratio_to_lower_bound(self) -> float:
+        return self.predicted_seconds / self.lower_bound_seconds if self.lower_bound_seconds else 1.0
+
+    def network_bytes(self) -> tuple[dict[int, int], dict[int, int]]:
+        """Bytes each host sends and receives through its NIC(s) (intra-host excluded)."""
+        sent: dict[int, int] = {}
+        recv: dict[int, int] = {}
+        for t in self.transfers:
+            for a, b, n in host_flows(t, self.cluster):
+                sent[a] = sent.get(a, 0) + n
+                recv[b] = recv.get(b, 0) + n
+        return sent, recv
+
+    def entries(self) -> list[dict]:
+        """The JSON contract's ``unit_tasks``: one entry per (unit task, sender)."""
+        by_key: dict[tuple[int, int], dict] = {}
+        for t in self.transfers:
+            if t.kind == ALLGATHER:
+                continue
+            task = self.unit_tasks[t.task]
+            e = by_key.setdefault((t.task, t.sender), {
+                "task": t.task, "index": [list(p) for p in task.index],
+                "src_devices": list(task.src_devices), "dst_devices": [], "nbytes": task.nbytes,
+                "sender": t.sender, "strategy": t.kind, "transfers": []})
+            e["dst_devices"].extend(t.receivers)
+            e["transfers"].append(t.id)
+        for e in by_key.values():
+            e["dst_devices"].sort()
+        return [by_key[k] for k in sorted(by_key)]
+
+    # ------------------------------------------------------------------- JSON
+    def to_dict(self) -> dict:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "shape": list(self.shape), "dtype": self.dtype,
+            "src_mesh": self.src_mesh.to_dict(), "src_spec": str(self.src_spec),
+            "dst_mesh": self.dst_mesh.to_dict(), "dst_spec": str(self.dst_spec),
+            "sent_spec": str(self.sent_spec),
+            "cluster": self.cluster.to_dict(),
+            "strategy": self.strategy, "loadbalance": self.loadbalance,
+            "loadbalance_used": self.loadbalance_used, "chunks": self.chunks,
+            "search_complete": self.search_complete,
+            "predicted_seconds": self.predicted_seconds,
+            "lower_bound_seconds": self.lower_bound_seconds,
+            "unit_tasks": self.entries(),
+            "tasks": [{"id": u.id, "index": [list(p) for p in u.index], "src_devices": list(u.src_devices),
+                       "dst_devices": list(u.dst_devices), "nbytes": u.nbytes} for u in self.unit_tasks],
+            "transfers": [t.to_dict() for t in self.transfers],
+            "host_operations": {str(h): list(ops) for h, ops in sorted(self.host_operations.items())},
+        }
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ReshardingPlan":
+        if d.get("schema_version") != SCHEMA_VERSION:
+            raise InvalidOptionError(f"plan JSON schema_version {d.get('schema_version')!r} is not {SCHEMA_VERSION}")
+        return cls(
+            shape=tuple(d["shape"]), dtype=d["dtype"],
+            src_mesh=DeviceMesh.from_dict(d["src_mesh"]), src_spec=ShardingSpec.parse(d["src_spec"]),
+            dst_mesh=DeviceMesh.from_dict(d["dst_mesh"]), dst_spec=ShardingSpec.parse(d["dst_spec"]),
+            cluster=ClusterSpec.from_dict(d["cluster"]), strategy=d["strategy"],
+            loadbalance=d["loadbalance"], loadbalance_used=d["loadbalance_used"], chunks=d["chunks"],
+            sent_spec=ShardingSpec.parse(d["sent_spec"]),
+            unit_tasks=tuple(UnitTask(u["id"], tuple(tuple(p) for p in u["index"]), tuple(u["src_devices"]),
+                                      tuple(u["dst_devices"]), u["nbytes"]) for u in d["tasks"]),
+            transfers=tuple(Transfer.from_dict(t) for t in d["transfers"]),
+            predicted_seconds=d["predicted_seconds"], lower_bound_seconds=d["lower_bound_seconds"],
+            search_complete=d["search_complete"],
+            host_operations={int(h): tuple(v) for h, v in d["host_operations"].items()})
+
+    @classmethod
+    def from_json(cls, text: str) -> "ReshardingPlan":
+        return cls.from_dict(json.loads(text))
+
+    # ---------------------------------------------------------------- explain
+    def explain(self, max_transfers: int = 12) -> str:
+        """A readable summary: what moves, who sends, how long, how close to the limit."""
+        from .explain import explain_plan  # noqa: PLC0415 - keeps the dataclass module small
+
+        return explain_plan(self, max_transfers)
+
+
+def host_flows(t: Transfer, cluster: ClusterSpec) -> list[tuple[int, int, int]]:
+    """(sending host, receiving host, bytes) of every NIC crossing of a transfer."""
+    h = cluster.host_of
+    if t.kind == LOCAL_COPY:
+        return []
+    if t.kind in ("send_recv", "local_allgather", "broadcast", "signal"):
+        flows, prev = [], h(t.sender)
+        for r in t.receivers:
+            if h(r) != prev:
+                flows.append((prev, h(r), t.nbytes))
+            prev = h(r)
+        # send_recv / local_allgather: one receiver host; broadcast: a host chain.
+        return flows
+    members = list(t.receivers)
+    n = len(members)
+    ring = [(h(a), h(b)) for a, b in zip(members, members[1:] + members[:1])]
+    flows = [(a, b, t.nbytes * (n - 1) // n) for a, b in ring if a != b]
+    if t.kind == "global_allgather":  # scatter first
+        flows += [(h(t.sender), h(r), t.nbytes // n) for r in members if h(r) != h(t.sender)]
+    return flows
+
+
+# --------------------------------------------------------------------- planning
+def _positive_shape(shape) -> tuple[int, ...]:
+    try:
+        out = tuple(int(s) for s in shape)
+    except (TypeError, ValueError):
+        raise InvalidSpecError(f"shape must be a sequence of positive integers, got {shape!r}") from None
+    if any(s <= 0 for s in out) or any(float(s) != s for s in shape):
+        raise InvalidSpecError(f"shape must be positive integers, got {tuple(shape)}")
+    return out
+
+
+def smallest_cluster(src_mesh, dst_mesh, **kw) -> ClusterSpec:
+    """The smallest cluster holding both meshes (text like ``'2x4@0,1'`` or ``DeviceMesh``).
+
+    Keyword arguments are passed to ``ClusterSpec``; ``devices_per_host`` and
+    ``num_hosts`` default to what the meshes need.
+    """
+    meshes = (src_mesh, dst_mesh)
+    dph = kw.pop("devices_per_host", None)
+    if dph is None:
+        dph = max(m.devices_per_host if isinstance(m, DeviceMesh) else devices_per_host_needed(m) for m in meshes)
+    hosts = max(max(DeviceMesh.parse(m, dph).hosts) for m in meshes) + 1
+    return ClusterSpec(num_hosts=kw.pop("num_hosts", None) or hosts, devices_per_host=dph, **kw)
+
+
+def _check_fits(mesh: DeviceMesh, cluster: ClusterSpec, role: str) -> None:
+    if mesh.devices_per_host != cluster.devices_per_host:
+        raise InvalidMeshError(f"{role} mesh {mesh.label()} assumes {mesh.devices_per_host} devices per host, "
+                               f"the cluster has {cluster.devices_per_host}")
+    bad = [d for d in mesh.devices if d >= cluster.num_devices]
+    if bad:
+        raise InvalidMeshError(f"{role} mesh {mesh.label()} uses device(s) {bad[:4]} on host(s) "
+                               f"{sorted({cluster.host_of(d) for d in bad})[:4]}, but the cluster has only "
+                               f"hosts 0..{cluster.num_hosts - 1}")
+
+
+def lower_bound(tasks: Sequence[UnitTask], cluster: ClusterSpec, payload: int | None = None) -> float:
+    """Physical limit of a resharding on ``cluster`` whatever the strategy.
+
+    * each receiving host must take in, through its NIC, every slice one of its
+      devices needs and none of its devices holds;
+    * every such slice must leave some source host at least once, so the
+      source hosts' NICs together must push all of them.
+    ``payload`` replaces each slice's size (the signal strategy moves 1 byte).
+    """
+    rx_need: dict[int, float] = {}
+    out_bytes = 0.0
+    senders: set[int] = set()
+    longest = 0.0
+    for t in tasks:
+        n = t.nbytes if payload is None else payload
+        src_hosts = {cluster.host_of(d) for d in t.src_devices}
+        lacking = {cluster.host_of(d) for d in t.dst_devices} - src_hosts
+        if not lacking:
+            continue
+        for h in lacking:
+            rx_need[h] = rx_need.get(h, 0.0) + n
+        out_bytes += n
+        senders |= src_hosts
+        best_tx = max(cluster.send_rate(h) for h in src_hosts)
+        longest = max(longest, n / min(best_tx, min(cluster.recv_rate(h) for h in lacking)))
+    if not rx_need:
+        return 0.0
+    rx_bound = max(b / cluster.recv_rate(h) for h, b in rx_need.items())
+    tx_bound = out_bytes / sum(cluster.send_rate(h) for h in senders)
+    return cluster.latency_s + max(rx_bound, tx_bound, longest)
+
+
+def plan_resharding(shape: Sequence[int], dtype, src_mesh, src_spec, dst_mesh, dst_spec, *,
+                    cluster: ClusterSpec | None = None, strategy: str = "broadcast",
+                    loadbalance: str = "auto", chunks: int | None = None, seed: int = 0,
+                    dfs_budget_s: float = lb.DEFAULT_DFS_BUDGET_S) -> ReshardingPlan:
+    """Plan moving a ``shape``/``dtype`` tensor from (src_mesh, src_spec) to (dst_mesh, dst_spec).
+
+    Meshes may be ``DeviceMesh`` objects or text (``'2x4@0,1'``); specs may be
+    ``ShardingSpec`` objects or text (``'S0RR'``). Without ``cluster`` the
+    smallest cluster holding both meshes is used (10 Gbit/s NICs).
+    ``chunks=None`` picks the broadcast chunk count per task from the cost model.
+    """
+    shape = _positive_shape(shape)
+    dt = dtype_name(dtype)
+    if strategy not in STRATEGIES:
+        raise InvalidOptionError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+    if loadbalance not in lb.LOADBALANCE_MODES:
+        raise InvalidOptionError(
+            f"unknown loadbalance mode {loadbalance!r}; choose one of {', '.join(lb.LOADBALANCE_MODES)}")
+    if chunks is not None and (not isinstance(chunks, int) or chunks <= 0):
+        raise InvalidOptionError(f"chunks must be a positive integer or None (auto), got {chunks!r}")
+    if cluster is None:
+        cluster = smallest_cluster(src_mesh, dst_mesh)
+    src = DeviceMesh.parse(src_mesh, cluster.devices_per_host)
+    dst = DeviceMesh.parse(dst_mesh, cluster.devices_per_host)
+    _check_fits(src, cluster, "source")
+    _check_fits(dst, cluster, "destination")
+    shared = src.overlaps(dst)
+    if shared:
+        raise InvalidMeshError(f"source mesh {src.label()} and destination mesh {dst.label()} share "
+                               f"device(s) {sorted(shared)[:8]}; cross-mesh resharding needs disjoint meshes")
+    sspec, dspec = ShardingSpec.parse(src_spec), ShardingSpec.parse(dst_spec)
+    sspec.validate(shape, src.shape)
+    dspec.validate(shape, dst.shape)
+    size = itemsize(dt)
+
+    final_tasks = decompose(shape, size, src, sspec, dst, dspec)
+    sent_spec, gather_dim = dspec, None
+    if strategy == "alpa":
+        sent_spec, gather_dim = alpa_local_allgather_spec(dspec, dst, shape)
+    tasks = final_tasks if sent_spec == dspec else decompose(shape, size, src, sspec, dst, sent_spec)
+    per_task = "send_recv" if strategy == "alpa" else strategy
+
+    jobs: list[Job] = [j for t in tasks for j in jobs_for_task(t, per_task, cluster, chunks)]
+    if gather_dim is not None:
+        jobs += _alpa_allgathers(jobs, shape, size, dst, dspec, gather_dim, cluster)
+    sched = lb.schedule(jobs, loadbalance, seed=seed, dfs_budget_s=dfs_budget_s)
+    transfers = _transfers(jobs, tasks, sched, cluster)
+    return ReshardingPlan(
+        shape=shape, dtype=dt, src_mesh=src, src_spec=sspec, dst_mesh=dst, dst_spec=dspec,
+        cluster=cluster, strategy=strategy, loadbalance=loadbalance, loadbalance_used=sched.mode,
+        chunks=chunks, sent_spec=sent_spec, unit_tasks=tuple(tasks), transfers=tuple(transfers),
+        predicted_seconds=sched.makespan,
+        lower_bound_seconds=lower_bound(final_tasks, cluster, SIGNAL_BYTES if strategy == "signal" else None),
+        search_complete=sched.complete, host_operations=_host_operations(transfers, cluster))
+
+
+def _alpa_allgathers(jobs: Sequence[Job], shape, size, dst: DeviceMesh, dspec: ShardingSpec, gather_dim: int,
+                     cluster: ClusterSpec) -> list[Job]:
+    """One all-gather per group of destination devices that differ only along ``gather_dim``."""
+    boxes = device_boxes(shape, dst, dspec)
+    groups: dict[tuple, list[int]] = {}
+    for coord, dev in dst.coords():
+        key = tuple(c for m, c in enumerate(coord) if m != gather_dim)
+        groups.setdefault(key, []).append(dev)
+    delivering: dict[int, list[int]] = {}
+    for i, j in enumerate(jobs):
+        for r in j.receivers:
+            delivering.setdefault(r, []).append(i)
+    out = []
+    for members in groups.values():
+        box = boxes[members[0]]
+        nbytes = size * math.prod(b - a for a, b in box)
+        deps = sorted({i for m in members for i in delivering.get(m, [])})
+        out.append(allgather_job(members, box, nbytes, deps, cluster))
+    return out
+
+
+def _transfers(jobs: Sequence[Job], tasks: Sequence[UnitTask], sched: lb.Schedule,
+               cluster: ClusterSpec) -> list[Transfer]:
+    """Concrete transfers in schedule order; the sending device on the chosen host is
+    the least-loaded replica there (ties: lowest id), which spreads work over devices."""
+    device_load: dict[int, int] = {}
+    job_to_transfer: dict[int, int] = {}
+    out: list[Transfer] = []
+    order = sorted(sched.sequence, key=lambda p: (sched.starts[p[0]], p[0]))
+    for j, c in order:
+        job = jobs[j]
+        cand = job.candidates[c]
+        sender = None
+        if job.kind != ALLGATHER:
+            local = [d for d in tasks[job.task].src_devices if cluster.host_of(d) == cand.host]
+            sender = min(local, key=lambda d: (device_load.get(d, 0), d))
+            device_load[sender] = device_load.get(sender, 0) + job.nbytes
+        job_to_transfer[j] = len(out)
+        out.append(Transfer(len(out), job.task, job.kind, sender, job.receivers, job.index, job.nbytes,
+                            cand.chunks, sched.starts[j], cand.duration,
+                            tuple(job_to_transfer[d] for d in job.deps)))
+    return out
+
+
+def _host_operations(transfers: Sequence[Transfer], cluster: ClusterSpec) -> dict[int, tuple[int, ...]]:
+    """For each host, the ids of the transfers it takes part in, in start order."""
+    ops: dict[int, list[int]] = {}
+    for t in transfers:  # already in start order
+        hosts = {cluster.host_of(r) for r in t.receivers}
+        if t.sender is not None:
+            hosts.add(cluster.host_of(t.sender))
+        for h in sorted(hosts):
+            ops.setdefault(h, []).append(t.id)
+    return {h: tuple(v) for h, v in sorted(ops.items())}

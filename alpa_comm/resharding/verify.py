@@ -1,0 +1,76 @@
+"""Check a plan by executing it symbolically on index boxes.
+
+Every device starts with the box its source spec gives it; transfers run in
+start order (dependencies first); a sender must hold what it sends, an
+all-gather's members together must hold the whole box. At the end each
+destination device must hold exactly the box its destination spec asks for,
+every byte received once, nothing it does not need. Executors and tests use
+this to reject a wrong plan before any byte moves.
+"""
+from __future__ import annotations
+
+import math
+
+from ..errors import AlpaCommError
+from .strategies import ALLGATHER
+from .unit_tasks import device_boxes
+
+
+class PlanError(AlpaCommError):
+    """A plan that would not deliver the right data."""
+
+
+def _inside(inner, outer) -> bool:
+    return all(o0 <= i0 and i1 <= o1 for (i0, i1), (o0, o1) in zip(inner, outer))
+
+
+def _overlap(a, b) -> bool:
+    return all(a0 < b1 and b0 < a1 for (a0, a1), (b0, b1) in zip(a, b))
+
+
+def _volume(box) -> int:
+    return math.prod(b - a for a, b in box)
+
+
+def verify_plan(plan) -> None:
+    """Raise ``PlanError`` naming the first transfer or device that goes wrong."""
+    src_boxes = device_boxes(plan.shape, plan.src_mesh, plan.src_spec)
+    need = device_boxes(plan.shape, plan.dst_mesh, plan.dst_spec)
+    received: dict[int, list] = {d: [] for d in need}
+    holds: dict[int, list] = {d: [b] for d, b in src_boxes.items()}
+    done: set[int] = set()
+    signal = plan.strategy == "signal"
+    for t in plan.transfers:
+        missing = [d for d in t.deps if d not in done]
+        if missing:
+            raise PlanError(f"transfer {t.id} starts before its dependencies {missing}")
+        if t.kind == ALLGATHER:
+            parts = [b for m in t.receivers for b in received[m] if _inside(b, t.index)]
+            if sum(_volume(b) for b in parts) != _volume(t.index):
+                raise PlanError(f"all-gather {t.id} among devices {list(t.receivers)}: members hold "
+                                f"{sum(_volume(b) for b in parts)} of {_volume(t.index)} elements of {t.index}")
+            for m in t.receivers:
+                holds.setdefault(m, []).append(t.index)
+            done.add(t.id)
+            continue
+        if not any(_inside(t.index, b) for b in holds.get(t.sender, [])):
+            raise PlanError(f"transfer {t.id}: sender device {t.sender} does not hold slice {t.index}")
+        for r in t.receivers:
+            if r not in need:
+                raise PlanError(f"transfer {t.id}: receiver {r} is not a destination device")
+            if not _inside(t.index, need[r]):
+                raise PlanError(f"transfer {t.id}: device {r} receives {t.index}, outside its box {need[r]}")
+            for prior in received[r]:
+                if _overlap(prior, t.index):
+                    raise PlanError(f"transfer {t.id}: device {r} receives {t.index} twice (already has {prior})")
+            received[r].append(t.index)
+            holds.setdefault(r, []).append(t.index)
+        done.add(t.id)
+    if signal:
+        return
+    for d, box in need.items():
+        got = [b for b in holds.get(d, []) if _inside(b, box)]
+        # received boxes are pairwise disjoint (checked above); all-gathered ones are the whole box
+        covered = _volume(box) if box in got else sum(_volume(b) for b in received[d])
+        if covered != _volume(box):
+            raise PlanError(f"destination device {d} ends with {covered} of the {_volume(box)} elements of {box}")

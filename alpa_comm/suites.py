@@ -1,0 +1,87 @@
+"""The reference benchmark suites (DESIGN.md), as plain data shared by plan,
+simulate and bench, and the methods compared on them.
+
+Mesh dim 0 = hosts, dim 1 = devices in a host. Source meshes start at host 0,
+destination meshes at the next free host, so the n-to-m suite needs 5 hosts of
+4 devices and the 1-to-m suite 5 hosts.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Case:
+    suite: str
+    name: str
+    shape: tuple[int, ...]
+    src_mesh: str
+    src_spec: str
+    dst_mesh: str
+    dst_spec: str
+    dtype: str = "float32"
+
+
+@dataclass(frozen=True)
+class Method:
+    """A way to run a resharding: a strategy plus a load-balance mode."""
+
+    name: str
+    strategy: str
+    loadbalance: str
+    note: str
+
+
+METHODS = (
+    Method("alpa_send_recv", "send_recv", "loads", "Alpa baseline: send/recv, normal load balance"),
+    Method("alpa", "alpa", "loads", "Alpa baseline: send/recv + Alpa's local all-gather"),
+    Method("local_allgather", "local_allgather", "auto", "send/recv to one device per host + all-gather"),
+    Method("global_allgather", "global_allgather", "auto", "scatter + global all-gather"),
+    Method("broadcast_naive", "broadcast", "naive", "chunked broadcast, lowest sender, fixed order"),
+    Method("broadcast_size", "broadcast", "size", "chunked broadcast, LPT load balance"),
+    Method("broadcast", "broadcast", "auto", "chunked broadcast, dfs/greedy load balance + order"),
+    Method("signal", "signal", "auto", "one byte per task: the upper bound"),
+)
+METHOD_BY_NAME = {m.name: m for m in METHODS}
+BASELINE = "alpa"
+SUITE_HOSTS = 5
+SUITE_DEVICES_PER_HOST = 4
+
+
+def _host_list(first: int, count: int) -> str:
+    return ",".join(str(h) for h in range(first, first + count))
+
+
+def n_to_m(last_dim: int = 512) -> list[Case]:
+    """Alpa's many-to-many cases; the paper's tensor is (1024, 1024, 512) float32."""
+    big = (1024, 1024, last_dim)
+    rows = [
+        ("1", big, "2x4", "S0RR", "2x4", "S0RR"),
+        ("2", big, "2x4", "RRR", "2x4", "S0RR"),
+        ("3", big, "2x4", "RS0R", "2x4", "S0RR"),
+        ("4", big, "2x4", "RS01R", "2x4", "S01RR"),
+        ("5", big, "2x4", "S1RR", "2x4", "S0RR"),
+        ("6", (3072, 1024, max(1, last_dim * 170 // 512)), "2x4", "S0RR", "3x4", "S0RR"),
+        ("7", big, "1x4", "S1RR", "2x4", "RRR"),
+        ("9", big, "2x4", "RS0R", "2x4", "RRS0"),
+    ]
+    out = []
+    for name, shape, sm, ss, dm, ds in rows:
+        sh = int(sm.split("x")[0])
+        dh = int(dm.split("x")[0])
+        out.append(Case("n-to-m", name, shape, f"{sm}@{_host_list(0, sh)}", ss,
+                        f"{dm}@{_host_list(sh, dh)}", ds))
+    return out
+
+
+def one_to_m(nbytes: int = 1 << 30) -> list[Case]:
+    """One device sends a float32 vector (1 GiB in the paper) to a replicated mesh."""
+    n = nbytes // 4
+    out = []
+    for hosts, devices in ((1, 1), (1, 2), (1, 3), (1, 4), (2, 2), (3, 2), (4, 2)):
+        out.append(Case("1-to-m", f"{hosts}x{devices}", (n,), "1x1@0", "R",
+                        f"{hosts}x{devices}@{_host_list(1, hosts)}", "R"))
+    return out
+
+
+SUITES = {"n-to-m": n_to_m, "1-to-m": one_to_m}
