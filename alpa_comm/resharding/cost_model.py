@@ -12,7 +12,8 @@ send_recv          A*B*t               A*B point-to-point sends
 local_allgather    A*t                 A sends, then intra-host all-gather
 global_allgather   2t                  scatter (t) + ring all-gather
                                        ((N-1)/N * t, N = A*B; the paper
-                                       rounds (N-1)/N up to 1)
+                                       rounds (N-1)/N up to 1; with A = 1
+                                       the ring stays inside the host)
 broadcast          t + (A-1)t/K        K-chunk pipelined chain
 =================  ==================  ==================================
 """
@@ -94,7 +95,8 @@ def closed_form(strategy: str, t: float, hosts: int, devices: int, chunks: int =
         return a * t
     if strategy == "global_allgather":
         n = a * b
-        return t + t * (n - 1) / n
+        # With one receiving host the ring never leaves the (ideal) intra-host link.
+        return t + (t * (n - 1) / n if a > 1 else 0.0)
     if strategy == "broadcast":
         return t + (a - 1) * t / chunks
     raise ValueError(f"no closed form for strategy {strategy!r}")

@@ -6,10 +6,11 @@ adapter all read the same object or its JSON form (see docs/plan-json.md).
 """
 from __future__ import annotations
 
+import gc
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from ..cluster import ClusterSpec
 from ..dtypes import dtype_name, itemsize
@@ -17,15 +18,14 @@ from ..errors import InvalidMeshError, InvalidOptionError, InvalidSpecError
 from ..mesh import DeviceMesh, devices_per_host_needed
 from ..spec import Box, ShardingSpec
 from . import loadbalance as lb
-from .strategies import (ALLGATHER, LOCAL_COPY, SIGNAL_BYTES, STRATEGIES, Job, allgather_job,
+from .strategies import (ALLGATHER, LOCAL_COPY, SIGNAL_BYTES, STRATEGIES, Job, JobMemo, allgather_job,
                          alpa_local_allgather_spec, jobs_for_task)
 from .unit_tasks import UnitTask, decompose, device_boxes
 
 SCHEMA_VERSION = 1
 
 
-@dataclass(frozen=True)
-class Transfer:
+class Transfer(NamedTuple):
     """One scheduled piece of communication.
 
     ``kind`` is the strategy that moves it (``send_recv``, ``local_allgather``,
@@ -248,18 +248,32 @@ def lower_bound(tasks: Sequence[UnitTask], cluster: ClusterSpec, payload: int | 
     out_bytes = 0.0
     senders: set[int] = set()
     longest = 0.0
+    hosts_of: dict[tuple, frozenset] = {}
+    lacking_of: dict[tuple, tuple] = {}
     for t in tasks:
         n = t.nbytes if payload is None else payload
-        src_hosts = {cluster.host_of(d) for d in t.src_devices}
-        lacking = {cluster.host_of(d) for d in t.dst_devices} - src_hosts
+        key = (t.src_devices, t.dst_devices)
+        lack = lacking_of.get(key)
+        if lack is None:
+            src_hosts = hosts_of.get(t.src_devices)
+            if src_hosts is None:
+                src_hosts = hosts_of[t.src_devices] = frozenset(cluster.host_of(d) for d in t.src_devices)
+            dst_hosts = hosts_of.get(t.dst_devices)
+            if dst_hosts is None:
+                dst_hosts = hosts_of[t.dst_devices] = frozenset(cluster.host_of(d) for d in t.dst_devices)
+            lacking = tuple(sorted(dst_hosts - src_hosts))
+            rate = (min(max(cluster.send_rate(h) for h in src_hosts), min(cluster.recv_rate(h) for h in lacking))
+                    if lacking else 0.0)
+            lack = lacking_of[key] = (lacking, src_hosts, rate)
+        lacking, src_hosts, rate = lack
         if not lacking:
             continue
         for h in lacking:
             rx_need[h] = rx_need.get(h, 0.0) + n
         out_bytes += n
         senders |= src_hosts
-        best_tx = max(cluster.send_rate(h) for h in src_hosts)
-        longest = max(longest, n / min(best_tx, min(cluster.recv_rate(h) for h in lacking)))
+        if n / rate > longest:
+            longest = n / rate
     if not rx_need:
         return 0.0
     rx_bound = max(b / cluster.recv_rate(h) for h, b in rx_need.items())
@@ -267,17 +281,33 @@ def lower_bound(tasks: Sequence[UnitTask], cluster: ClusterSpec, payload: int | 
     return cluster.latency_s + max(rx_bound, tx_bound, longest)
 
 
-def plan_resharding(shape: Sequence[int], dtype, src_mesh, src_spec, dst_mesh, dst_spec, *,
-                    cluster: ClusterSpec | None = None, strategy: str = "broadcast",
-                    loadbalance: str = "auto", chunks: int | None = None, seed: int = 0,
-                    dfs_budget_s: float = lb.DEFAULT_DFS_BUDGET_S) -> ReshardingPlan:
+def plan_resharding(shape: Sequence[int], dtype, src_mesh, src_spec, dst_mesh, dst_spec, **kwargs
+                    ) -> ReshardingPlan:
     """Plan moving a ``shape``/``dtype`` tensor from (src_mesh, src_spec) to (dst_mesh, dst_spec).
 
     Meshes may be ``DeviceMesh`` objects or text (``'2x4@0,1'``); specs may be
-    ``ShardingSpec`` objects or text (``'S0RR'``). Without ``cluster`` the
-    smallest cluster holding both meshes is used (10 Gbit/s NICs).
-    ``chunks=None`` picks the broadcast chunk count per task from the cost model.
+    ``ShardingSpec`` objects or text (``'S0RR'``). Keyword options:
+    ``cluster`` (default: the smallest holding both meshes, 10 Gbit/s NICs),
+    ``strategy`` (default ``broadcast``), ``loadbalance`` (default ``auto``),
+    ``chunks`` (broadcast chunks per slice; None = per task from the cost
+    model), ``seed`` (of the randomized greedy), ``dfs_budget_s``.
     """
+    # Planning allocates hundreds of thousands of small immutable tuples and no
+    # cycles; the cyclic GC would rescan them all repeatedly (a third of the time
+    # on 25,000 tasks), so it is paused for the duration.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _plan(shape, dtype, src_mesh, src_spec, dst_mesh, dst_spec, **kwargs)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _plan(shape: Sequence[int], dtype, src_mesh, src_spec, dst_mesh, dst_spec, *,
+                    cluster: ClusterSpec | None = None, strategy: str = "broadcast",
+                    loadbalance: str = "auto", chunks: int | None = None, seed: int = 0,
+                    dfs_budget_s: float = lb.DEFAULT_DFS_BUDGET_S) -> ReshardingPlan:
     shape = _positive_shape(shape)
     dt = dtype_name(dtype)
     if strategy not in STRATEGIES:
@@ -309,7 +339,8 @@ def plan_resharding(shape: Sequence[int], dtype, src_mesh, src_spec, dst_mesh, d
     tasks = final_tasks if sent_spec == dspec else decompose(shape, size, src, sspec, dst, sent_spec)
     per_task = "send_recv" if strategy == "alpa" else strategy
 
-    jobs: list[Job] = [j for t in tasks for j in jobs_for_task(t, per_task, cluster, chunks)]
+    memo = JobMemo(cluster)
+    jobs: list[Job] = [j for t in tasks for j in jobs_for_task(t, per_task, cluster, chunks, memo)]
     if gather_dim is not None:
         jobs += _alpa_allgathers(jobs, shape, size, dst, dspec, gather_dim, cluster)
     sched = lb.schedule(jobs, loadbalance, seed=seed, dfs_budget_s=dfs_budget_s)
@@ -350,20 +381,26 @@ def _transfers(jobs: Sequence[Job], tasks: Sequence[UnitTask], sched: lb.Schedul
     the least-loaded replica there (ties: lowest id), which spreads work over devices."""
     device_load: dict[int, int] = {}
     job_to_transfer: dict[int, int] = {}
+    local_of: dict[tuple, list[int]] = {}
     out: list[Transfer] = []
-    order = sorted(sched.sequence, key=lambda p: (sched.starts[p[0]], p[0]))
+    starts = sched.starts
+    order = sorted(sched.sequence, key=lambda p: (starts[p[0]], p[0]))
+    host_of = cluster.host_of
     for j, c in order:
         job = jobs[j]
         cand = job.candidates[c]
         sender = None
         if job.kind != ALLGATHER:
-            local = [d for d in tasks[job.task].src_devices if cluster.host_of(d) == cand.host]
-            sender = min(local, key=lambda d: (device_load.get(d, 0), d))
+            devs = tasks[job.task].src_devices
+            local = local_of.get((devs, cand.host))
+            if local is None:
+                local = local_of[(devs, cand.host)] = [d for d in devs if host_of(d) == cand.host]
+            sender = local[0] if len(local) == 1 else min(local, key=lambda d: (device_load.get(d, 0), d))
             device_load[sender] = device_load.get(sender, 0) + job.nbytes
         job_to_transfer[j] = len(out)
         out.append(Transfer(len(out), job.task, job.kind, sender, job.receivers, job.index, job.nbytes,
-                            cand.chunks, sched.starts[j], cand.duration,
-                            tuple(job_to_transfer[d] for d in job.deps)))
+                            cand.chunks, starts[j], cand.duration,
+                            tuple(job_to_transfer[d] for d in job.deps) if job.deps else ()))
     return out
 
 

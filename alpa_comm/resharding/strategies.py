@@ -22,8 +22,7 @@ we do not copy that defect).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from ..cluster import ClusterSpec
 from ..mesh import DeviceMesh
@@ -60,8 +59,7 @@ def describe_resource(key: int) -> str:
     return f"host{host}.{('tx', 'rx', 'intra')[kind]}"
 
 
-@dataclass(frozen=True)
-class Candidate:
+class Candidate(NamedTuple):
     """One way to run a job: from ``host``, using ``resources`` for ``duration`` seconds."""
 
     host: int
@@ -70,8 +68,7 @@ class Candidate:
     chunks: int = 1
 
 
-@dataclass(frozen=True)
-class Job:
+class Job(NamedTuple):
     """A schedulable piece of a unit task: its receivers and candidate senders.
 
     ``deps`` are indices of jobs that must finish first (only Alpa's follow-up
@@ -154,35 +151,70 @@ def _candidate(strategy: str, task: UnitTask, sender: int, groups: dict[int, lis
     raise ValueError(f"no candidate model for strategy {strategy!r}")
 
 
-def jobs_for_task(task: UnitTask, strategy: str, cluster: ClusterSpec, chunks: int | None) -> list[Job]:
+class JobMemo:
+    """Per-plan memo of host groupings and candidates: a large resharding repeats
+    the same device sets and host geometry thousands of times."""
+
+    def __init__(self, cluster: ClusterSpec):
+        self.cluster = cluster
+        self.src: dict[tuple, tuple[tuple[int, ...], frozenset]] = {}
+        self.dst: dict[tuple, tuple[tuple[int, tuple[int, ...]], ...]] = {}
+        self.geometry: dict[tuple, tuple] = {}
+        self.cands: dict[tuple, tuple[Candidate, ...]] = {}
+
+    def src_hosts(self, devices: tuple[int, ...]) -> tuple[tuple[int, ...], frozenset]:
+        v = self.src.get(devices)
+        if v is None:
+            hosts = tuple(_group_by_host(devices, self.cluster))
+            v = self.src[devices] = (hosts, frozenset(hosts))
+        return v
+
+    def dst_groups(self, devices: tuple[int, ...]) -> tuple[tuple[int, tuple[int, ...]], ...]:
+        v = self.dst.get(devices)
+        if v is None:
+            v = self.dst[devices] = tuple((h, tuple(d)) for h, d in _group_by_host(devices, self.cluster).items())
+        return v
+
+
+def jobs_for_task(task: UnitTask, strategy: str, cluster: ClusterSpec, chunks: int | None,
+                  memo: JobMemo | None = None) -> list[Job]:
     """Jobs that deliver ``task`` to all its destination devices with ``strategy``.
 
     ``strategy`` here is a per-task strategy: ``alpa`` is expanded by the planner
-    into ``send_recv`` on rewritten tasks plus all-gathers.
+    into ``send_recv`` on rewritten tasks plus all-gathers. ``memo`` (one per
+    plan) caches host groupings and candidates.
     """
-    src_by_host = _group_by_host(task.src_devices, cluster)
-    dst_by_host = _group_by_host(task.dst_devices, cluster)
+    memo = memo or JobMemo(cluster)
+    src_hosts, src_set = memo.src_hosts(task.src_devices)
+    groups = memo.dst_groups(task.dst_devices)
     jobs: list[Job] = []
-    remote: dict[int, list[int]] = {}
-    for h, devs in dst_by_host.items():
-        if h in src_by_host:
-            dur = len(devs) * cm.p2p_time(task.nbytes, cluster.intra_rate, cluster.latency_s)
-            jobs.append(Job(task.id, LOCAL_COPY, tuple(devs), task.nbytes, task.index,
-                            (Candidate(h, (intra(h),), dur),)))
-        else:
-            remote[h] = devs
-    if not remote:
-        return jobs
+    remote = groups
+    if not src_set.isdisjoint(h for h, _ in groups):
+        remote = tuple((h, d) for h, d in groups if h not in src_set)
+        for h, devs in groups:
+            if h in src_set:
+                dur = len(devs) * cm.p2p_time(task.nbytes, cluster.intra_rate, cluster.latency_s)
+                jobs.append(Job(task.id, LOCAL_COPY, devs, task.nbytes, task.index,
+                                (Candidate(h, (intra(h),), dur),)))
+        if not remote:
+            return jobs
     if strategy == "send_recv":
-        groups = [{h: [d]} for h, devs in remote.items() for d in devs]
+        parts = [((h, (d,)),) for h, devs in remote for d in devs]
     elif strategy == "local_allgather":
-        groups = [{h: devs} for h, devs in remote.items()]
+        parts = [(g,) for g in remote]
     else:
-        groups = [remote]
-    for g in groups:
-        cands = tuple(_candidate(strategy, task, s, g, cluster, chunks) for s in src_by_host)
-        receivers = tuple(d for devs in g.values() for d in devs)
-        nbytes = SIGNAL_BYTES if strategy == "signal" else task.nbytes
+        parts = [remote]
+    nbytes = SIGNAL_BYTES if strategy == "signal" else task.nbytes
+    for part in parts:
+        geometry = memo.geometry.get(part)
+        if geometry is None:
+            geometry = memo.geometry[part] = tuple((h, len(d)) for h, d in part)
+        key = (strategy, task.nbytes, src_hosts, geometry, chunks)
+        cands = memo.cands.get(key)
+        if cands is None:  # (num_elements only clamps chunks; equal bytes mean equal elements here)
+            g = {h: list(d) for h, d in part}
+            cands = memo.cands[key] = tuple(_candidate(strategy, task, s, g, cluster, chunks) for s in src_hosts)
+        receivers = part[0][1] if len(part) == 1 else tuple(d for _, devs in part for d in devs)
         jobs.append(Job(task.id, strategy, receivers, nbytes, task.index, cands))
     return jobs
 

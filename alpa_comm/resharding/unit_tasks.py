@@ -13,16 +13,16 @@ slices (tens of thousands are routine for large meshes).
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
-from typing import Sequence
+import math
+from typing import NamedTuple, Sequence
 
 from ..mesh import DeviceMesh
 from ..spec import Box, ShardingSpec
 
 
-@dataclass(frozen=True)
-class UnitTask:
-    """One unique data slice and who has it / who needs it."""
+class UnitTask(NamedTuple):
+    """One unique data slice and who has it / who needs it (a NamedTuple: plans
+    hold tens of thousands and build them fast)."""
 
     id: int
     index: Box
@@ -66,22 +66,16 @@ def decompose(shape: Sequence[int], itemsize: int, src_mesh: DeviceMesh, src_spe
     """
     src_parts = src_spec.num_shards(src_mesh.shape)
     dst_parts = dst_spec.num_shards(dst_mesh.shape)
-    per_dim = []  # per dim: list of (interval, src part, dst part)
+    per_dim = []  # per dim: list of (interval, src part, dst part, length)
     for length, ks, kd in zip(shape, src_parts, dst_parts):
         cuts = cut_points(length, ks, kd)
         ss, ds = length // ks, length // kd
-        per_dim.append([((a, b), a // ss, a // ds) for a, b in zip(cuts, cuts[1:])])
-    src_by = _devices_by_parts(src_mesh, src_spec)
-    dst_by = _devices_by_parts(dst_mesh, dst_spec)
+        per_dim.append([((a, b), a // ss, a // ds, b - a) for a, b in zip(cuts, cuts[1:])])
+    src_by = {k: tuple(v) for k, v in _devices_by_parts(src_mesh, src_spec).items()}
+    dst_by = {k: tuple(v) for k, v in _devices_by_parts(dst_mesh, dst_spec).items()}
     tasks = []
-    for combo in itertools.product(*per_dim):
-        index = tuple(c[0] for c in combo)
-        n = itemsize
-        for a, b in index:
-            n *= b - a
-        tasks.append(UnitTask(
-            id=len(tasks), index=index,
-            src_devices=tuple(src_by[tuple(c[1] for c in combo)]),
-            dst_devices=tuple(dst_by[tuple(c[2] for c in combo)]),
-            nbytes=n))
+    prod = math.prod
+    for i, combo in enumerate(itertools.product(*per_dim)):
+        index, sp, dp, lengths = zip(*combo) if combo else ((), (), (), ())
+        tasks.append(UnitTask(i, index, src_by[sp], dst_by[dp], itemsize * prod(lengths)))
     return tasks

@@ -1,0 +1,51 @@
+"""Planner speed: how long planning takes for a resharding with ~25,000 unit tasks.
+
+Case: a (6144, 4608, 1024) float32 tensor from a 64-host mesh (64x8, spec S0RS1)
+to a 48-host mesh (48x8, spec RS0S1) of 8-device hosts: 64 x 48 x 8 = 24,576
+unit tasks. Times decomposition + job building + load balancing + plan
+assembly, beyond interpreter start-up, for each load-balance mode.
+
+    python benchmarks/planner_speed.py [--repeat 3] [--modes greedy,size,naive]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+from alpa_comm import ClusterSpec, plan_resharding
+from alpa_comm.report import table
+
+SHAPE = (6144, 4608, 1024)
+SRC = "64x8@" + ",".join(map(str, range(64)))
+DST = "48x8@" + ",".join(map(str, range(64, 112)))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeat", type=int, default=3, help="timed runs per mode (median reported)")
+    p.add_argument("--modes", default="greedy,size,naive", help="comma-separated load-balance modes")
+    p.add_argument("--strategy", default="broadcast", help="strategy to plan with")
+    args = p.parse_args(argv)
+    cluster = ClusterSpec(num_hosts=112, devices_per_host=8, nic_send_gbps=100)
+    rows = []
+    for mode in args.modes.split(","):
+        times = []
+        for i in range(args.repeat):
+            print(f"  {mode}: run {i + 1}/{args.repeat} ...", file=sys.stderr, flush=True)
+            t0 = time.perf_counter()
+            plan = plan_resharding(SHAPE, "float32", SRC, "S0RS1", DST, "RS0S1", cluster=cluster,
+                                   strategy=args.strategy, loadbalance=mode)
+            times.append(time.perf_counter() - t0)
+        rows.append([mode, len(plan.unit_tasks), len(plan.transfers), f"{statistics.median(times):.3f} s",
+                     f"{min(times):.3f} s", f"{plan.predicted_seconds:.3f} s", f"{plan.ratio_to_lower_bound:.3f}"])
+    print(f"Planning {'x'.join(map(str, SHAPE))} float32, {SRC.split('@')[0]} S0RS1 -> {DST.split('@')[0]} RS0S1, "
+          f"strategy {args.strategy}, on {cluster.describe()}")
+    print(table(["loadbalance", "unit tasks", "transfers", "median plan time", "best", "predicted", "ratio to bound"],
+                rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from alpa_comm import (ClusterSpec, InvalidMeshError, InvalidOptionError, InvalidSpecError, plan_resharding)
+from alpa_comm.cli import main
+
+GOOD = dict(shape=(8, 8), dtype="float32", src_mesh="2x2@0,1", src_spec="S0R", dst_mesh="2x2@2,3", dst_spec="RS1")
+
+
+def plan(**kw):
+    args = {**GOOD, **kw}
+    return plan_resharding(args.pop("shape"), args.pop("dtype"), args.pop("src_mesh"), args.pop("src_spec"),
+                           args.pop("dst_mesh"), args.pop("dst_spec"), **args)
+
+
+@pytest.mark.parametrize("kw,err,fragment", [
+    (dict(src_spec="S0Q"), InvalidSpecError, "S0Q"),
+    (dict(src_spec="S0RR"), InvalidSpecError, "3 dimension"),
+    (dict(dst_spec="S1S1"), InvalidSpecError, "mesh dim 1 more than once"),
+    (dict(dst_spec="S2R"), InvalidSpecError, "mesh dim 2"),
+    (dict(shape=(6, 8), src_spec="S01R"), InvalidSpecError, "length 6 is not divisible by its 4"),
+    (dict(dst_mesh="2x2@1,2"), InvalidMeshError, "share device"),
+    (dict(dst_mesh="2x2@2,9", cluster=ClusterSpec(4, 2)), InvalidMeshError, "host\\(s\\) \\[9\\]"),
+    (dict(strategy="teleport"), InvalidOptionError, "teleport"),
+    (dict(loadbalance="best"), InvalidOptionError, "best"),
+    (dict(dtype="float8"), InvalidOptionError, "float8"),
+    (dict(shape=(0, 8)), InvalidSpecError, "positive"),
+    (dict(chunks=0), InvalidOptionError, "chunks"),
+])
+def test_bad_input_names_the_value(kw, err, fragment):
+    with pytest.raises(err, match=fragment):
+        plan(**kw)
+
+
+def test_errors_are_value_errors():
+    with pytest.raises(ValueError):
+        plan(strategy="nope")
+
+
+def test_cli_plan_text(capsys):
+    assert main(["plan", "--shape", "1024,1024,16", "--src-mesh", "2x4@0,1", "--src-spec", "S0RR",
+                 "--dst-mesh", "2x4@2,3", "--dst-spec", "S0RR", "--strategy", "broadcast"]) == 0
+    out = capsys.readouterr().out
+    assert "predicted" in out and "lower bound" in out and "broadcast" in out
+
+
+def test_cli_plan_json_contract(capsys):
+    assert main(["plan", "--shape", "64,64,4", "--src-mesh", "2x4@0,1", "--src-spec", "RS0R", "--dst-mesh",
+                 "2x4@2,3", "--dst-spec", "S0RR", "--strategy", "send_recv", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    for key in ("predicted_seconds", "lower_bound_seconds", "strategy", "loadbalance", "unit_tasks"):
+        assert key in d
+    e = d["unit_tasks"][0]
+    for key in ("index", "src_devices", "dst_devices", "nbytes", "sender", "strategy"):
+        assert key in e
+    assert all(len(pair) == 2 for pair in e["index"])
+    # send/recv: a slice replicated on two hosts may be served by both, one entry per sender
+    per_task = {}
+    for e in d["unit_tasks"]:
+        per_task.setdefault(e["task"], []).append(e["sender"])
+    assert all(len(set(s)) == len(s) for s in per_task.values())
+
+
+def test_cli_plan_with_cluster_options(capsys):
+    assert main(["plan", "--shape", "16,16", "--src-mesh", "1x2@0", "--src-spec", "S1R", "--dst-mesh", "2x2@1,2",
+                 "--dst-spec", "RR", "--hosts", "6", "--devices-per-host", "4", "--nic-gbps", "25"]) == 0
+    out = capsys.readouterr().out
+    assert "6 hosts x 4 devices, NIC 25 Gbit/s" in out
+
+
+def test_cli_suite(capsys):
+    assert main(["plan", "--suite", "n-to-m", "--last-dim", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "alpa_send_recv" in out and "broadcast" in out and "| 9 " in out
+
+
+def test_cli_bad_input_exit_code(capsys):
+    assert main(["plan", "--shape", "8,8", "--src-mesh", "2x2@0,1", "--src-spec", "S0X", "--dst-mesh", "2x2@2,3",
+                 "--dst-spec", "RR"]) == 2
+    assert "S0X" in capsys.readouterr().err
+    assert main(["plan", "--shape", "8,8"]) == 2
+    assert "--src-mesh" in capsys.readouterr().err
+
+
+def test_console_script_help():
+    out = subprocess.run([sys.executable, "-m", "alpa_comm.cli", "plan", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "--loadbalance" in out.stdout
