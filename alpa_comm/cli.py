@@ -136,6 +136,53 @@ def _plan_suite(args) -> int:
     return 0
 
 
+def cmd_simulate(args) -> int:
+    from pathlib import Path  # noqa: PLC0415
+
+    from .sim import simulate  # noqa: PLC0415
+    from .sim.simulate import effective_gbps  # noqa: PLC0415
+
+    if args.suite:
+        from .sim.suite import run_suite, suite_table, wide_table, write_outputs  # noqa: PLC0415
+
+        cluster = cluster_from_args(args, hosts=suites.SUITE_HOSTS, dph=suites.SUITE_DEVICES_PER_HOST)
+        t0 = time.monotonic()
+        rows = run_suite(args.suite, cluster, args.last_dim, args.size_mb, args.seed)
+        print(f"simulated in {time.monotonic() - t0:.1f} s", file=sys.stderr)
+        print(f"Simulated {args.suite} suite on {cluster.describe()}\n")
+        print(wide_table(rows))
+        print()
+        print(suite_table(rows))
+        if args.out:
+            paths = write_outputs(args.suite, rows, cluster, Path(args.out))
+            print("\nwrote " + ", ".join(str(p) for p in paths.values()))
+        return 0
+    missing = [o for o in ("shape", "src_mesh", "src_spec", "dst_mesh", "dst_spec") if getattr(args, o) is None]
+    if missing:
+        raise AlpaCommError("missing option(s): " + ", ".join("--" + m.replace("_", "-") for m in missing)
+                            + " (or use --suite)")
+    cluster = cluster_from_args(args, args.src_mesh, args.dst_mesh)
+    plan = plan_resharding(args.shape, args.dtype, args.src_mesh, args.src_spec, args.dst_mesh, args.dst_spec,
+                           cluster=cluster, strategy=args.strategy, loadbalance=args.loadbalance,
+                           chunks=args.chunks, seed=args.seed)
+    res = simulate(plan)
+    print(plan.explain(max_transfers=0))
+    print(f"\n  simulated: {fmt_seconds(res.makespan)}  ({effective_gbps(plan.nbytes, res.makespan):.2f} Gbit/s "
+          f"effective, {res.makespan / plan.lower_bound_seconds:.2f}x the lower bound)\n")
+    rows = [[h, fmt_bytes(res.host_sent.get(h, 0)), fmt_bytes(res.host_received.get(h, 0)),
+             f"{100 * res.host_busy_fraction.get(h, 0):.0f} %"] for h in sorted(res.host_busy_fraction)]
+    print(table(["host", "NIC sent", "NIC received", "NIC busy"], rows, markdown=False))
+    if args.trace:
+        from .sim.trace import write_chrome_trace  # noqa: PLC0415
+
+        print(f"\nChrome trace: {write_chrome_trace(res, args.trace)} (open in https://ui.perfetto.dev)")
+    if args.png:
+        from .sim.trace import gantt_png  # noqa: PLC0415
+
+        print(f"Gantt chart: {gantt_png(res, args.png)}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="alpa-comm", description=__doc__.splitlines()[0].strip("`. ")
                                      + ": plan, simulate and run cross-mesh resharding.")
@@ -146,6 +193,20 @@ def build_parser() -> argparse.ArgumentParser:
     add_resharding_args(p)
     p.add_argument("--json", action="store_true", help="print the plan as JSON (docs/plan-json.md)")
     p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("simulate", help="simulate a resharding (or a reference suite) on a flow-level network model",
+                       description="Plan, then execute the plan on a flow-level network simulator (max-min fair "
+                                   "NIC sharing, the plan's per-host order): makespan, per-host bytes and busy "
+                                   "time, timeline. --suite runs every method side by side on the paper's testbed.")
+    add_resharding_args(p)
+    for action in p._actions:
+        if action.dest == "suite":
+            action.choices = ["1-to-m", "n-to-m", "balance"]
+            action.help = "run a reference suite (balance: load-balancing ablation on the n-to-m cases)"
+    p.add_argument("--out", help="suite mode: directory for the markdown table, JSON and PNG")
+    p.add_argument("--trace", help="single case: write a Chrome trace JSON here")
+    p.add_argument("--png", help="single case: write a Gantt chart PNG here")
+    p.set_defaults(func=cmd_simulate)
     return parser
 
 

@@ -234,11 +234,13 @@ def _greedy(jobs: Sequence[Job], seed: int = 0, tries: int | None = None):
     free, dep = _split(jobs)
     tail = _tail(jobs, dep)
     if tries is None:
-        tries = max(2, min(16, 40_000 // max(1, len(free))))
+        # Each try costs about the total number of (job, resource) pairs.
+        work = sum(len(jobs[j].candidates[0].resources) * len(jobs[j].candidates) for j in free)
+        tries = max(2, min(16, 80_000 // max(1, work)))
     rng = random.Random(seed)
     lpt = sorted(free, key=lambda j: -_min_duration(jobs[j]))
     options = [naive(jobs), _nondelay_schedule(jobs, free, {j: i for i, j in enumerate(lpt)}) + tail]
-    if len(free) <= 10_000:  # cheap extra starting points where time allows
+    if tries > 2:  # cheap extra starting points where time allows
         options += [size(jobs), _list_schedule(jobs, lpt) + tail]
     for _ in range(tries - 2):
         # Random priorities: the paper's random task orders, biased to big jobs first.

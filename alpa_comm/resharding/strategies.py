@@ -118,6 +118,27 @@ def _ring_resources(hosts: Sequence[int]) -> tuple[int, ...]:
     return tuple(r for h in hosts for r in (tx(h), rx(h)))
 
 
+def transfer_resources(kind: str, sender_host: int | None, receiver_hosts: Sequence[int]) -> tuple[int, ...]:
+    """Host resources a transfer of ``kind`` holds for its whole duration.
+
+    ``receiver_hosts`` are the distinct receiving hosts in chain order. The
+    planner schedules with these and the simulator releases transfers in the
+    plan's order on each of them, so both read the plan the same way.
+    """
+    hosts = list(receiver_hosts)
+    if kind == LOCAL_COPY:
+        return (intra(hosts[0]),)
+    if kind in ("send_recv", "local_allgather"):
+        return (tx(sender_host), rx(hosts[0]))
+    if kind in ("broadcast", "signal"):
+        return (tx(sender_host),) + tuple(rx(h) for h in hosts) + tuple(tx(h) for h in hosts[:-1])
+    if kind == "global_allgather":
+        return (tx(sender_host),) + tuple(dict.fromkeys(_ring_resources(hosts) + tuple(rx(h) for h in hosts)))
+    if kind == ALLGATHER:
+        return _ring_resources(hosts)
+    raise ValueError(f"unknown transfer kind {kind!r}")
+
+
 def _candidate(strategy: str, task: UnitTask, sender: int, groups: dict[int, list[int]],
                cluster: ClusterSpec, chunks: int | None) -> Candidate:
     lat = cluster.latency_s
@@ -126,13 +147,14 @@ def _candidate(strategy: str, task: UnitTask, sender: int, groups: dict[int, lis
     n = task.nbytes
     if strategy == "send_recv":  # one receiver device per job
         (h,) = hosts
-        return Candidate(sender, (tx(sender), rx(h)), cm.p2p_time(n, cluster.link_rate(sender, h), lat))
+        return Candidate(sender, transfer_resources(strategy, sender, hosts),
+                         cm.p2p_time(n, cluster.link_rate(sender, h), lat))
     if strategy == "local_allgather":  # one receiver host per job
         (h,) = hosts
         b = len(receivers)
         send = b * lat + n / cluster.link_rate(sender, h)  # b parts of n/b bytes
         gather = cm.ring_allgather_time(n, [cluster.intra_rate] * b, lat)
-        return Candidate(sender, (tx(sender), rx(h)), send + gather)
+        return Candidate(sender, transfer_resources(strategy, sender, hosts), send + gather)
     if strategy in ("broadcast", "signal"):
         rates = _chain_rates(sender, groups, cluster)
         if strategy == "signal":
@@ -140,14 +162,12 @@ def _candidate(strategy: str, task: UnitTask, sender: int, groups: dict[int, lis
         else:
             k = chunks if chunks is not None else cm.auto_chunks(n, rates, lat)
             k = max(1, min(k, task.num_elements))
-        res = (tx(sender),) + tuple(rx(h) for h in hosts) + tuple(tx(h) for h in hosts[:-1])
-        return Candidate(sender, res, cm.chain_time(n, rates, k, lat), k)
+        return Candidate(sender, transfer_resources(strategy, sender, hosts), cm.chain_time(n, rates, k, lat), k)
     if strategy == "global_allgather":
         parts = len(receivers)
         scatter = sum(len(devs) * (lat + n / parts / cluster.link_rate(sender, h)) for h, devs in groups.items())
         gather = cm.ring_allgather_time(n, _ring_rates(groups, cluster), lat)
-        res = (tx(sender),) + tuple(dict.fromkeys(_ring_resources(hosts) + tuple(rx(h) for h in hosts)))
-        return Candidate(sender, res, scatter + gather)
+        return Candidate(sender, transfer_resources(strategy, sender, hosts), scatter + gather)
     raise ValueError(f"no candidate model for strategy {strategy!r}")
 
 
@@ -195,7 +215,7 @@ def jobs_for_task(task: UnitTask, strategy: str, cluster: ClusterSpec, chunks: i
             if h in src_set:
                 dur = len(devs) * cm.p2p_time(task.nbytes, cluster.intra_rate, cluster.latency_s)
                 jobs.append(Job(task.id, LOCAL_COPY, devs, task.nbytes, task.index,
-                                (Candidate(h, (intra(h),), dur),)))
+                                (Candidate(h, transfer_resources(LOCAL_COPY, h, (h,)), dur),)))
         if not remote:
             return jobs
     if strategy == "send_recv":
@@ -226,7 +246,7 @@ def allgather_job(members: Sequence[int], index: tuple, nbytes: int, deps: Seque
     hosts = list(groups)
     dur = cm.ring_allgather_time(nbytes, _ring_rates(groups, cluster), cluster.latency_s)
     return Job(-1, ALLGATHER, tuple(sorted(members)), nbytes, index,
-               (Candidate(hosts[0], _ring_resources(hosts), dur),), tuple(deps))
+               (Candidate(hosts[0], transfer_resources(ALLGATHER, None, hosts), dur),), tuple(deps))
 
 
 # ----------------------------------------------------------------- Alpa's rewrite

@@ -1,0 +1,172 @@
+"""A flow-level (fluid) network: concurrent flows share link capacity max-min fairly.
+
+Links are the host resources of ``resharding.strategies`` (NIC send side,
+NIC receive side, intra-host link), each with a capacity in bytes/s (``inf``
+allowed). A flow crosses a set of links and optionally has its own rate cap.
+Whenever flows start or finish, rates are recomputed by progressive filling —
+but only inside the connected component (flows linked by shared links) that
+changed, so thousands of independent transfers stay cheap.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Callable, Iterable
+
+EPS = 1e-12
+
+
+class Flow:
+    """``nbytes`` over ``links``; ``on_done(now)`` is called when the last byte arrives."""
+
+    __slots__ = ("id", "links", "nbytes", "remaining", "rate", "t_last", "version", "cap", "on_done", "start")
+
+    def __init__(self, fid: int, links: tuple[int, ...], nbytes: float, cap: float,
+                 on_done: Callable[[float], None]):
+        self.id, self.links, self.nbytes, self.remaining = fid, links, float(nbytes), float(nbytes)
+        self.rate, self.t_last, self.version, self.cap, self.on_done = 0.0, 0.0, 0, cap, on_done
+        self.start = 0.0
+
+
+def max_min_rates(flows: list[Flow], capacity: dict[int, float]) -> dict[int, float]:
+    """Progressive filling: raise all unfrozen flows together until a link saturates
+    or a flow reaches its cap; freeze those flows; repeat."""
+    rem: dict[int, float] = {}
+    count: dict[int, int] = {}
+    for f in flows:
+        for link in f.links:
+            rem[link] = capacity[link]
+            count[link] = count.get(link, 0) + 1
+    rate = {f.id: 0.0 for f in flows}
+    unfrozen = list(flows)
+    while unfrozen:
+        delta = min((rem[l] / c for l, c in count.items() if c > 0), default=math.inf)
+        delta = min(delta, min(f.cap - rate[f.id] for f in unfrozen))
+        if math.isinf(delta):
+            for f in unfrozen:
+                rate[f.id] = math.inf
+            break
+        for f in unfrozen:
+            rate[f.id] += delta
+            for link in f.links:
+                rem[link] -= delta
+        keep = []
+        for f in unfrozen:
+            saturated = f.cap - rate[f.id] <= EPS * max(1.0, f.cap if not math.isinf(f.cap) else 1.0) or any(
+                rem[link] <= EPS * capacity[link] for link in f.links)
+            if saturated:
+                for link in f.links:
+                    count[link] -= 1
+            else:
+                keep.append(f)
+        if len(keep) == len(unfrozen):  # numerical safety: nothing froze
+            break
+        unfrozen = keep
+    return rate
+
+
+class FluidNetwork:
+    """Event-driven fluid simulation of flows and timed callbacks."""
+
+    def __init__(self, capacity: dict[int, float]):
+        self.capacity = capacity
+        self.now = 0.0
+        self._events: list = []  # (time, seq, kind, payload, version)
+        self._seq = 0
+        self._flows: dict[int, Flow] = {}
+        self._on_link: dict[int, set[int]] = {}
+        self.busy_time: dict[int, float] = {}
+        self._busy_since: dict[int, float] = {}
+        self.bytes_on: dict[int, float] = {}
+
+    # ---------------------------------------------------------------- public
+    def at(self, delay: float, callback: Callable[[float], None]) -> None:
+        """Call ``callback(now)`` after ``delay`` seconds."""
+        self._push(self.now + delay, "call", callback, 0)
+
+    def add_flow(self, links: Iterable[int], nbytes: float, on_done: Callable[[float], None],
+                 cap: float = math.inf) -> None:
+        links = tuple(dict.fromkeys(links))
+        fid = self._seq
+        self._seq += 1
+        flow = Flow(fid, links, nbytes, cap, on_done)
+        flow.t_last = flow.start = self.now
+        if nbytes <= 0 or not links:
+            self._push(self.now, "call", on_done, 0)
+            return
+        self._flows[fid] = flow
+        for link in links:
+            users = self._on_link.setdefault(link, set())
+            if not users:
+                self._busy_since[link] = self.now
+            users.add(fid)
+        self._reallocate(links)
+
+    def run(self) -> float:
+        """Process events until none remain; returns the time of the last one."""
+        while self._events:
+            t, _, kind, payload, version = heapq.heappop(self._events)
+            if kind == "flow":
+                flow = self._flows.get(payload)
+                if flow is None or flow.version != version:
+                    continue  # stale projection
+                self.now = max(self.now, t)
+                self._finish(flow)
+            else:
+                self.now = max(self.now, t)
+                payload(self.now)
+        return self.now
+
+    # -------------------------------------------------------------- internal
+    def _push(self, t: float, kind: str, payload, version: int) -> None:
+        self._seq += 1
+        heapq.heappush(self._events, (t, self._seq, kind, payload, version))
+
+    def _settle(self, flow: Flow) -> None:
+        if flow.rate > 0 and not math.isinf(flow.rate):
+            flow.remaining -= flow.rate * (self.now - flow.t_last)
+        elif math.isinf(flow.rate):
+            flow.remaining = 0.0
+        flow.t_last = self.now
+
+    def _component(self, links: Iterable[int]) -> list[Flow]:
+        seen_links = set()
+        seen_flows: dict[int, Flow] = {}
+        stack = list(links)
+        while stack:
+            link = stack.pop()
+            if link in seen_links:
+                continue
+            seen_links.add(link)
+            for fid in self._on_link.get(link, ()):
+                if fid not in seen_flows:
+                    f = self._flows[fid]
+                    seen_flows[fid] = f
+                    stack.extend(f.links)
+        return list(seen_flows.values())
+
+    def _reallocate(self, links: Iterable[int]) -> None:
+        flows = self._component(links)
+        if not flows:
+            return
+        for f in flows:
+            self._settle(f)
+        rates = max_min_rates(flows, self.capacity)
+        for f in flows:
+            f.rate = rates[f.id]
+            f.version += 1
+            eta = self.now if math.isinf(f.rate) else (
+                self.now + max(0.0, f.remaining) / f.rate if f.rate > 0 else math.inf)
+            if not math.isinf(eta):
+                self._push(eta, "flow", f.id, f.version)
+
+    def _finish(self, flow: Flow) -> None:
+        del self._flows[flow.id]
+        for link in flow.links:
+            users = self._on_link[link]
+            users.discard(flow.id)
+            self.bytes_on[link] = self.bytes_on.get(link, 0.0) + flow.nbytes
+            if not users:
+                self.busy_time[link] = self.busy_time.get(link, 0.0) + self.now - self._busy_since.pop(link)
+        self._reallocate(flow.links)
+        flow.on_done(self.now)
