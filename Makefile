@@ -16,15 +16,17 @@ $(STAMP): setup.cfg setup.py
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/alpa-comm plan --suite n-to-m --last-dim 16
-	$(BIN)/alpa-comm plan --suite 1-to-m --size-mb 64
 	$(BIN)/alpa-comm plan --shape 1024,1024,16 --src-mesh 2x4@0,1 --src-spec RS0R --dst-mesh 2x4@2,3 --dst-spec S0RR
+	$(BIN)/alpa-comm simulate --suite n-to-m --out out/demo
+	$(BIN)/alpa-comm simulate --suite 1-to-m --out out/demo
+	@echo "Tables and PNGs: out/demo/ (n_to_m.png, 1_to_m.png)"
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/planner_speed.py
+	$(BIN)/python benchmarks/sim_scale.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
