@@ -1,0 +1,109 @@
+"""Schedule generators: GPipe, 1F1B and eager-1F1B, optionally with split and delayed backward.
+
+All three share one shape: stage i runs W_i warm-up forwards, then alternates
+one backward and one forward, then drains the remaining backwards.
+
+* ``gpipe``:      W_i = M (all forwards, then all backwards);
+* ``1f1b``:       W_i = min(M, S - i) (at most S - i microbatches in flight);
+* ``eager-1f1b``: W_i = min(M, 2(S - i) - 1): forwards run early, so a
+  stage has other microbatches' work to do while one microbatch's activation
+  crosses to the next mesh (the paper's overlap-friendly schedule).
+
+Communication is inserted around compute: ``RECV_F m`` right before ``F m``
+(stages > 0), ``SEND_F m`` right after it (stages < S-1); ``RECV_B m``
+before the backward (stages < S-1), ``SEND_B m`` right after the backward
+or, with ``split_backward``, right after ``BI m`` so the gradient leaves
+before the weight-gradient work. ``delay_wgrad`` d (per stage) places
+``BW m`` after the d compute actions that follow ``BI m`` (and their sends),
+before the next receive: the delayed weight-gradient work fills the wait
+for the next incoming transfer.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..errors import InvalidOptionError
+from .ir import Action, Schedule
+
+SCHEDULES = ("gpipe", "1f1b", "eager-1f1b")
+
+
+def warmup(kind: str, num_stages: int, num_microbatches: int, stage: int) -> int:
+    if kind == "gpipe":
+        return num_microbatches
+    if kind == "1f1b":
+        return min(num_microbatches, num_stages - stage)
+    if kind == "eager-1f1b":
+        return min(num_microbatches, 2 * (num_stages - stage) - 1)
+    raise InvalidOptionError(f"unknown schedule {kind!r}; choose one of {', '.join(SCHEDULES)}")
+
+
+def compute_order(kind: str, num_stages: int, num_microbatches: int, stage: int) -> list[tuple[str, int]]:
+    """The F/B order of one stage: warm-up forwards, then (B, F) pairs, then the drain."""
+    w = warmup(kind, num_stages, num_microbatches, stage)
+    order = [("F", m) for m in range(w)]
+    for k in range(num_microbatches - w):
+        order += [("B", k), ("F", w + k)]
+    order += [("B", m) for m in range(num_microbatches - w, num_microbatches)]
+    return order
+
+
+def _delays(delay_wgrad, num_stages: int) -> list[int]:
+    if delay_wgrad is None:
+        return [0] * num_stages
+    if isinstance(delay_wgrad, int):
+        values = [delay_wgrad] * num_stages
+    else:
+        values = list(delay_wgrad)
+    if len(values) != num_stages or any(not isinstance(v, int) or v < 0 for v in values):
+        raise InvalidOptionError(f"delay_wgrad must be a non-negative int or one per stage ({num_stages}), "
+                                 f"got {delay_wgrad!r}")
+    return values
+
+
+def generate(kind: str, num_stages: int, num_microbatches: int, *, split_backward: bool = False,
+             delay_wgrad: int | Sequence[int] | None = None) -> Schedule:
+    """Build a schedule. ``delay_wgrad`` needs ``split_backward``; for a delay chosen by
+    the cost model use ``weight_delay.auto_delay_schedule``."""
+    for name, v in (("stages", num_stages), ("microbatches", num_microbatches)):
+        if not isinstance(v, int) or v <= 0:
+            raise InvalidOptionError(f"number of {name} must be a positive integer, got {v!r}")
+    if delay_wgrad is not None and not split_backward:
+        raise InvalidOptionError("delay_wgrad needs split_backward (BW must be a separate action to delay it)")
+    delays = _delays(delay_wgrad, num_stages)
+    S = num_stages
+    stages = []
+    for i in range(S):
+        out: list[Action] = []
+        pending: list[list[int]] = []  # [microbatch, compute actions still to wait]
+
+        def after_compute() -> None:
+            for p in pending:
+                p[1] -= 1
+            while pending and pending[0][1] < 0:
+                out.append(Action("BW", pending.pop(0)[0]))
+
+        for op, m in compute_order(kind, S, num_microbatches, i):
+            if op == "F":
+                if i > 0:
+                    out.append(Action("RECV_F", m))
+                out.append(Action("F", m))
+                if i < S - 1:
+                    out.append(Action("SEND_F", m))
+                after_compute()
+                continue
+            if i < S - 1:
+                out.append(Action("RECV_B", m))
+            out.append(Action("BI" if split_backward else "B", m))
+            if i > 0:
+                out.append(Action("SEND_B", m))
+            if split_backward:
+                pending.append([m, delays[i]])
+                pending.sort(key=lambda p: p[1])
+            after_compute()
+        out.extend(Action("BW", p[0]) for p in pending)
+        stages.append(tuple(out))
+    suffix = ""
+    if split_backward:
+        suffix = " split" + (f" delay={delays}" if any(delays) else "")
+    return Schedule(tuple(stages), kind + suffix)

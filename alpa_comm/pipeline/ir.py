@@ -1,0 +1,120 @@
+"""Schedule IR: per stage (one stage per mesh), an ordered list of actions.
+
+Compute actions: ``F`` (forward), ``B`` (full backward), ``BI`` (input
+gradient), ``BW`` (weight gradient). Communication actions: ``SEND_F`` /
+``RECV_F`` (activations to / from the next stage) and ``SEND_B`` / ``RECV_B``
+(gradients to / from the previous stage). Every action names its microbatch.
+A SEND is asynchronous (the stage goes on while its link carries it); a RECV
+blocks until the data has arrived.
+
+Text form, one line per stage, actions written kind then microbatch::
+
+    stage 0: F0 SEND_F0 F1 SEND_F1 RECV_B0 B0 ...
+    stage 1: RECV_F0 F0 B0 SEND_B0 ...
+
+A communication action may name its peer stage explicitly (``SEND_F3@2``) for
+skip connections; without it the peer is the adjacent stage.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Iterable
+
+from ..errors import AlpaCommError
+
+COMPUTE = ("F", "B", "BI", "BW")
+COMM = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
+KINDS = COMPUTE + COMM
+_ACTION = re.compile(r"^(SEND_F|RECV_F|SEND_B|RECV_B|BI|BW|F|B)(\d+)(?:@(\d+))?$")
+_LINE = re.compile(r"^\s*stage\s+(\d+)\s*:(.*)$")
+
+
+class ScheduleError(AlpaCommError, ValueError):
+    """A schedule that is malformed or cannot run; names the stage and action."""
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: str
+    mb: int
+    peer: int | None = None  # explicit peer stage of a SEND/RECV (None: adjacent)
+
+    def __str__(self) -> str:
+        return f"{self.kind}{self.mb}" + ("" if self.peer is None else f"@{self.peer}")
+
+    @property
+    def is_compute(self) -> bool:
+        return self.kind in COMPUTE
+
+    @classmethod
+    def parse(cls, token: str, where: str = "") -> "Action":
+        m = _ACTION.match(token.strip().upper())
+        if not m:
+            raise ScheduleError(f"cannot parse action {token!r}{where}: expected e.g. F3, BI3, BW3, SEND_F3, RECV_B3")
+        if m.group(3) is not None and m.group(1) not in COMM:
+            raise ScheduleError(f"action {token!r}{where}: only SEND/RECV actions take a peer stage")
+        return cls(m.group(1), int(m.group(2)), None if m.group(3) is None else int(m.group(3)))
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Actions per stage, plus the name of the generator (or 'custom')."""
+
+    stages: tuple[tuple[Action, ...], ...]
+    name: str = "custom"
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stages)
+
+    @property
+    def num_microbatches(self) -> int:
+        mbs = {a.mb for s in self.stages for a in s}
+        return max(mbs) + 1 if mbs else 0
+
+    @property
+    def split_backward(self) -> bool:
+        return any(a.kind in ("BI", "BW") for s in self.stages for a in s)
+
+    def peer(self, stage: int, a: Action) -> int:
+        if a.peer is not None:
+            return a.peer
+        return stage + 1 if a.kind in ("SEND_F", "RECV_B") else stage - 1
+
+    # ------------------------------------------------------------ text form
+    def to_text(self) -> str:
+        return "\n".join(f"stage {i}: " + " ".join(map(str, acts)) for i, acts in enumerate(self.stages)) + "\n"
+
+    @classmethod
+    def from_text(cls, text: str, name: str = "custom") -> "Schedule":
+        stages: dict[int, tuple[Action, ...]] = {}
+        for lineno, line in enumerate(text.splitlines(), 1):
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            m = _LINE.match(line)
+            if not m:
+                raise ScheduleError(f"line {lineno}: expected 'stage <i>: <actions>', got {line.strip()!r}")
+            i = int(m.group(1))
+            if i in stages:
+                raise ScheduleError(f"line {lineno}: stage {i} appears twice")
+            stages[i] = tuple(Action.parse(tok, f" (line {lineno}, stage {i})") for tok in m.group(2).split())
+        if sorted(stages) != list(range(len(stages))):
+            raise ScheduleError(f"stages must be numbered 0..{len(stages) - 1}, got {sorted(stages)}")
+        return cls(tuple(stages[i] for i in range(len(stages))), name)
+
+    def to_json(self) -> str:
+        return json.dumps({"name": self.name, "stages": [[str(a) for a in s] for s in self.stages]})
+
+    @classmethod
+    def from_json(cls, text: str) -> "Schedule":
+        d = json.loads(text)
+        return cls(tuple(tuple(Action.parse(t) for t in s) for s in d["stages"]), d.get("name", "custom"))
+
+    def compute_only(self) -> list[list[Action]]:
+        return [[a for a in s if a.is_compute] for s in self.stages]
+
+
+def actions(text: Iterable[str]) -> tuple[Action, ...]:
+    return tuple(Action.parse(t) for t in text)

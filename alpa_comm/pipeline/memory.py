@@ -1,0 +1,44 @@
+"""Memory model: live activations per stage, in units of one microbatch's activations.
+
+``F m`` stores one unit; a full backward ``B m`` frees it. With split
+backward, ``BI m`` frees all but ``wgrad_fraction`` of it — the layer inputs
+and output gradients the weight gradient still needs — and ``BW m`` frees the
+rest; the number of microbatches waiting for their ``BW`` is the delayed
+weight-gradient state.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .ir import Schedule
+
+DEFAULT_WGRAD_FRACTION = 0.5
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    peak_activations: float     # units of one microbatch's activations
+    peak_pending_wgrad: int     # microbatches with BI done, BW not yet
+    profile: tuple[float, ...]  # live units after each action of the stage
+
+
+def memory(schedule: Schedule, wgrad_fraction: float = DEFAULT_WGRAD_FRACTION) -> list[StageMemory]:
+    out = []
+    for acts in schedule.stages:
+        live, pending, peak, peak_pending, prof = 0.0, 0, 0.0, 0, []
+        for a in acts:
+            if a.kind == "F":
+                live += 1
+            elif a.kind == "B":
+                live -= 1
+            elif a.kind == "BI":
+                live -= 1 - wgrad_fraction
+                pending += 1
+            elif a.kind == "BW":
+                live -= wgrad_fraction
+                pending -= 1
+            peak = max(peak, live)
+            peak_pending = max(peak_pending, pending)
+            prof.append(live)
+        out.append(StageMemory(round(peak, 9), peak_pending, tuple(prof)))
+    return out

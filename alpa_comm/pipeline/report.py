@@ -1,0 +1,67 @@
+"""Side-by-side comparison of schedules under one set of costs (used by ``alpa-comm schedule``)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .generators import SCHEDULES, generate
+from .ir import Schedule
+from .memory import memory
+from .simulate import Costs, PipelineResult, simulate_schedule
+from .weight_delay import auto_delay_schedule
+
+
+def signal_bound(num_stages: int, num_microbatches: int, costs: Costs) -> float:
+    """Best iteration time of any generated schedule when transfers are free."""
+    return min(simulate_schedule(generate(k, num_stages, num_microbatches, split_backward=s), costs,
+                                 signal=True).iteration_time for k in SCHEDULES for s in (False, True))
+
+
+def comm_limit(num_stages: int, num_microbatches: int, costs: Costs) -> float:
+    """The fill and drain transfers are on every schedule's critical path: the first
+    microbatch crosses S-1 boundaries forward and the last one S-1 backward."""
+    t_comm = costs.resolve(num_stages)["comm"]
+    return signal_bound(num_stages, num_microbatches, costs) + 2 * sum(t_comm[:-1])
+
+
+@dataclass
+class Variant:
+    label: str
+    schedule: Schedule
+    result: PipelineResult
+    delays: list[int] | None = None
+
+
+def build(kind: str, num_stages: int, num_microbatches: int, costs: Costs, split: bool, delay) -> Variant:
+    """One schedule as the CLI options describe it (``delay`` may be 'auto', an int or None)."""
+    delays = None
+    if delay == "auto":
+        sched, rep = auto_delay_schedule(kind, num_stages, num_microbatches, costs)
+        delays = rep["delays"]
+        label = f"{kind} + split + auto delay {delays}"
+    else:
+        sched = generate(kind, num_stages, num_microbatches, split_backward=split or delay is not None,
+                         delay_wgrad=delay)
+        label = kind + (" + split" if split or delay is not None else "") + (f" + delay {delay}" if delay else "")
+    return Variant(label, sched, simulate_schedule(sched, costs), delays)
+
+
+def compare(num_stages: int, num_microbatches: int, costs: Costs) -> list[Variant]:
+    out = []
+    for kind in SCHEDULES:
+        out.append(build(kind, num_stages, num_microbatches, costs, False, None))
+        out.append(build(kind, num_stages, num_microbatches, costs, True, None))
+        out.append(build(kind, num_stages, num_microbatches, costs, True, "auto"))
+    return out
+
+
+def rows(variants: list[Variant], num_microbatches: int, bound: float) -> list[list[str]]:
+    out = []
+    for v in variants:
+        mem = memory(v.schedule)
+        out.append([v.label, f"{v.result.iteration_time:g}", f"{bound / v.result.iteration_time:.3f}",
+                    f"{100 * v.result.bubble_fraction:.1f} %",
+                    " ".join(f"{m.peak_activations:g}" for m in mem)])
+    return out
+
+
+HEADERS = ["schedule", "iteration time", "x signal bound (throughput)", "bubble", "peak activations per stage"]

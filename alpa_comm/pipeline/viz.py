@@ -1,0 +1,92 @@
+"""Pictures of a simulated schedule: ASCII in the terminal, a PNG like the paper's
+Figure 4 (rows = stages, colors = F/B/BI/BW, transfers drawn), Chrome trace JSON."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+from .simulate import PipelineResult
+
+COLORS = {"F": "#4c72b0", "B": "#dd8452", "BI": "#c44e52", "BW": "#8172b3"}
+
+
+def ascii_timeline(result: PipelineResult, num_stages: int, quantum: float | None = None, width: int = 160) -> str:
+    """One row per stage; each compute action printed as its label over its duration,
+    idle time as '.', time scaled so the row fits ``width`` characters."""
+    if not result.events:
+        return ""
+    q = quantum or max(result.iteration_time / width, min(e.end - e.start for e in result.events if e.end > e.start))
+    cols = int(round(result.iteration_time / q)) + 1
+    rows = []
+    for i in range(num_stages):
+        line = ["."] * cols
+        for e in (e for e in result.events if e.stage == i):
+            a, b = int(round(e.start / q)), max(int(round(e.start / q)) + 1, int(round(e.end / q)))
+            text = f"{e.kind if e.kind in ('F', 'B') else e.kind.lower()}{e.mb}"
+            line[a:b] = list(text[:b - a].ljust(b - a, "="))
+        rows.append(f"stage {i} |" + "".join(line))
+    legend = f"(1 column = {q:g} time units; F forward, B backward, bi input-grad, bw weight-grad, . idle)"
+    return "\n".join(rows + [legend])
+
+
+def chrome_trace(result: PipelineResult) -> dict:
+    ev = []
+    for e in result.events:
+        ev.append({"ph": "X", "name": f"{e.kind}{e.mb}", "cat": e.kind, "pid": e.stage, "tid": 0,
+                   "ts": e.start * 1e6, "dur": (e.end - e.start) * 1e6})
+    for t in result.transfers:
+        ev.append({"ph": "X", "name": f"send {t.kind}{t.mb} -> stage {t.dst}", "cat": "transfer", "pid": t.src,
+                   "tid": 1, "ts": t.start * 1e6, "dur": (t.end - t.start) * 1e6})
+    stages = sorted({e.stage for e in result.events})
+    for s in stages:
+        ev.append({"ph": "M", "name": "process_name", "pid": s, "args": {"name": f"stage {s}"}})
+        ev.append({"ph": "M", "name": "thread_name", "pid": s, "tid": 0, "args": {"name": "compute"}})
+        ev.append({"ph": "M", "name": "thread_name", "pid": s, "tid": 1, "args": {"name": "outgoing transfers"}})
+    return {"traceEvents": ev, "displayTimeUnit": "ms"}
+
+
+def write_chrome_trace(result: PipelineResult, path: str | Path) -> Path:
+    path = Path(path)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(chrome_trace(result)))
+    tmp.replace(path)
+    return path
+
+
+def timeline_png(panels: Sequence[tuple[str, PipelineResult, int]], path: str | Path) -> Path:
+    """One panel per (title, result, num_stages), stacked, on a shared time axis."""
+    import matplotlib  # noqa: PLC0415 - optional dependency
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+    from matplotlib.patches import Patch  # noqa: PLC0415
+
+    tmax = max(r.iteration_time for _, r, _ in panels)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(12, 0.7 + 0.55 * sum(s for _, _, s in panels)), squeeze=False)
+    for ax, (title, res, S) in zip(axes[:, 0], panels):
+        for e in res.events:
+            ax.barh(e.stage, e.end - e.start, left=e.start, height=0.62, color=COLORS[e.kind], edgecolor="white",
+                    linewidth=0.5)
+            if e.end - e.start >= tmax / 90:
+                ax.text((e.start + e.end) / 2, e.stage, str(e.mb), ha="center", va="center", fontsize=6,
+                        color="white")
+        for t in res.transfers:
+            if t.end > t.start:
+                y = t.src + (0.38 if t.dst > t.src else -0.38)
+                ax.plot([t.start, t.end], [y, y], color="#555555", linewidth=2, solid_capstyle="butt")
+        ax.set_yticks(range(S))
+        ax.set_yticklabels([f"stage {i}" for i in range(S)], fontsize=7)
+        ax.set_ylim(S - 0.45, -0.55)
+        ax.set_xlim(0, tmax * 1.01)
+        ax.set_title(f"{title}: iteration {res.iteration_time:g}, bubble {100 * res.bubble_fraction:.0f} %",
+                     fontsize=8, loc="left")
+    handles = [Patch(color=c, label=k) for k, c in COLORS.items()]
+    handles.append(Patch(color="#555555", label="transfer (under a row: to the next stage, over it: to the previous)"))
+    axes[0, 0].legend(handles=handles, fontsize=6, ncol=5, loc="lower right", bbox_to_anchor=(1.0, 1.12))
+    axes[-1, 0].set_xlabel("time")
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
