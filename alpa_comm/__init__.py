@@ -12,6 +12,16 @@ from .spec import ShardingSpec
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name):
+    # The runtime (Ray, torch) loads only when asked for: planning stays import-light.
+    if name in ("Cluster", "DistributedArray", "CommunicationError"):
+        from . import runtime  # noqa: PLC0415
+
+        return getattr(runtime, name)
+    raise AttributeError(f"module 'alpa_comm' has no attribute {name!r}")
+
+
 __all__ = ["AlpaCommError", "ClusterSpec", "DeviceMesh", "InvalidClusterError", "InvalidMeshError",
            "InvalidOptionError", "InvalidSpecError", "LOADBALANCE_MODES", "ReshardingPlan", "STRATEGIES",
            "ShardingSpec", "UnitTask", "plan_resharding", "__version__"]

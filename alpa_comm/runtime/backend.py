@@ -1,0 +1,229 @@
+"""Communication backends behind one small interface.
+
+A backend connects the host workers (one rank per host) and moves flat byte
+buffers (``numpy.uint8`` arrays) between them: ``isend``/``irecv`` return a
+handle whose ``wait(timeout)`` raises ``CommunicationError`` naming the peer
+host; ``send``/``recv`` are the blocking forms; plus ``barrier`` and
+``close``. Strategies are written once on top of it (``executor``); backends
+differ only in the primitive calls.
+
+* ``GlooBackend``: ``torch.distributed`` gloo on CPU tensors, zero-copy from
+  NumPy (``torch.from_numpy``). gloo's own broadcast is one-to-all and does
+  not pipeline, so chunked broadcasts are built from isend/irecv.
+* ``NcclBackend``: CuPy ``NcclCommunicator`` send/recv on a CUDA stream, for
+  CuPy buffers; imported lazily, exercised only where a GPU exists.
+* ``ThreadBackend``: ranks as threads of one process, for fast tests of the
+  executor without Ray or sockets.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from datetime import timedelta
+
+import numpy as np
+
+from ..errors import AlpaCommError
+
+DEFAULT_TIMEOUT_S = 60.0
+
+
+class CommunicationError(AlpaCommError, RuntimeError):
+    """A transfer failed or timed out; the message names the host(s) involved."""
+
+
+class Handle:
+    """A pending send or receive."""
+
+    def __init__(self, wait_fn, what: str):
+        self._wait, self.what = wait_fn, what
+
+    def wait(self, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+        self._wait(timeout)
+
+
+class Backend:
+    """Interface; ``rank`` is the host id, ``world`` the number of hosts."""
+
+    name = "abstract"
+    rank: int
+    world: int
+
+    def isend(self, buf: np.ndarray, peer: int, tag: int) -> Handle:
+        raise NotImplementedError
+
+    def irecv(self, buf: np.ndarray, peer: int, tag: int) -> Handle:
+        raise NotImplementedError
+
+    def send(self, buf: np.ndarray, peer: int, tag: int, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+        self.isend(buf, peer, tag).wait(timeout)
+
+    def recv(self, buf: np.ndarray, peer: int, tag: int, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+        self.irecv(buf, peer, tag).wait(timeout)
+
+    def barrier(self, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+# ------------------------------------------------------------------------ gloo
+class GlooBackend(Backend):
+    """torch.distributed gloo; one process group over all host workers."""
+
+    name = "gloo"
+
+    def __init__(self, rank: int, world: int, master_addr: str, master_port: int,
+                 timeout: float = DEFAULT_TIMEOUT_S):
+        import torch.distributed as dist  # noqa: PLC0415 - optional dependency
+
+        self._dist = dist
+        self.rank, self.world = rank, world
+        try:
+            dist.init_process_group("gloo", init_method=f"tcp://{master_addr}:{master_port}", rank=rank,
+                                    world_size=world, timeout=timedelta(seconds=timeout))
+        except Exception as e:  # noqa: BLE001 - re-raised with the host named
+            raise CommunicationError(f"host {rank}: joining the gloo group at {master_addr}:{master_port} "
+                                     f"failed: {e}") from e
+
+    def _handle(self, work, peer: int, what: str) -> Handle:
+        def wait(timeout: float) -> None:
+            try:
+                ok = work.wait(timedelta(seconds=timeout))
+            except Exception as e:  # noqa: BLE001
+                raise CommunicationError(f"host {self.rank}: {what} host {peer} failed: {e}") from e
+            if ok is False:
+                raise CommunicationError(f"host {self.rank}: {what} host {peer} timed out after {timeout:g} s")
+        return Handle(wait, f"{what} host {peer}")
+
+    def isend(self, buf, peer, tag):
+        import torch  # noqa: PLC0415
+
+        return self._handle(self._dist.isend(torch.from_numpy(buf), peer, tag=tag), peer, "sending to")
+
+    def irecv(self, buf, peer, tag):
+        import torch  # noqa: PLC0415
+
+        return self._handle(self._dist.irecv(torch.from_numpy(buf), peer, tag=tag), peer, "receiving from")
+
+    def barrier(self, timeout=DEFAULT_TIMEOUT_S):
+        try:
+            self._dist.monitored_barrier(timeout=timedelta(seconds=timeout), wait_all_ranks=True)
+        except Exception as e:  # noqa: BLE001 - names the missing ranks
+            raise CommunicationError(f"host {self.rank}: barrier failed: {e}") from e
+
+    def close(self):
+        if self._dist.is_initialized():
+            self._dist.destroy_process_group()
+
+
+# ------------------------------------------------------------------------ nccl
+class NcclBackend(Backend):
+    """CuPy NCCL: same interface on CuPy device buffers (imported lazily)."""
+
+    name = "nccl"
+
+    def __init__(self, rank: int, world: int, unique_id, timeout: float = DEFAULT_TIMEOUT_S):
+        import cupy  # noqa: PLC0415 - only where a GPU exists
+        from cupy.cuda import nccl  # noqa: PLC0415
+
+        self._cupy, self._nccl = cupy, nccl
+        self.rank, self.world, self.timeout = rank, world, timeout
+        self.comm = nccl.NcclCommunicator(world, unique_id, rank)
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+
+    @staticmethod
+    def new_unique_id():
+        from cupy.cuda import nccl  # noqa: PLC0415
+
+        return nccl.get_unique_id()
+
+    def _call(self, fn, buf, peer: int, what: str) -> Handle:
+        nccl = self._nccl
+        nccl.groupStart()
+        fn(buf.data.ptr, buf.nbytes, nccl.NCCL_UINT8, peer, self.stream.ptr)
+        nccl.groupEnd()
+        event = self.stream.record()
+
+        def wait(timeout: float) -> None:
+            deadline = time.monotonic() + timeout
+            while not event.done:
+                if time.monotonic() > deadline:
+                    self.comm.abort()
+                    raise CommunicationError(f"host {self.rank}: {what} host {peer} timed out after {timeout:g} s")
+                time.sleep(0.0005)
+        return Handle(wait, f"{what} host {peer}")
+
+    def isend(self, buf, peer, tag):  # NCCL matches by order per peer; tags are not needed
+        return self._call(self.comm.send, buf, peer, "sending to")
+
+    def irecv(self, buf, peer, tag):
+        return self._call(self.comm.recv, buf, peer, "receiving from")
+
+    def barrier(self, timeout=DEFAULT_TIMEOUT_S):
+        one = self._cupy.zeros(1, dtype=self._cupy.float32)
+        self.comm.allReduce(one.data.ptr, one.data.ptr, 1, self._nccl.NCCL_FLOAT32, self._nccl.NCCL_SUM,
+                            self.stream.ptr)
+        self.stream.synchronize()
+
+    def close(self):
+        self.comm.destroy()
+
+
+# ---------------------------------------------------------------------- threads
+class ThreadHub:
+    """Mailboxes shared by the ThreadBackend ranks of one process."""
+
+    def __init__(self, world: int):
+        self.world = world
+        self._boxes: dict[tuple[int, int, int], queue.Queue] = {}
+        self._lock = threading.Lock()
+        self._barrier = threading.Barrier(world)
+        self.dead: set[int] = set()
+
+    def box(self, src: int, dst: int, tag: int) -> queue.Queue:
+        with self._lock:
+            return self._boxes.setdefault((src, dst, tag), queue.Queue())
+
+
+class ThreadBackend(Backend):
+    """Ranks as threads; a send copies into the peer's mailbox (eager, like small TCP sends)."""
+
+    name = "thread"
+
+    def __init__(self, rank: int, hub: ThreadHub):
+        self.rank, self.world, self.hub = rank, hub.world, hub
+
+    def isend(self, buf, peer, tag):
+        self.hub.box(self.rank, peer, tag).put(np.array(buf, copy=True))
+        return Handle(lambda timeout: None, f"sending to host {peer}")
+
+    def irecv(self, buf, peer, tag):
+        box = self.hub.box(peer, self.rank, tag)
+
+        def wait(timeout: float) -> None:
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    data = box.get(timeout=min(0.05, max(0.0, deadline - time.monotonic())))
+                    break
+                except queue.Empty:
+                    if peer in self.hub.dead:
+                        raise CommunicationError(f"host {self.rank}: receiving from host {peer} failed: "
+                                                 f"host {peer} is gone") from None
+                    if time.monotonic() >= deadline:
+                        raise CommunicationError(f"host {self.rank}: receiving from host {peer} timed out "
+                                                 f"after {timeout:g} s") from None
+            if data.nbytes != buf.nbytes:
+                raise CommunicationError(f"host {self.rank}: got {data.nbytes} bytes from host {peer}, "
+                                         f"expected {buf.nbytes} (tag {tag})")
+            buf[...] = data.reshape(buf.shape)
+        return Handle(wait, f"receiving from host {peer}")
+
+    def barrier(self, timeout=DEFAULT_TIMEOUT_S):
+        try:
+            self.hub._barrier.wait(timeout)
+        except threading.BrokenBarrierError:
+            raise CommunicationError(f"host {self.rank}: barrier timed out after {timeout:g} s") from None

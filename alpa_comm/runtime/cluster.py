@@ -1,0 +1,328 @@
+"""The driver API: ``Cluster`` (a Ray cluster with one ``HostWorker`` per host) and
+``DistributedArray`` (a tensor sharded over a device mesh of that cluster).
+
+    with Cluster.emulated(5, 4, nic="400mbit") as cluster:
+        a = cluster.put(x, "2x4@0,1", "S0RR")
+        b = cluster.reshard(a, "2x4@2,3", "RS0R", strategy="broadcast")
+        assert (b.gather() == x).all()
+
+Meshes and specs are taken as objects or in the CLI's text forms. Everything
+is checked before a byte moves; every wait has a timeout, and a failure in
+the middle of a transfer raises ``CommunicationError`` naming the host.
+"""
+from __future__ import annotations
+
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..cluster import ClusterSpec
+from ..errors import InvalidMeshError
+from ..mesh import DeviceMesh
+from ..resharding import plan_resharding
+from ..resharding.plan import ReshardingPlan
+from ..resharding.unit_tasks import device_boxes
+from ..spec import ShardingSpec
+from .backend import DEFAULT_TIMEOUT_S, CommunicationError
+from .executor import numpy_dtype, view
+from .worker import HostWorker
+
+
+@dataclass
+class ReshardStats:
+    """What the last reshard took: wall time between the hosts' start (after a barrier)
+    and the last host's end, and the plan that ran."""
+
+    seconds: float
+    plan: ReshardingPlan
+    per_host: dict[int, dict] = field(default_factory=dict)
+
+
+class DistributedArray:
+    """A tensor sharded over ``mesh`` with ``spec``; data lives in the host workers."""
+
+    def __init__(self, cluster: "Cluster", array_id: str, shape, dtype: str, mesh: DeviceMesh, spec: ShardingSpec,
+                 has_data: bool = True):
+        self.cluster, self.id, self.shape, self.dtype = cluster, array_id, tuple(shape), dtype
+        self.mesh, self.spec, self.has_data = mesh, spec, has_data
+
+    def __repr__(self) -> str:
+        return f"DistributedArray({'x'.join(map(str, self.shape))} {self.dtype}, {self.spec} on {self.mesh.label()})"
+
+    def shards(self) -> dict[int, np.ndarray]:
+        """Every device's buffer, fetched to the driver."""
+        if not self.has_data:
+            raise CommunicationError("this array came from the 'signal' strategy, which moves one byte per task "
+                                     "and no data")
+        return self.cluster._fetch(self)
+
+    def gather(self) -> np.ndarray:
+        """The whole tensor, assembled on the driver from one replica of every shard."""
+        out = np.empty(self.shape, numpy_dtype(self.dtype))
+        full = tuple((0, n) for n in self.shape)
+        boxes = device_boxes(self.shape, self.mesh, self.spec)
+        for d, buf in self.shards().items():
+            view(out, full, boxes[d])[...] = buf
+        return out
+
+    def delete(self) -> None:
+        self.cluster._delete(self)
+
+
+class Cluster:
+    """A Ray cluster with one ``HostWorker`` per host. Use ``local``, ``connect`` or ``emulated``."""
+
+    def __init__(self, spec: ClusterSpec, workers: list, timeout: float, network=None, owns_ray: bool = True):
+        self.spec, self.workers, self.timeout = spec, workers, timeout
+        self.network, self.owns_ray = network, owns_ray
+        self.last: ReshardStats | None = None
+        self.broken: str | None = None
+        self.closed = False
+
+    # ------------------------------------------------------------ constructors
+    @classmethod
+    def local(cls, num_hosts: int, devices_per_host: int, timeout: float = DEFAULT_TIMEOUT_S,
+              **cluster_kw) -> "Cluster":
+        """A Ray cluster on this machine, every host a worker process; no NIC shaping."""
+        import ray  # noqa: PLC0415
+
+        spec = ClusterSpec(num_hosts=num_hosts, devices_per_host=devices_per_host, **cluster_kw)
+        from ..testing.ray_nodes import host_resource  # noqa: PLC0415
+
+        ray.init(num_cpus=max(2, num_hosts), resources={host_resource(h): 1 for h in range(num_hosts)},
+                 include_dashboard=False, log_to_driver=False, configure_logging=False)
+        try:
+            return cls._start(spec, timeout, ifname="lo", network=None)
+        except BaseException:
+            ray.shutdown()
+            raise
+
+    @classmethod
+    def connect(cls, address: str, devices_per_host: int, timeout: float = DEFAULT_TIMEOUT_S,
+                **cluster_kw) -> "Cluster":
+        """An existing Ray cluster: one host per node (nodes ordered by IP), pinned by node id."""
+        import ray  # noqa: PLC0415
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: PLC0415
+
+        ray.init(address=address, log_to_driver=False)
+        nodes = sorted((n for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU", 0) > 0),
+                       key=lambda n: tuple(int(x) for x in n["NodeManagerAddress"].split(".")))
+        if not nodes:
+            ray.shutdown()
+            raise InvalidMeshError(f"the Ray cluster at {address} has no live node with CPUs")
+        spec = ClusterSpec(num_hosts=len(nodes), devices_per_host=devices_per_host, **cluster_kw)
+        strategies = [NodeAffinitySchedulingStrategy(n["NodeID"], soft=False) for n in nodes]
+        try:
+            return cls._start(spec, timeout, ifname=None, network=None, strategies=strategies, owns_ray=False)
+        except BaseException:
+            ray.shutdown()
+            raise
+
+    @classmethod
+    def emulated(cls, num_hosts: int, devices_per_host: int, nic: str | None = "400mbit",
+                 timeout: float = DEFAULT_TIMEOUT_S, log=sys.stderr, **cluster_kw) -> "Cluster":
+        """Hosts as network namespaces with ``tc``-shaped NICs (see ``alpa_comm.testing``)."""
+        import ray  # noqa: PLC0415
+
+        from ..testing import netns, ray_nodes  # noqa: PLC0415
+
+        network = netns.EmulatedNetwork(num_hosts, nic).up()
+        try:
+            address = ray_nodes.start_ray(network, log=log)
+            ray.init(address=address, _node_ip_address=netns.LAUNCHER_IP, log_to_driver=False,
+                     configure_logging=False)
+            ray_nodes.wait_for_hosts(num_hosts)
+            ray_nodes.track_descendants(network)
+            if nic is not None:
+                cluster_kw.setdefault("nic_send_gbps", netns.rate_gbps(nic))
+            spec = ClusterSpec(num_hosts=num_hosts, devices_per_host=devices_per_host, **cluster_kw)
+            cluster = cls._start(spec, timeout, ifname=None, network=network)
+            if log:
+                print(f"alpa-comm: emulated cluster ready: {spec.describe()}", file=log, flush=True)
+            return cluster
+        except BaseException:
+            if ray.is_initialized():
+                ray.shutdown()
+            network.down()
+            ray_nodes.cleanup_tmp()
+            raise
+
+    @classmethod
+    def _start(cls, spec: ClusterSpec, timeout: float, ifname, network, strategies=None,
+               owns_ray: bool = True) -> "Cluster":
+        import ray  # noqa: PLC0415
+
+        from ..testing.netns import host_ifname  # noqa: PLC0415
+        from ..testing.ray_nodes import host_resource  # noqa: PLC0415
+
+        actor = ray.remote(HostWorker)
+        workers = []
+        for h in range(spec.num_hosts):
+            opts = {"num_cpus": 0, "max_concurrency": 1}
+            if strategies:
+                opts["scheduling_strategy"] = strategies[h]
+            else:
+                opts["resources"] = {host_resource(h): 1}
+            name = ifname if ifname is not None else (host_ifname(h) if network is not None else None)
+            workers.append(actor.options(**opts).remote(h, spec.num_hosts, spec.devices_per_host, name))
+        cluster = cls(spec, workers, timeout, network, owns_ray)
+        try:
+            cluster._wait([(w.ping.remote(), h) for h, w in enumerate(workers)], "starting its worker", timeout=max(120.0, timeout))
+            addr, port = ray.get(workers[0].address.remote(), timeout=timeout)
+            cluster._wait([(w.connect.remote(addr, port, timeout), h) for h, w in enumerate(workers)],
+                          "joining the gloo group")
+        except BaseException:
+            cluster.shutdown()
+            raise
+        return cluster
+
+    # --------------------------------------------------------------- waiting
+    def _wait(self, refs: list[tuple], what: str, timeout: float | None = None) -> list:
+        """Results of (object ref, host) calls, in host order; the first failure raises
+        ``CommunicationError`` naming its host, a missing answer names the silent hosts."""
+        import ray  # noqa: PLC0415
+
+        timeout = self.timeout + 10.0 if timeout is None else timeout
+        host_of_ref = {r: h for r, h in refs}
+        pending = list(host_of_ref)
+        results = {}
+        deadline = time.monotonic() + timeout
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                silent = sorted(host_of_ref[r] for r in pending)
+                self.broken = f"host(s) {silent} did not finish {what}"
+                raise CommunicationError(f"host(s) {silent} did not finish {what} within {timeout:g} s")
+            r = ready[0]
+            try:
+                results[host_of_ref[r]] = ray.get(r)
+            except ray.exceptions.RayActorError as e:
+                h = host_of_ref[r]
+                self.broken = f"host {h}'s worker died"
+                raise CommunicationError(f"host {h}: its worker process died while {what}: "
+                                         f"{str(e).splitlines()[0]}") from e
+            except ray.exceptions.RayTaskError as e:
+                h = host_of_ref[r]
+                self.broken = f"host {h} failed"
+                cause = e.cause if isinstance(getattr(e, "cause", None), Exception) else e
+                raise CommunicationError(f"host {h} failed while {what}: {cause}") from e
+        return [results[h] for h in sorted(results)]
+
+    def _check_usable(self) -> None:
+        if self.closed:
+            raise CommunicationError("the cluster was shut down")
+        if self.broken:
+            raise CommunicationError(f"the cluster is unusable after a failure ({self.broken}); shut it down and "
+                                     "start a new one")
+
+    # ---------------------------------------------------------------- arrays
+    def _mesh(self, mesh) -> DeviceMesh:
+        m = DeviceMesh.parse(mesh, self.spec.devices_per_host)
+        bad = sorted({m.host_of(d) for d in m.devices if m.host_of(d) >= self.spec.num_hosts})
+        if m.devices_per_host != self.spec.devices_per_host:
+            raise InvalidMeshError(f"mesh {m.label()} assumes {m.devices_per_host} devices per host, the cluster "
+                                   f"has {self.spec.devices_per_host}")
+        if bad:
+            raise InvalidMeshError(f"mesh {m.label()} names host(s) {bad}, but the cluster has hosts "
+                                   f"0..{self.spec.num_hosts - 1}")
+        return m
+
+    def put(self, array: np.ndarray, mesh, spec) -> DistributedArray:
+        """Shard ``array`` over ``mesh`` with ``spec`` (every replica gets a copy)."""
+        self._check_usable()
+        array = np.asarray(array)
+        m, s = self._mesh(mesh), ShardingSpec.parse(spec)
+        s.validate(array.shape, m.shape)
+        from ..dtypes import dtype_name  # noqa: PLC0415
+
+        dtype = dtype_name(array.dtype)
+        full = tuple((0, n) for n in array.shape)
+        per_host: dict[int, dict[int, np.ndarray]] = {}
+        for d, box in device_boxes(array.shape, m, s).items():
+            per_host.setdefault(m.host_of(d), {})[d] = np.ascontiguousarray(view(array, full, box))
+        array_id = uuid.uuid4().hex
+        self._wait([(self.workers[h].put_shards.remote(array_id, shards), h) for h, shards in per_host.items()],
+                   "storing shards")
+        return DistributedArray(self, array_id, array.shape, dtype, m, s)
+
+    def plan(self, array: DistributedArray, dst_mesh, dst_spec, strategy: str = "broadcast",
+             loadbalance: str = "auto", chunks: int | None = None, seed: int = 0) -> ReshardingPlan:
+        """The plan ``reshard`` would run (validates everything, moves nothing)."""
+        return plan_resharding(array.shape, array.dtype, array.mesh, array.spec, self._mesh(dst_mesh),
+                               ShardingSpec.parse(dst_spec), cluster=self.spec, strategy=strategy,
+                               loadbalance=loadbalance, chunks=chunks, seed=seed)
+
+    def reshard(self, array: DistributedArray, dst_mesh, dst_spec, strategy: str = "broadcast",
+                loadbalance: str = "auto", chunks: int | None = None, seed: int = 0,
+                plan: ReshardingPlan | None = None) -> DistributedArray:
+        """Move ``array`` to ``dst_mesh`` with layout ``dst_spec``; returns the new array.
+        ``self.last`` then holds the measured time and the plan."""
+        self._check_usable()
+        if array.cluster is not self:
+            raise ValueError("the array belongs to another cluster")
+        if not array.has_data:
+            raise ValueError("cannot reshard an array produced by the 'signal' strategy: it holds no data")
+        plan = plan or self.plan(array, dst_mesh, dst_spec, strategy, loadbalance, chunks, seed)
+        if tuple(plan.shape) != array.shape or plan.dtype != array.dtype:
+            raise ValueError(f"plan is for {plan.shape} {plan.dtype}, the array is {array.shape} {array.dtype}")
+        dst_id = uuid.uuid4().hex
+        refs = [(w.execute.remote(self._job(plan, h), array.id, dst_id, self.timeout), h) for h, w in
+                enumerate(self.workers)]
+        results = self._wait(refs, f"resharding {array} to {plan.dst_spec} on {plan.dst_mesh.label()}")
+        start = min(r["start"] for r in results)
+        end = max(r["end"] for r in results)
+        self.last = ReshardStats(end - start, plan, {r["host"]: r for r in results})
+        return DistributedArray(self, dst_id, array.shape, array.dtype, plan.dst_mesh, plan.dst_spec,
+                                has_data=plan.strategy != "signal")
+
+    @staticmethod
+    def _job(plan: ReshardingPlan, host: int) -> dict:
+        d = {k: v for k, v in plan.to_dict().items() if k in ("shape", "dtype", "src_mesh", "src_spec", "dst_mesh",
+                                                               "dst_spec", "sent_spec")}
+        d["transfers"] = [plan.transfers[i].to_dict() for i in plan.host_operations.get(host, ())]
+        return d
+
+    def _fetch(self, array: DistributedArray) -> dict[int, np.ndarray]:
+        self._check_usable()
+        hosts = sorted({array.mesh.host_of(d) for d in array.mesh.devices})
+        parts = self._wait([(self.workers[h].get_shards.remote(array.id), h) for h in hosts], "fetching shards")
+        out: dict[int, np.ndarray] = {}
+        for p in parts:
+            out.update(p)
+        return out
+
+    def _delete(self, array: DistributedArray) -> None:
+        if not self.closed and not self.broken:
+            self._wait([(w.delete.remote(array.id), h) for h, w in enumerate(self.workers)], "deleting an array")
+
+    # ------------------------------------------------------------- teardown
+    def shutdown(self) -> None:
+        """End the workers, Ray and (for ``emulated``) every namespace and process it created."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            import ray  # noqa: PLC0415
+
+            if ray.is_initialized():
+                for w in self.workers:
+                    try:
+                        ray.kill(w)
+                    except Exception:  # noqa: BLE001 - already dead
+                        pass
+                ray.shutdown()
+        finally:
+            if self.network is not None:
+                from ..testing.ray_nodes import cleanup_tmp  # noqa: PLC0415
+
+                self.network.down()
+                cleanup_tmp()
+
+    def __enter__(self) -> "Cluster":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()

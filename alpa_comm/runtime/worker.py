@@ -1,0 +1,97 @@
+"""``HostWorker``: the Ray actor that owns one host's device buffers.
+
+On CPU a device is a NumPy array; all devices of a host live in the worker's
+process, so intra-host traffic is a memory copy and only inter-host traffic
+goes through the backend. The class is plain Python; ``cluster.py`` wraps it
+with ``ray.remote`` so this module imports without Ray.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import numpy as np
+
+from ..mesh import DeviceMesh
+from ..resharding.plan import Transfer
+from ..resharding.unit_tasks import device_boxes
+from ..spec import ShardingSpec
+from .backend import DEFAULT_TIMEOUT_S, CommunicationError, GlooBackend
+from .executor import HostExecutor, Layout, numpy_dtype
+
+
+def free_port(addr: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((addr, 0))
+        return s.getsockname()[1]
+
+
+class HostWorker:
+    def __init__(self, host: int, num_hosts: int, devices_per_host: int, ifname: str | None = None):
+        self.host, self.num_hosts, self.devices_per_host = host, num_hosts, devices_per_host
+        if ifname:
+            os.environ["GLOO_SOCKET_IFNAME"] = ifname  # gloo must use this host's (shaped) interface
+        self.arrays: dict[str, dict[int, np.ndarray]] = {}
+        self.backend = None
+
+    # ------------------------------------------------------------- set-up
+    def address(self) -> tuple[str, int]:
+        """(IP this worker is reachable at, a free port on it) for the gloo rendezvous."""
+        import ray  # noqa: PLC0415
+
+        ip = ray.util.get_node_ip_address()
+        return ip, free_port(ip)
+
+    def connect(self, master_addr: str, master_port: int, timeout: float = DEFAULT_TIMEOUT_S) -> int:
+        self.backend = GlooBackend(self.host, self.num_hosts, master_addr, master_port, timeout)
+        return self.host
+
+    def ping(self) -> int:
+        return self.host
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    # --------------------------------------------------------------- arrays
+    def put_shards(self, array_id: str, shards: dict[int, np.ndarray]) -> None:
+        self.arrays.setdefault(array_id, {}).update({int(d): np.array(s, copy=True) for d, s in shards.items()})
+
+    def get_shards(self, array_id: str) -> dict[int, np.ndarray]:
+        return self.arrays.get(array_id, {})
+
+    def delete(self, array_id: str) -> None:
+        self.arrays.pop(array_id, None)
+
+    # ------------------------------------------------------------- resharding
+    def execute(self, job: dict, src_id: str, dst_id: str, timeout: float = DEFAULT_TIMEOUT_S,
+                barrier: bool = True) -> dict:
+        """Run this host's transfers of one plan. ``job`` carries the layout and this
+        host's transfers (see ``Cluster._job``). Returns wall-clock start/end and timings."""
+        if self.backend is None:
+            raise CommunicationError(f"host {self.host}: not connected to the other hosts")
+        dph = self.devices_per_host
+        shape = tuple(job["shape"])
+        dst_mesh = DeviceMesh.from_dict(job["dst_mesh"])
+        layout = Layout(numpy_dtype(job["dtype"]),
+                        device_boxes(shape, DeviceMesh.from_dict(job["src_mesh"]), ShardingSpec.parse(job["src_spec"])),
+                        device_boxes(shape, dst_mesh, ShardingSpec.parse(job["dst_spec"])),
+                        device_boxes(shape, dst_mesh, ShardingSpec.parse(job["sent_spec"])))
+        dst = {d: np.zeros(tuple(b - a for a, b in box), layout.dtype)
+               for d, box in layout.dst_boxes.items() if d // dph == self.host}
+        src = self.arrays.get(src_id, {})
+        transfers = [Transfer.from_dict(t) for t in job["transfers"]]
+        if barrier:
+            self.backend.barrier(timeout)
+        start = time.time()
+        timings = HostExecutor(self.host, layout, src, dst, self.backend, lambda d: d // dph, timeout).run(transfers)
+        end = time.time()
+        if dst:
+            self.arrays[dst_id] = dst
+        return {"host": self.host, "start": start, "end": end,
+                "timings": [(t.transfer, t.kind, t.start, t.end) for t in timings]}
+
+    def close(self) -> None:
+        if self.backend is not None:
+            self.backend.close()
+            self.backend = None

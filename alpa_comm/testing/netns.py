@@ -1,0 +1,240 @@
+"""An emulated multi-host network on one machine: network namespaces + tc.
+
+Each host is a network namespace ``acomm-h<i>`` joined to the bridge
+``acomm-br0`` by a veth pair (``acomm-v<i>`` in the root namespace,
+``acomm-e<i>`` inside). ``tc tbf`` on both ends caps that host's send and
+receive rate; loopback inside a namespace stays unshaped, like NVLink next to
+a NIC. The root namespace sits on the bridge too (198.18.0.1) as the launcher
+machine. Addresses come from 198.18.0.0/24 (reserved for benchmarking).
+
+Everything created is recorded in a state file *before* it is created, so
+``down()`` (also ``alpa-comm cluster down``) removes it after a crash too:
+processes inside the namespaces (by PID, from ``ip netns pids``), processes we
+started (by PID), the root-side veths (which removes both ends at once), the
+bridge and the namespaces. A second ``up()`` while one exists fails with a
+clear message.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import AlpaCommError
+
+PREFIX = "acomm"
+BRIDGE = f"{PREFIX}-br0"
+SUBNET = "198.18.0"
+LAUNCHER_IP = f"{SUBNET}.1"
+STATE_FILE = Path(os.environ.get("ALPA_COMM_STATE", "/tmp/alpa_comm_cluster.json"))
+
+
+class EmulationUnavailable(AlpaCommError, RuntimeError):
+    """Root or iproute2 is missing: the emulated cluster cannot be built here."""
+
+
+class ClusterExistsError(AlpaCommError, RuntimeError):
+    """An emulated cluster is already up."""
+
+
+def namespace(host: int) -> str:
+    return f"{PREFIX}-h{host}"
+
+
+def host_ip(host: int) -> str:
+    return f"{SUBNET}.{10 + host}"
+
+
+def host_ifname(host: int) -> str:
+    return f"{PREFIX}-e{host}"
+
+
+def _root_veth(host: int) -> str:
+    return f"{PREFIX}-v{host}"
+
+
+def check_available() -> None:
+    """Raise ``EmulationUnavailable`` with the reason when this machine cannot emulate."""
+    if os.geteuid() != 0:
+        raise EmulationUnavailable("the emulated cluster needs root (network namespaces and tc)")
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            raise EmulationUnavailable(f"the emulated cluster needs '{tool}' (Debian package iproute2)")
+
+
+def _run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    out = subprocess.run(list(args), capture_output=True, text=True)
+    if check and out.returncode != 0:
+        raise AlpaCommError(f"command failed: {' '.join(args)}: {out.stderr.strip()}")
+    return out
+
+
+def existing_namespaces() -> list[str]:
+    out = _run("ip", "netns", "list", check=False).stdout
+    return sorted(line.split()[0] for line in out.splitlines() if line.startswith(f"{PREFIX}-h"))
+
+
+def _burst(rate: str) -> str:
+    """tbf needs a bucket of at least rate/HZ; 1/250 s of traffic, at least 64 KiB."""
+    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "bit": 1.0}
+    for u, mult in units.items():
+        if rate.endswith(u):
+            bits = float(rate[: -len(u)]) * mult
+            break
+    else:
+        raise AlpaCommError(f"cannot read NIC rate {rate!r}: expected e.g. 400mbit or 1gbit")
+    return f"{max(64 * 1024, int(bits / 8 / 250))}b"
+
+
+def rate_gbps(rate: str) -> float:
+    """'400mbit' -> 0.4."""
+    units = {"kbit": 1e-6, "mbit": 1e-3, "gbit": 1.0}
+    for u, mult in units.items():
+        if rate.endswith(u):
+            return float(rate[: -len(u)]) * mult
+    raise AlpaCommError(f"cannot read NIC rate {rate!r}: expected e.g. 400mbit or 1gbit")
+
+
+@dataclass
+class EmulatedNetwork:
+    num_hosts: int
+    rate: str | None = "400mbit"  # None: unshaped
+    state_file: Path = STATE_FILE
+    pids: list[int] = field(default_factory=list)
+
+    # ------------------------------------------------------------------ up
+    def up(self) -> "EmulatedNetwork":
+        check_available()
+        if self.num_hosts <= 0 or self.num_hosts > 200:
+            raise AlpaCommError(f"num_hosts must be 1..200, got {self.num_hosts}")
+        if self.rate is not None:
+            _burst(self.rate)  # validate before touching anything
+        leftovers = existing_namespaces()
+        if self.state_file.exists() or leftovers or Path(f"/sys/class/net/{BRIDGE}").exists():
+            raise ClusterExistsError(
+                f"an emulated cluster is already up ({', '.join(leftovers) or BRIDGE or self.state_file}); "
+                "run 'alpa-comm cluster down' first")
+        self._save()
+        try:
+            _run("ip", "link", "add", BRIDGE, "type", "bridge")
+            _run("ip", "addr", "add", f"{LAUNCHER_IP}/24", "dev", BRIDGE)
+            _run("ip", "link", "set", BRIDGE, "up")
+            for h in range(self.num_hosts):
+                ns, outer, inner = namespace(h), _root_veth(h), host_ifname(h)
+                _run("ip", "netns", "add", ns)
+                _run("ip", "link", "add", outer, "type", "veth", "peer", "name", inner)
+                _run("ip", "link", "set", inner, "netns", ns)
+                _run("ip", "link", "set", outer, "master", BRIDGE)
+                _run("ip", "link", "set", outer, "up")
+                _run("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
+                _run("ip", "netns", "exec", ns, "ip", "addr", "add", f"{host_ip(h)}/24", "dev", inner)
+                _run("ip", "netns", "exec", ns, "ip", "link", "set", inner, "up")
+                if self.rate is not None:
+                    burst = _burst(self.rate)
+                    tbf = ["tbf", "rate", self.rate, "burst", burst, "latency", "200ms"]
+                    _run("tc", "qdisc", "add", "dev", outer, "root", *tbf)  # into the host: its receive side
+                    _run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", inner, "root", *tbf)  # its send side
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    # ---------------------------------------------------------------- state
+    def _save(self) -> None:
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"num_hosts": self.num_hosts, "rate": self.rate, "pids": self.pids}))
+        tmp.replace(self.state_file)
+
+    def track(self, pid: int) -> None:
+        """Record a process we started so ``down`` ends it (by PID) even after a crash."""
+        self.pids.append(pid)
+        self._save()
+
+    @classmethod
+    def load(cls, state_file: Path = STATE_FILE) -> "EmulatedNetwork | None":
+        if not state_file.exists():
+            return None
+        d = json.loads(state_file.read_text())
+        return cls(d["num_hosts"], d["rate"], state_file, d.get("pids", []))
+
+    def exec_prefix(self, host: int) -> list[str]:
+        return ["ip", "netns", "exec", namespace(host)]
+
+    # ----------------------------------------------------------------- down
+    def down(self) -> None:
+        """Remove everything this network created; safe to call twice or after a crash."""
+        for ns in [namespace(h) for h in range(self.num_hosts)] + existing_namespaces():
+            kill_namespace_processes(ns)
+        kill_pids(self.pids)
+        for h in range(max(self.num_hosts, len(existing_namespaces()))):
+            if Path(f"/sys/class/net/{_root_veth(h)}").exists():
+                _run("ip", "link", "del", _root_veth(h), check=False)
+        if Path(f"/sys/class/net/{BRIDGE}").exists():
+            _run("ip", "link", "del", BRIDGE, check=False)
+        for ns in existing_namespaces():
+            _run("ip", "netns", "del", ns, check=False)
+        self.state_file.unlink(missing_ok=True)
+        self.state_file.with_suffix(".tmp").unlink(missing_ok=True)
+
+    def status(self) -> dict:
+        return {"hosts": self.num_hosts, "rate": self.rate, "namespaces": existing_namespaces(),
+                "processes": {ns: namespace_pids(ns) for ns in existing_namespaces()},
+                "tracked_pids": [p for p in self.pids if _alive(p)]}
+
+
+def namespace_pids(ns: str) -> list[int]:
+    out = _run("ip", "netns", "pids", ns, check=False).stdout
+    return [int(p) for p in out.split() if p.isdigit()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def kill_pids(pids, grace: float = 3.0) -> None:
+    """SIGTERM, then SIGKILL after ``grace`` seconds, each PID given (never by name)."""
+    pids = [p for p in pids if p != os.getpid() and _alive(p)]
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        _reap(pids)
+        time.sleep(0.1)
+    for p in pids:
+        if _alive(p):
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    _reap(pids)
+
+
+def _reap(pids) -> None:
+    """Collect our own exited children so they do not linger as zombies (which look alive)."""
+    for p in pids:
+        try:
+            os.waitpid(p, os.WNOHANG)
+        except ChildProcessError:
+            pass
+
+
+def kill_namespace_processes(ns: str) -> None:
+    for _ in range(3):  # processes may spawn others while we kill
+        pids = namespace_pids(ns)
+        if not pids:
+            return
+        kill_pids(pids)

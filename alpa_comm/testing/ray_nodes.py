@@ -1,0 +1,121 @@
+"""Ray nodes on the emulated network: a head in the root namespace (the launcher,
+where the driver runs, 0 CPUs so no work lands there) and one node per host
+namespace, tagged with the custom resource ``acomm_host_<i>``.
+
+Every ``ray start --block`` process is started by us, in its own session, and
+recorded (with its descendants) in the network's state file, so teardown ends
+exactly these processes by PID.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ..errors import AlpaCommError
+from .netns import LAUNCHER_IP, EmulatedNetwork, host_ip
+
+GCS_PORT = 6390
+RAY_TMP = "/tmp/acomm_ray"
+
+
+def host_resource(host: int) -> str:
+    return f"acomm_host_{host}"
+
+
+def _ray_cli() -> str:
+    cand = Path(sys.executable).with_name("ray")
+    if cand.exists():
+        return str(cand)
+    found = shutil.which("ray")
+    if not found:
+        raise AlpaCommError("the 'ray' command is missing: pip install 'alpa_comm[runtime]'")
+    return found
+
+
+def _descendants(pid: int) -> list[int]:
+    try:
+        import psutil  # noqa: PLC0415 - installed with ray
+
+        return [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    except Exception:  # noqa: BLE001 - the process may be gone already
+        return []
+
+
+def start_ray(network: EmulatedNetwork, object_store_mb: int = 256, timeout: float = 180.0,
+              log=sys.stderr) -> str:
+    """Start the head and one node per host; returns the GCS address once all nodes joined."""
+    ray = _ray_cli()
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_DISABLE_DOCKER_CPU_WARNING="1")
+    common = ["--block", "--disable-usage-stats", f"--object-store-memory={object_store_mb << 20}",
+              f"--temp-dir={RAY_TMP}"]
+    logdir = Path(RAY_TMP + "_logs")
+    logdir.mkdir(parents=True, exist_ok=True)
+    procs = []
+
+    def launch(cmd: list[str], name: str) -> None:
+        out = open(logdir / f"{name}.log", "wb")  # noqa: SIM115 - lives as long as the process
+        p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                             start_new_session=True)
+        network.track(p.pid)
+        procs.append((name, p))
+
+    address = f"{LAUNCHER_IP}:{GCS_PORT}"
+    launch([ray, "start", "--head", f"--node-ip-address={LAUNCHER_IP}", f"--port={GCS_PORT}", "--num-cpus=0",
+            "--include-dashboard=false", *common], "head")
+    _wait_port(LAUNCHER_IP, GCS_PORT, timeout, procs)
+    for h in range(network.num_hosts):
+        launch(network.exec_prefix(h) + [ray, "start", f"--address={address}", f"--node-ip-address={host_ip(h)}",
+                                         "--num-cpus=2", f"--resources={json.dumps({host_resource(h): 1})}",
+                                         *common], f"host{h}")
+    if log:
+        print(f"alpa-comm: started Ray head at {address} and {network.num_hosts} host nodes; waiting for them to "
+              "join ...", file=log, flush=True)
+    return address
+
+
+def _wait_port(ip: str, port: int, timeout: float, procs) -> None:
+    import socket  # noqa: PLC0415
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for name, p in procs:
+            if p.poll() is not None:
+                raise AlpaCommError(f"Ray {name} exited with code {p.returncode}; see {RAY_TMP}_logs/{name}.log")
+        try:
+            with socket.create_connection((ip, port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.5)
+    raise AlpaCommError(f"Ray head did not listen on {ip}:{port} within {timeout:g} s; see {RAY_TMP}_logs/head.log")
+
+
+def track_descendants(network: EmulatedNetwork) -> None:
+    """Record the processes our ``ray start`` processes spawned in the root namespace."""
+    for pid in list(network.pids):
+        for child in _descendants(pid):
+            if child not in network.pids:
+                network.track(child)
+
+
+def wait_for_hosts(num_hosts: int, timeout: float = 180.0) -> None:
+    """Block until the connected Ray cluster offers every host resource."""
+    import ray  # noqa: PLC0415
+
+    deadline = time.monotonic() + timeout
+    need = {host_resource(h) for h in range(num_hosts)}
+    while time.monotonic() < deadline:
+        have = set(ray.cluster_resources())
+        if need <= have:
+            return
+        time.sleep(0.5)
+    missing = sorted(need - set(ray.cluster_resources()))
+    raise AlpaCommError(f"Ray nodes for {missing} did not join within {timeout:g} s; see {RAY_TMP}_logs/")
+
+
+def cleanup_tmp() -> None:
+    shutil.rmtree(RAY_TMP, ignore_errors=True)
