@@ -12,6 +12,8 @@ the middle of a transfer raises ``CommunicationError`` naming the host.
 """
 from __future__ import annotations
 
+import os
+import secrets
 import sys
 import time
 import uuid
@@ -29,6 +31,19 @@ from ..spec import ShardingSpec
 from .backend import DEFAULT_TIMEOUT_S, CommunicationError
 from .executor import numpy_dtype, view
 from .worker import HostWorker
+
+
+def _restore_env(saved: dict[str, str | None]) -> None:
+    if not saved:
+        return
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    from ..testing.ray_nodes import refresh_driver_auth  # noqa: PLC0415
+
+    refresh_driver_auth()
 
 
 @dataclass
@@ -79,6 +94,7 @@ class Cluster:
         self.spec, self.workers, self.timeout = spec, workers, timeout
         self.network, self.owns_ray = network, owns_ray
         self.last: ReshardStats | None = None
+        self._saved_env: dict[str, str | None] = {}
         self.broken: str | None = None
         self.closed = False
 
@@ -130,8 +146,12 @@ class Cluster:
         from ..testing import netns, ray_nodes  # noqa: PLC0415
 
         network = netns.EmulatedNetwork(num_hosts, nic).up()
+        token = secrets.token_hex(32)
+        saved_env = {k: os.environ.get(k) for k in ray_nodes.auth_env(token)}
+        os.environ.update(ray_nodes.auth_env(token))
+        ray_nodes.refresh_driver_auth()
         try:
-            address = ray_nodes.start_ray(network, log=log)
+            address = ray_nodes.start_ray(network, token, log=log)
             ray.init(address=address, _node_ip_address=netns.LAUNCHER_IP, log_to_driver=False,
                      configure_logging=False)
             ray_nodes.wait_for_hosts(num_hosts)
@@ -140,6 +160,7 @@ class Cluster:
                 cluster_kw.setdefault("nic_send_gbps", netns.rate_gbps(nic))
             spec = ClusterSpec(num_hosts=num_hosts, devices_per_host=devices_per_host, **cluster_kw)
             cluster = cls._start(spec, timeout, ifname=None, network=network)
+            cluster._saved_env = saved_env
             if log:
                 print(f"alpa-comm: emulated cluster ready: {spec.describe()}", file=log, flush=True)
             return cluster
@@ -148,6 +169,7 @@ class Cluster:
                 ray.shutdown()
             network.down()
             ray_nodes.cleanup_tmp()
+            _restore_env(saved_env)
             raise
 
     @classmethod
@@ -320,6 +342,7 @@ class Cluster:
 
                 self.network.down()
                 cleanup_tmp()
+            _restore_env(self._saved_env)
 
     def __enter__(self) -> "Cluster":
         return self

@@ -46,11 +46,28 @@ def _descendants(pid: int) -> list[int]:
         return []
 
 
-def start_ray(network: EmulatedNetwork, object_store_mb: int = 256, timeout: float = 180.0,
+def auth_env(token: str) -> dict[str, str]:
+    """Ray's token authentication with a token made for this cluster (Ray >= 2.52); the
+    driver needs the same variables to connect."""
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
+
+
+def refresh_driver_auth() -> None:
+    """Make this (driver) process re-read RAY_AUTH_MODE / RAY_AUTH_TOKEN from its
+    environment: Ray caches both once it is imported. Older Rays have no token auth."""
+    try:
+        from ray._raylet import AuthenticationTokenLoader, Config  # noqa: PLC0415
+    except ImportError:
+        return
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
+
+
+def start_ray(network: EmulatedNetwork, token: str, object_store_mb: int = 256, timeout: float = 180.0,
               log=sys.stderr) -> str:
-    """Start the head and one node per host; returns the GCS address once all nodes joined."""
+    """Start the head and one node per host; returns the GCS address (nodes join in the background)."""
     ray = _ray_cli()
-    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_DISABLE_DOCKER_CPU_WARNING="1")
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_DISABLE_DOCKER_CPU_WARNING="1", **auth_env(token))
     common = ["--block", "--disable-usage-stats", f"--object-store-memory={object_store_mb << 20}",
               f"--temp-dir={RAY_TMP}"]
     logdir = Path(RAY_TMP + "_logs")
@@ -69,13 +86,27 @@ def start_ray(network: EmulatedNetwork, object_store_mb: int = 256, timeout: flo
             "--include-dashboard=false", *common], "head")
     _wait_port(LAUNCHER_IP, GCS_PORT, timeout, procs)
     for h in range(network.num_hosts):
+        # One node at a time: nodes sharing a machine pick their socket file names in the
+        # shared session directory, and simultaneous starts collide.
         launch(network.exec_prefix(h) + [ray, "start", f"--address={address}", f"--node-ip-address={host_ip(h)}",
-                                         "--num-cpus=2", f"--resources={json.dumps({host_resource(h): 1})}",
+                                         "--num-cpus=1", f"--resources={json.dumps({host_resource(h): 1})}",
                                          *common], f"host{h}")
-    if log:
-        print(f"alpa-comm: started Ray head at {address} and {network.num_hosts} host nodes; waiting for them to "
-              "join ...", file=log, flush=True)
+        _wait_log(logdir / f"host{h}.log", "Ray runtime started", timeout, procs, f"host{h}")
+        if log:
+            print(f"alpa-comm: Ray node for host {h} is up", file=log, flush=True)
     return address
+
+
+def _wait_log(path: Path, marker: str, timeout: float, procs, name: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for n, p in procs:
+            if p.poll() is not None:
+                raise AlpaCommError(f"Ray {n} exited with code {p.returncode}; see {path.parent}/{n}.log")
+        if path.exists() and marker in path.read_text(errors="replace"):
+            return
+        time.sleep(0.3)
+    raise AlpaCommError(f"Ray {name} did not start within {timeout:g} s; see {path}")
 
 
 def _wait_port(ip: str, port: int, timeout: float, procs) -> None:
