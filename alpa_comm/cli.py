@@ -250,6 +250,37 @@ def cmd_schedule(args) -> int:
     return 0
 
 
+def cmd_cluster(args) -> int:
+    from .testing import netns  # noqa: PLC0415
+
+    if args.action == "up":
+        from .runtime.cluster import launch_emulated  # noqa: PLC0415
+
+        network = launch_emulated(args.hosts, None if args.nic == "none" else args.nic)
+        print(f"emulated cluster up: {args.hosts} hosts ({', '.join(netns.host_ip(h) for h in range(args.hosts))}), "
+              f"NIC {args.nic}, Ray at {network.info['address']}")
+        print("drive it from Python with Cluster.attach_emulated(devices_per_host=...); "
+              "tear it down with 'alpa-comm cluster down'")
+        return 0
+    network = netns.EmulatedNetwork.load()
+    leftovers = netns.existing_namespaces()
+    if args.action == "status":
+        if network is None and not leftovers:
+            print("no emulated cluster is up")
+            return 0
+        status = network.status() if network else {"namespaces": leftovers, "note": "state file missing"}
+        print(json.dumps(status, indent=1))
+        return 0
+    from .runtime.cluster import teardown_emulated  # noqa: PLC0415
+
+    if network is None and not leftovers:
+        print("no emulated cluster is up; nothing to do")
+        return 0
+    teardown_emulated(network or netns.EmulatedNetwork(len(leftovers), None))
+    print("emulated cluster removed (namespaces, links, processes)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="alpa-comm", description=__doc__.splitlines()[0].strip("`. ")
                                      + ": plan, simulate and run cross-mesh resharding.")
@@ -295,6 +326,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--png", help="write a timeline PNG here")
     p.add_argument("--trace", help="write a Chrome trace JSON here")
     p.set_defaults(func=cmd_schedule)
+
+    p = sub.add_parser("cluster", help="start, inspect or remove the emulated multi-host cluster (root, iproute2)",
+                       description="An emulated cluster on this machine: one network namespace per host on a "
+                                   "bridge, tc-shaped NICs, one Ray node per host. 'down' removes everything "
+                                   "it created, also after a crash.")
+    p.add_argument("action", choices=["up", "down", "status"])
+    p.add_argument("--hosts", type=int, default=5, help="number of hosts (default 5)")
+    p.add_argument("--nic", default="400mbit", help="NIC rate per host and direction, e.g. 400mbit, 1gbit, none")
+    p.set_defaults(func=cmd_cluster)
     return parser
 
 
@@ -303,7 +343,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (AlpaCommError, ValueError) as e:
+    except (AlpaCommError, ValueError, RuntimeError) as e:
         print(f"alpa-comm {args.command}: error: {e}", file=sys.stderr)
         return 2
 

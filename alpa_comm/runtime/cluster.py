@@ -33,6 +33,34 @@ from .executor import numpy_dtype, view
 from .worker import HostWorker
 
 
+EMULATED_LATENCY_S = 350e-6
+
+
+def launch_emulated(num_hosts: int, nic: str | None, log=sys.stderr):
+    """Namespaces, shaping and Ray nodes, with a fresh auth token; returns the network
+    (its state file holds the Ray address and token)."""
+    from ..testing import netns, ray_nodes  # noqa: PLC0415
+
+    network = netns.EmulatedNetwork(num_hosts, nic).up()
+    try:
+        token = secrets.token_hex(32)
+        network.remember(token=token)
+        address = ray_nodes.start_ray(network, token, log=log)
+        ray_nodes.track_descendants(network)
+        network.remember(address=address)
+        return network
+    except BaseException:
+        teardown_emulated(network)
+        raise
+
+
+def teardown_emulated(network) -> None:
+    from ..testing.ray_nodes import cleanup_tmp  # noqa: PLC0415
+
+    network.down()
+    cleanup_tmp()
+
+
 def _restore_env(saved: dict[str, str | None]) -> None:
     if not saved:
         return
@@ -140,26 +168,48 @@ class Cluster:
     @classmethod
     def emulated(cls, num_hosts: int, devices_per_host: int, nic: str | None = "400mbit",
                  timeout: float = DEFAULT_TIMEOUT_S, log=sys.stderr, **cluster_kw) -> "Cluster":
-        """Hosts as network namespaces with ``tc``-shaped NICs (see ``alpa_comm.testing``)."""
+        """Hosts as network namespaces with ``tc``-shaped NICs (see ``alpa_comm.testing``);
+        ``shutdown`` removes every namespace and process it created."""
+        network = launch_emulated(num_hosts, nic, log)
+        try:
+            return cls._attach(network, devices_per_host, timeout, log, owns_network=True, **cluster_kw)
+        except BaseException:
+            teardown_emulated(network)
+            raise
+
+    @classmethod
+    def attach_emulated(cls, devices_per_host: int, timeout: float = DEFAULT_TIMEOUT_S, log=sys.stderr,
+                        **cluster_kw) -> "Cluster":
+        """Drive the emulated cluster started by ``alpa-comm cluster up`` (left running at shutdown)."""
+        from ..testing import netns  # noqa: PLC0415
+
+        network = netns.EmulatedNetwork.load()
+        if network is None or "address" not in network.info:
+            raise CommunicationError("no emulated cluster is up; run 'alpa-comm cluster up' first")
+        return cls._attach(network, devices_per_host, timeout, log, owns_network=False, **cluster_kw)
+
+    @classmethod
+    def _attach(cls, network, devices_per_host: int, timeout: float, log, owns_network: bool,
+                **cluster_kw) -> "Cluster":
         import ray  # noqa: PLC0415
 
         from ..testing import netns, ray_nodes  # noqa: PLC0415
 
-        network = netns.EmulatedNetwork(num_hosts, nic).up()
-        token = secrets.token_hex(32)
-        saved_env = {k: os.environ.get(k) for k in ray_nodes.auth_env(token)}
-        os.environ.update(ray_nodes.auth_env(token))
+        saved_env = {k: os.environ.get(k) for k in ray_nodes.auth_env("")}
+        os.environ.update(ray_nodes.auth_env(network.info["token"]))
         ray_nodes.refresh_driver_auth()
         try:
-            address = ray_nodes.start_ray(network, token, log=log)
-            ray.init(address=address, _node_ip_address=netns.LAUNCHER_IP, log_to_driver=False,
+            ray.init(address=network.info["address"], _node_ip_address=netns.LAUNCHER_IP, log_to_driver=False,
                      configure_logging=False)
-            ray_nodes.wait_for_hosts(num_hosts)
-            ray_nodes.track_descendants(network)
-            if nic is not None:
-                cluster_kw.setdefault("nic_send_gbps", netns.rate_gbps(nic))
-            spec = ClusterSpec(num_hosts=num_hosts, devices_per_host=devices_per_host, **cluster_kw)
-            cluster = cls._start(spec, timeout, ifname=None, network=network)
+            ray_nodes.wait_for_hosts(network.num_hosts)
+            if network.rate is not None:
+                cluster_kw.setdefault("nic_send_gbps", netns.rate_gbps(network.rate))
+            # gloo over veth costs about 0.35 ms per message here (measured with
+            # benchmarks/runtime_1_to_m.py); it sets the broadcast chunk count the planner picks.
+            cluster_kw.setdefault("latency_s", EMULATED_LATENCY_S)
+            spec = ClusterSpec(num_hosts=network.num_hosts, devices_per_host=devices_per_host, **cluster_kw)
+            cluster = cls._start(spec, timeout, ifname=None, network=network if owns_network else None,
+                                 emulated=True)
             cluster._saved_env = saved_env
             if log:
                 print(f"alpa-comm: emulated cluster ready: {spec.describe()}", file=log, flush=True)
@@ -167,14 +217,12 @@ class Cluster:
         except BaseException:
             if ray.is_initialized():
                 ray.shutdown()
-            network.down()
-            ray_nodes.cleanup_tmp()
             _restore_env(saved_env)
             raise
 
     @classmethod
     def _start(cls, spec: ClusterSpec, timeout: float, ifname, network, strategies=None,
-               owns_ray: bool = True) -> "Cluster":
+               owns_ray: bool = True, emulated: bool = False) -> "Cluster":
         import ray  # noqa: PLC0415
 
         from ..testing.netns import host_ifname  # noqa: PLC0415
@@ -188,7 +236,7 @@ class Cluster:
                 opts["scheduling_strategy"] = strategies[h]
             else:
                 opts["resources"] = {host_resource(h): 1}
-            name = ifname if ifname is not None else (host_ifname(h) if network is not None else None)
+            name = ifname if ifname is not None else (host_ifname(h) if emulated else None)
             workers.append(actor.options(**opts).remote(h, spec.num_hosts, spec.devices_per_host, name))
         cluster = cls(spec, workers, timeout, network, owns_ray)
         try:
@@ -338,10 +386,7 @@ class Cluster:
                 ray.shutdown()
         finally:
             if self.network is not None:
-                from ..testing.ray_nodes import cleanup_tmp  # noqa: PLC0415
-
-                self.network.down()
-                cleanup_tmp()
+                teardown_emulated(self.network)
             _restore_env(self._saved_env)
 
     def __enter__(self) -> "Cluster":

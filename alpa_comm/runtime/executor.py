@@ -154,17 +154,35 @@ class HostExecutor:
             flat = np.zeros(1, np.uint8) if signal else self._slice_bytes(t.sender, t.index)
             self._wait([self.backend.isend(flat[bounds[c]:bounds[c + 1]], chain[1], tag0 + c) for c in range(k)])
             return
-        flat = np.empty(nbytes, np.uint8)
+        mine = [] if signal else self._mine(t)
+        targets = [self._flat_target(r, t.index) for r in mine]
+        # Receive straight into the first local device when its part of the buffer is
+        # contiguous, and copy each chunk on to the other local devices as it arrives,
+        # so the intra-host copies overlap the network instead of following it.
+        direct = bool(targets) and targets[0] is not None
+        flat = targets[0] if direct else np.empty(nbytes, np.uint8)
         recvs = [self.backend.irecv(flat[bounds[c]:bounds[c + 1]], chain[p - 1], tag0 + c) for c in range(k)]
         sends = []
         for c in range(k):
             recvs[c].wait(self.timeout)
+            lo, hi = bounds[c], bounds[c + 1]
             if p + 1 < len(chain):
-                sends.append(self.backend.isend(flat[bounds[c]:bounds[c + 1]], chain[p + 1], tag0 + c))
+                sends.append(self.backend.isend(flat[lo:hi], chain[p + 1], tag0 + c))
+            for r, tgt in zip(mine, targets):
+                if tgt is not None and tgt is not flat:
+                    tgt[lo:hi] = flat[lo:hi]
         self._wait(sends)
-        if not signal:
-            for r in self._mine(t):
+        for r, tgt in zip(mine, targets):
+            if tgt is None:
                 self._write(r, t.index, flat)
+
+    def _flat_target(self, device: int, index: Box) -> np.ndarray | None:
+        """The bytes of ``index`` inside ``device``'s buffer as a flat writable view, or
+        None when that region is not contiguous."""
+        target = view(self.dst[device], self.layout.dst_boxes[device], index)
+        if not target.flags["C_CONTIGUOUS"]:
+            return None
+        return target.reshape(-1).view(np.uint8)
 
     def _ring(self, blocks: dict[int, np.ndarray], hosts: list[int], tag0: int) -> None:
         """Host-level ring all-gather: after A-1 steps every host has every host's block."""

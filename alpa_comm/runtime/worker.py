@@ -77,7 +77,7 @@ class HostWorker:
                         device_boxes(shape, DeviceMesh.from_dict(job["src_mesh"]), ShardingSpec.parse(job["src_spec"])),
                         device_boxes(shape, dst_mesh, ShardingSpec.parse(job["dst_spec"])),
                         device_boxes(shape, dst_mesh, ShardingSpec.parse(job["sent_spec"])))
-        dst = {d: np.zeros(tuple(b - a for a, b in box), layout.dtype)
+        dst = {d: np.empty(tuple(b - a for a, b in box), layout.dtype)
                for d, box in layout.dst_boxes.items() if d // dph == self.host}
         src = self.arrays.get(src_id, {})
         transfers = [Transfer.from_dict(t) for t in job["transfers"]]

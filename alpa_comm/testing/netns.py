@@ -31,6 +31,7 @@ PREFIX = "acomm"
 BRIDGE = f"{PREFIX}-br0"
 SUBNET = "198.18.0"
 LAUNCHER_IP = f"{SUBNET}.1"
+TBF_LATENCY = os.environ.get("ALPA_COMM_TBF_LATENCY", "50ms")  # queue bound: deep queues add hop delay
 STATE_FILE = Path(os.environ.get("ALPA_COMM_STATE", "/tmp/alpa_comm_cluster.json"))
 
 
@@ -106,6 +107,7 @@ class EmulatedNetwork:
     rate: str | None = "400mbit"  # None: unshaped
     state_file: Path = STATE_FILE
     pids: list[int] = field(default_factory=list)
+    info: dict = field(default_factory=dict)  # e.g. the Ray address and token of `alpa-comm cluster up`
 
     # ------------------------------------------------------------------ up
     def up(self) -> "EmulatedNetwork":
@@ -136,7 +138,7 @@ class EmulatedNetwork:
                 _run("ip", "netns", "exec", ns, "ip", "link", "set", inner, "up")
                 if self.rate is not None:
                     burst = _burst(self.rate)
-                    tbf = ["tbf", "rate", self.rate, "burst", burst, "latency", "200ms"]
+                    tbf = ["tbf", "rate", self.rate, "burst", burst, "latency", TBF_LATENCY]
                     _run("tc", "qdisc", "add", "dev", outer, "root", *tbf)  # into the host: its receive side
                     _run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", inner, "root", *tbf)  # its send side
         except BaseException:
@@ -147,8 +149,14 @@ class EmulatedNetwork:
     # ---------------------------------------------------------------- state
     def _save(self) -> None:
         tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"num_hosts": self.num_hosts, "rate": self.rate, "pids": self.pids}))
+        tmp.touch(mode=0o600)  # it may hold a Ray auth token
+        tmp.write_text(json.dumps({"num_hosts": self.num_hosts, "rate": self.rate, "pids": self.pids,
+                                   "info": self.info}))
         tmp.replace(self.state_file)
+
+    def remember(self, **info) -> None:
+        self.info.update(info)
+        self._save()
 
     def track(self, pid: int) -> None:
         """Record a process we started so ``down`` ends it (by PID) even after a crash."""
@@ -160,7 +168,7 @@ class EmulatedNetwork:
         if not state_file.exists():
             return None
         d = json.loads(state_file.read_text())
-        return cls(d["num_hosts"], d["rate"], state_file, d.get("pids", []))
+        return cls(d["num_hosts"], d["rate"], state_file, d.get("pids", []), d.get("info", {}))
 
     def exec_prefix(self, host: int) -> list[str]:
         return ["ip", "netns", "exec", namespace(host)]
@@ -182,7 +190,8 @@ class EmulatedNetwork:
         self.state_file.with_suffix(".tmp").unlink(missing_ok=True)
 
     def status(self) -> dict:
-        return {"hosts": self.num_hosts, "rate": self.rate, "namespaces": existing_namespaces(),
+        return {"hosts": self.num_hosts, "rate": self.rate, "ray_address": self.info.get("address"),
+                "namespaces": existing_namespaces(),
                 "processes": {ns: namespace_pids(ns) for ns in existing_namespaces()},
                 "tracked_pids": [p for p in self.pids if _alive(p)]}
 
@@ -193,13 +202,18 @@ def namespace_pids(ns: str) -> list[int]:
 
 
 def _alive(pid: int) -> bool:
+    """Running (a zombie has ended; it only waits for its parent to collect it)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
 
 
 def kill_pids(pids, grace: float = 3.0) -> None:

@@ -1,0 +1,43 @@
+"""A host killed in the middle of a reshard on the emulated cluster: a CommunicationError
+naming it within 60 s, never a hang, and shutdown still removes everything."""
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("ray")
+pytest.importorskip("torch")
+
+from alpa_comm import Cluster  # noqa: E402
+from alpa_comm.runtime.backend import CommunicationError  # noqa: E402
+from alpa_comm.testing import netns  # noqa: E402
+
+try:
+    netns.check_available()
+    REASON = None
+except netns.EmulationUnavailable as e:
+    REASON = str(e)
+
+pytestmark = [pytest.mark.skipif(REASON is not None, reason=REASON or ""), pytest.mark.slow]
+
+
+def test_killed_host_raises_naming_it_and_cleans_up():
+    with Cluster.emulated(3, 2, nic="400mbit", timeout=20, log=None) as c:
+        pids = list(c.network.pids)
+        x = np.zeros((16 << 20,), np.float32)  # 64 MB: several seconds of send/recv at 400 Mbit/s
+        a = c.put(x, "1x1@0", "R")
+        victim = c.workers[2].pid.remote()
+        import ray
+        victim_pid = ray.get(victim)
+        threading.Timer(2.0, os.kill, (victim_pid, signal.SIGKILL)).start()
+        t0 = time.monotonic()
+        with pytest.raises(CommunicationError, match="host 2"):
+            c.reshard(a, "2x2@1,2", "R", strategy="send_recv")
+        assert time.monotonic() - t0 < 60
+        with pytest.raises(CommunicationError, match="unusable"):
+            c.reshard(a, "2x2@1,2", "R")
+    assert not netns.existing_namespaces()
+    assert not [p for p in pids if netns._alive(p)]

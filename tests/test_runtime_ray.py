@@ -1,0 +1,58 @@
+"""The driver API on a local Ray cluster (no shaping): data, errors, lifecycle."""
+import numpy as np
+import pytest
+
+pytest.importorskip("ray")
+pytest.importorskip("torch")
+
+from alpa_comm import Cluster, InvalidMeshError, InvalidSpecError  # noqa: E402
+from alpa_comm.runtime.backend import CommunicationError  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with Cluster.local(4, 2, timeout=30) as c:
+        yield c
+
+
+@pytest.mark.parametrize("strategy", ["broadcast", "send_recv", "local_allgather", "global_allgather", "alpa"])
+def test_put_reshard_gather(cluster, strategy):
+    x = np.random.default_rng(0).standard_normal((16, 8, 4)).astype(np.float32)
+    a = cluster.put(x, "2x2@0,1", "S0RR")
+    b = cluster.reshard(a, "2x2@2,3", "RS01R", strategy=strategy)
+    assert np.array_equal(b.gather(), x)
+    boxes = {d: s.shape for d, s in b.shards().items()}
+    assert set(boxes) == {4, 5, 6, 7} and all(shape == (16, 2, 4) for shape in boxes.values())
+    assert cluster.last.seconds > 0 and cluster.last.plan.strategy == strategy
+    c = cluster.reshard(b, "2x2@0,1", "RRS1", strategy=strategy)  # and back, another layout
+    assert np.array_equal(c.gather(), x)
+
+
+def test_meshes_and_specs_as_objects(cluster):
+    from alpa_comm import DeviceMesh, ShardingSpec
+    x = np.arange(64, dtype=np.int32).reshape(8, 8)
+    a = cluster.put(x, DeviceMesh.parse("1x2@0", 2), ShardingSpec.parse("RS1"))
+    b = cluster.reshard(a, DeviceMesh.parse("2x2@2,3", 2), ShardingSpec.parse("S01R"))
+    assert np.array_equal(b.gather(), x)
+
+
+def test_bad_input_before_any_byte_moves(cluster):
+    x = np.zeros((8, 8), np.float32)
+    with pytest.raises(InvalidMeshError, match=r"host\(s\) \[6, 7\]"):
+        cluster.put(x, "2x2@6,7", "S0R")
+    with pytest.raises(InvalidSpecError, match="not divisible"):
+        cluster.put(np.zeros((7, 8), np.float32), "2x2@0,1", "S0R")
+    a = cluster.put(x, "2x2@0,1", "S0R")
+    with pytest.raises(InvalidSpecError, match="3 dimension"):
+        cluster.reshard(a, "2x2@2,3", "S0RR")
+    with pytest.raises(InvalidMeshError, match="share"):
+        cluster.reshard(a, "2x2@1,2", "S0R")
+    with pytest.raises(InvalidMeshError, match=r"host\(s\) \[9\]"):
+        cluster.reshard(a, "1x2@9", "RR")
+
+
+def test_signal_moves_no_data(cluster):
+    a = cluster.put(np.ones((8, 8), np.float32), "2x2@0,1", "S0R")
+    b = cluster.reshard(a, "2x2@2,3", "RR", strategy="signal")
+    with pytest.raises(CommunicationError, match="signal"):
+        b.gather()

@@ -1,0 +1,70 @@
+"""The executor moves bit-exact data for every strategy (hosts as threads, no Ray)."""
+import time
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from alpa_comm import ClusterSpec, DeviceMesh, plan_resharding
+from alpa_comm.runtime.backend import CommunicationError
+from alpa_comm.runtime.executor import view
+from alpa_comm.runtime.local import execute_in_threads, layout_for
+from alpa_comm.suites import n_to_m, one_to_m
+
+from strategies_hyp import resharding_cases
+
+DATA_STRATEGIES = ["send_recv", "local_allgather", "global_allgather", "broadcast", "alpa"]
+CLUSTER = ClusterSpec(num_hosts=5, devices_per_host=4)
+
+
+def expect_exact(plan, x, out):
+    full = tuple((0, n) for n in x.shape)
+    for d, box in layout_for(plan).dst_boxes.items():
+        assert np.array_equal(out[d], view(x, full, box)), f"device {d} got wrong data ({plan.strategy})"
+
+
+@pytest.mark.parametrize("case", n_to_m(2) + one_to_m(1 << 16), ids=lambda c: f"{c.suite}-{c.name}")
+@pytest.mark.parametrize("strategy", DATA_STRATEGIES)
+def test_reference_suites_bit_exact(case, strategy):
+    x = np.random.default_rng(1).standard_normal(case.shape).astype(np.float32)
+    plan = plan_resharding(case.shape, "float32", case.src_mesh, case.src_spec, case.dst_mesh, case.dst_spec,
+                           cluster=CLUSTER, strategy=strategy)
+    expect_exact(plan, x, execute_in_threads(plan, x, timeout=20))
+
+
+@settings(max_examples=60, deadline=None)
+@given(resharding_cases(), st.sampled_from(DATA_STRATEGIES), st.sampled_from([None, 1, 3]),
+       st.sampled_from(["float32", "int8", "float64"]))
+def test_random_cases_bit_exact(case, strategy, chunks, dtype):
+    shape, src_t, sspec, dst_t, dspec, dph = case
+    hosts = max(max(DeviceMesh.parse(t, dph).hosts) for t in (src_t, dst_t)) + 1
+    cluster = ClusterSpec(num_hosts=hosts, devices_per_host=dph)
+    plan = plan_resharding(shape, dtype, src_t, sspec, dst_t, dspec, cluster=cluster, strategy=strategy,
+                           chunks=chunks, loadbalance="greedy")
+    x = (np.arange(np.prod(shape)) % 251).astype(dtype).reshape(shape)
+    expect_exact(plan, x, execute_in_threads(plan, x, timeout=20))
+
+
+def test_signal_runs_without_data():
+    case = n_to_m(2)[0]
+    plan = plan_resharding(case.shape, "float32", case.src_mesh, case.src_spec, case.dst_mesh, case.dst_spec,
+                           cluster=CLUSTER, strategy="signal")
+    execute_in_threads(plan, np.zeros(case.shape, np.float32), timeout=10)
+
+
+def test_a_dead_host_raises_naming_it_quickly():
+    case = one_to_m(1 << 16)[-1]  # 1 -> 4 hosts x 2 devices
+    plan = plan_resharding(case.shape, "float32", case.src_mesh, case.src_spec, case.dst_mesh, case.dst_spec,
+                           cluster=CLUSTER, strategy="broadcast")
+    t0 = time.monotonic()
+    with pytest.raises(CommunicationError, match="host 2"):
+        execute_in_threads(plan, np.zeros(case.shape, np.float32), timeout=30, kill_host=2)
+    assert time.monotonic() - t0 < 10
+
+
+def test_wrong_array_is_rejected_before_anything_moves():
+    case = n_to_m(2)[0]
+    plan = plan_resharding(case.shape, "float32", case.src_mesh, case.src_spec, case.dst_mesh, case.dst_spec,
+                           cluster=CLUSTER)
+    with pytest.raises(ValueError, match="does not match"):
+        execute_in_threads(plan, np.zeros(case.shape, np.float64))
