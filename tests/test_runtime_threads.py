@@ -68,3 +68,13 @@ def test_wrong_array_is_rejected_before_anything_moves():
                            cluster=CLUSTER)
     with pytest.raises(ValueError, match="does not match"):
         execute_in_threads(plan, np.zeros(case.shape, np.float64))
+
+
+def test_a_silent_peer_times_out_naming_it():
+    from alpa_comm.runtime.backend import ThreadBackend, ThreadHub
+    hub = ThreadHub(2)
+    buf = np.empty(8, np.uint8)
+    t0 = time.monotonic()
+    with pytest.raises(CommunicationError, match="host 0: receiving from host 1 timed out after 0.3 s"):
+        ThreadBackend(0, hub).recv(buf, 1, tag=5, timeout=0.3)
+    assert time.monotonic() - t0 < 2

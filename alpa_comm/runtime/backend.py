@@ -26,7 +26,7 @@ import numpy as np
 
 from ..errors import AlpaCommError
 
-DEFAULT_TIMEOUT_S = 60.0
+DEFAULT_TIMEOUT_S = 30.0
 
 
 class CommunicationError(AlpaCommError, RuntimeError):

@@ -341,7 +341,10 @@ class Cluster:
         dst_id = uuid.uuid4().hex
         refs = [(w.execute.remote(self._job(plan, h), array.id, dst_id, self.timeout), h) for h, w in
                 enumerate(self.workers)]
-        results = self._wait(refs, f"resharding {array} to {plan.dst_spec} on {plan.dst_mesh.label()}")
+        # Hosts bound each wait themselves; the driver allows the plan's predicted time
+        # three times over on top, so a long resharding is not cut short.
+        results = self._wait(refs, f"resharding {array} to {plan.dst_spec} on {plan.dst_mesh.label()}",
+                             timeout=2 * self.timeout + 10 + 3 * plan.predicted_seconds)
         start = min(r["start"] for r in results)
         end = max(r["end"] for r in results)
         self.last = ReshardStats(end - start, plan, {r["host"]: r for r in results})
@@ -353,6 +356,8 @@ class Cluster:
         d = {k: v for k, v in plan.to_dict().items() if k in ("shape", "dtype", "src_mesh", "src_spec", "dst_mesh",
                                                                "dst_spec", "sent_spec")}
         d["transfers"] = [plan.transfers[i].to_dict() for i in plan.host_operations.get(host, ())]
+        spec = plan.cluster
+        d["min_rate"] = min(min(spec.send_rate(h), spec.recv_rate(h)) for h in range(spec.num_hosts))
         return d
 
     def _fetch(self, array: DistributedArray) -> dict[int, np.ndarray]:

@@ -68,9 +68,12 @@ class HostExecutor:
     """Runs ``transfers`` (this host's, in plan order) moving data from ``src`` to ``dst`` buffers."""
 
     def __init__(self, host: int, layout: Layout, src: dict[int, np.ndarray], dst: dict[int, np.ndarray],
-                 backend: Backend, host_of: Callable[[int], int], timeout: float = DEFAULT_TIMEOUT_S):
+                 backend: Backend, host_of: Callable[[int], int], timeout: float = DEFAULT_TIMEOUT_S,
+                 min_rate: float | None = None):
         self.host, self.layout, self.src, self.dst = host, layout, src, dst
         self.backend, self.host_of, self.timeout = backend, host_of, timeout
+        self.min_rate = min_rate  # bytes/s of the slowest NIC: lets big messages take their time
+        self.wait_s = timeout
 
     # ------------------------------------------------------------ helpers
     def _slice_bytes(self, device: int, index: Box) -> np.ndarray:
@@ -83,7 +86,7 @@ class HostExecutor:
 
     def _wait(self, handles) -> None:
         for h in handles:
-            h.wait(self.timeout)
+            h.wait(self.wait_s)
 
     def _mine(self, t: Transfer) -> list[int]:
         return [r for r in t.receivers if self.host_of(r) == self.host]
@@ -106,6 +109,9 @@ class HostExecutor:
         return timings
 
     def _run_one(self, t: Transfer) -> None:
+        # A wait may last the timeout plus twice what this transfer's bytes need on the
+        # slowest NIC: no false alarm on a large slice, still bounded when a peer is gone.
+        self.wait_s = self.timeout + (2 * t.nbytes / self.min_rate if self.min_rate else 0.0)
         tag0 = (t.id % 1_000_000) * 1024
         if t.kind == LOCAL_COPY:
             flat = self._slice_bytes(t.sender, t.index)
@@ -164,7 +170,7 @@ class HostExecutor:
         recvs = [self.backend.irecv(flat[bounds[c]:bounds[c + 1]], chain[p - 1], tag0 + c) for c in range(k)]
         sends = []
         for c in range(k):
-            recvs[c].wait(self.timeout)
+            recvs[c].wait(self.wait_s)
             lo, hi = bounds[c], bounds[c + 1]
             if p + 1 < len(chain):
                 sends.append(self.backend.isend(flat[lo:hi], chain[p + 1], tag0 + c))

@@ -84,7 +84,8 @@ class HostWorker:
         if barrier:
             self.backend.barrier(timeout)
         start = time.time()
-        timings = HostExecutor(self.host, layout, src, dst, self.backend, lambda d: d // dph, timeout).run(transfers)
+        timings = HostExecutor(self.host, layout, src, dst, self.backend, lambda d: d // dph, timeout,
+                               job.get("min_rate")).run(transfers)
         end = time.time()
         if dst:
             self.arrays[dst_id] = dst
