@@ -80,7 +80,7 @@ def _digest(a: np.ndarray) -> str:
 def suite_cases(name: str, size_mb: float):
     if name == "1-to-m":
         return suites.one_to_m(int(size_mb * (1 << 20)))
-    last = max(1, int(size_mb * (1 << 20) / (1024 * 1024 * 4)))
+    last = max(2, int(size_mb * (1 << 20) / (1024 * 1024 * 4)) // 2 * 2)  # case 9 splits the last dim in 2
     return suites.n_to_m(last)
 
 
@@ -158,11 +158,21 @@ class Progress:
         self.stream.write("\n")
 
 
+def check(cluster_spec: ClusterSpec, suite_names, size_mb: float) -> list:
+    """Plan every case and method once up front, so bad input fails before anything runs."""
+    work = [(s, c, BALANCE_METHODS if s == "balance" else BENCH_METHODS) for s in suite_names
+            for c in suite_cases(s, size_mb)]
+    for _, c, methods in work:
+        for m in methods:
+            plan_resharding(c.shape, c.dtype, c.src_mesh, c.src_spec, c.dst_mesh, c.dst_spec, cluster=cluster_spec,
+                            strategy=m.strategy, loadbalance="naive")
+    return work
+
+
 def run(cluster, suite_names, size_mb: float, repeat: int, progress_stream=sys.stderr) -> tuple[ClusterSpec, float,
                                                                                                 list[Result]]:
+    plan_ = check(cluster.spec, suite_names, size_mb)
     calibrated, t_copy = calibrate(cluster, size_mb, repeat, progress_stream)
-    plan_ = [(s, c, BALANCE_METHODS if s == "balance" else BENCH_METHODS) for s in suite_names
-             for c in suite_cases(s, size_mb)]
     total = sum(len(ms) * (repeat + 1) for _, _, ms in plan_)
     bar = Progress(total, progress_stream) if progress_stream else None
     results = []
@@ -209,7 +219,7 @@ def write(results: list[Result], cluster_desc: dict, out: Path) -> dict[str, Pat
     paths["json"] = js
     md = out / "results.md"
     md.write_text(f"# alpa-comm bench\n\nCluster: {cluster_desc.get('description', '')}\n\n"
-                  f"{results_table(results)}\n")
+                  f"{acceptance_table(results)}\n\n{results_table(results)}\n")
     paths["markdown"] = md
     for suite in dict.fromkeys(r.suite for r in results):
         rs = [r for r in results if r.suite == suite]
@@ -220,3 +230,49 @@ def write(results: list[Result], cluster_desc: dict, out: Path) -> dict[str, Pat
                                   f"measured {suite} ({cluster_desc.get('description', '')})",
                                   bounds={r.case: r.lower_bound_seconds for r in rs})
     return paths
+
+
+def acceptance(results: list[Result]) -> list[tuple[str, bool, str]]:
+    """The checks the benchmark is judged by, computed from one run's results."""
+    by = {(r.suite, r.case, r.method): r for r in results}
+    out = []
+    one = [r for r in results if r.suite == "1-to-m" and r.method == "broadcast"]
+    if one:
+        worst = max(one, key=lambda r: r.median_seconds / r.lower_bound_seconds)
+        ok = all(r.median_seconds / r.lower_bound_seconds <= 1.25 for r in one)
+        out.append(("1-to-m: broadcast <= 1.25x the lower bound", ok,
+                    f"worst {worst.median_seconds / worst.lower_bound_seconds:.2f}x (case {worst.case})"))
+    cases = list(dict.fromkeys(r.case for r in results if r.suite == "n-to-m"))
+    if cases:
+        ours = ("broadcast_naive", "broadcast_size", "broadcast")
+        best = {c: min((by[("n-to-m", c, m)] for m in ours), key=lambda r: r.median_seconds) for c in cases}
+        for b in ("alpa_send_recv", "alpa"):
+            slower = [c for c in cases if best[c].median_seconds > by[("n-to-m", c, b)].median_seconds]
+            out.append((f"n-to-m: best method at least as fast as {b}", not slower,
+                        "every case" if not slower else f"slower on cases {slower}"))
+        ratios = {c: best[c].median_seconds / best[c].lower_bound_seconds for c in cases}
+        out.append(("n-to-m: best method within 1.3x of the lower bound", max(ratios.values()) <= 1.3,
+                    ", ".join(f"{c}: {v:.2f}" for c, v in ratios.items())))
+        misses, checked = [], 0
+        for c in cases:
+            for b in ("alpa_send_recv", "alpa"):
+                base = by[("n-to-m", c, b)]
+                predicted = base.predicted_seconds / best[c].predicted_seconds
+                if predicted >= 2.0:
+                    checked += 1
+                    measured = base.median_seconds / best[c].median_seconds
+                    if measured < 0.8 * predicted:
+                        misses.append(f"case {c} vs {b}: {measured:.2f}x of predicted {predicted:.2f}x")
+        out.append(("n-to-m: measured speedup >= 80 % of a predicted >= 2x", not misses,
+                    f"{checked} predictions checked" + (f"; misses: {misses}" if misses else "")))
+    bc = [r for r in results if r.strategy == "broadcast" and r.suite in ("n-to-m", "1-to-m")]
+    if bc:
+        errs = [(abs(r.predicted_seconds - r.median_seconds) / r.median_seconds, r) for r in bc]
+        worst_err, worst_r = max(errs, key=lambda e: e[0])
+        out.append(("simulator within 25 % of measured (broadcast methods)", worst_err <= 0.25,
+                    f"worst {100 * worst_err:.0f} % ({worst_r.suite} case {worst_r.case}, {worst_r.method})"))
+    return out
+
+
+def acceptance_table(results: list[Result]) -> str:
+    return table(["check", "met", "detail"], [[c, "yes" if ok else "NO", d] for c, ok, d in acceptance(results)])

@@ -281,6 +281,44 @@ def cmd_cluster(args) -> int:
     return 0
 
 
+def open_cluster(kind: str, hosts: int, devices_per_host: int, nic: str, timeout: float):
+    """emulated (root + iproute2), local, or ray://ADDR / ADDR of an existing Ray cluster."""
+    from .runtime import Cluster  # noqa: PLC0415
+
+    if kind == "emulated":
+        return Cluster.emulated(hosts, devices_per_host, nic=None if nic == "none" else nic, timeout=timeout)
+    if kind == "local":
+        return Cluster.local(hosts, devices_per_host, timeout=timeout)
+    address = kind[len("ray://"):] if kind.startswith("ray://") else kind
+    return Cluster.connect(address, devices_per_host, timeout=timeout)
+
+
+def cmd_bench(args) -> int:
+    from pathlib import Path  # noqa: PLC0415
+
+    from . import bench  # noqa: PLC0415
+
+    names = bench.SUITE_NAMES if args.suite == "all" else (args.suite,)
+    if args.repeat < 1 or args.size_mb <= 0:
+        raise AlpaCommError(f"--repeat must be >= 1 and --size-mb > 0, got {args.repeat} and {args.size_mb}")
+    if args.cluster in ("emulated", "local"):  # a connected cluster is checked once its size is known
+        bench.check(ClusterSpec(num_hosts=args.hosts, devices_per_host=args.devices_per_host), names, args.size_mb)
+    with open_cluster(args.cluster, args.hosts, args.devices_per_host, args.nic, args.timeout) as cluster:
+        calibrated, t_copy, results = bench.run(cluster, names, args.size_mb, args.repeat)
+        desc = {"kind": args.cluster, "description": cluster.spec.describe(), "nic": args.nic,
+                "hosts": cluster.spec.num_hosts, "devices_per_host": cluster.spec.devices_per_host,
+                "calibrated_nic_gbps": calibrated.nic_send_gbps, "one_copy_seconds": t_copy,
+                "size_mb": args.size_mb, "repeat": args.repeat}
+    print(f"\nalpa-comm bench on {desc['description']} ({args.cluster}); one {args.size_mb:g} MiB copy "
+          f"between two hosts: {t_copy:.3f} s = {calibrated.nic_send_gbps:.3f} Gbit/s (simulator calibrated to it)\n")
+    print(bench.results_table(results))
+    print()
+    print(bench.acceptance_table(results))
+    paths = bench.write(results, desc, Path(args.out))
+    print("\nwrote " + ", ".join(str(p) for p in paths.values()))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="alpa-comm", description=__doc__.splitlines()[0].strip("`. ")
                                      + ": plan, simulate and run cross-mesh resharding.")
@@ -326,6 +364,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--png", help="write a timeline PNG here")
     p.add_argument("--trace", help="write a Chrome trace JSON here")
     p.set_defaults(func=cmd_schedule)
+
+    p = sub.add_parser("bench", help="measure every method side by side on a real (emulated) cluster",
+                       description="The microbenchmark against baseline Alpa: every method of every case in the "
+                                   "same run on the same cluster, warm-up + repeated timed runs, every run "
+                                   "verified by per-device checksums; table, results.json and PNGs.")
+    p.add_argument("--suite", default="n-to-m", choices=["1-to-m", "n-to-m", "balance", "all"])
+    p.add_argument("--cluster", default="emulated",
+                   help="emulated (root + iproute2; default), local, or ray://ADDR of a running Ray cluster")
+    p.add_argument("--hosts", type=int, default=5, help="hosts of an emulated or local cluster (default 5)")
+    p.add_argument("--devices-per-host", type=int, default=4)
+    p.add_argument("--nic", default="400mbit", help="emulated NIC rate per host and direction (default 400mbit)")
+    p.add_argument("--size-mb", type=float, default=64, help="tensor size in MiB (default 64)")
+    p.add_argument("--repeat", type=int, default=3, help="timed runs per method after one warm-up (default 3)")
+    p.add_argument("--timeout", type=float, default=30, help="per-wait timeout, seconds (default 30)")
+    p.add_argument("--out", default="out/bench", help="directory for results.json, results.md and PNGs")
+    p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("cluster", help="start, inspect or remove the emulated multi-host cluster (root, iproute2)",
                        description="An emulated cluster on this machine: one network namespace per host on a "

@@ -369,6 +369,15 @@ class Cluster:
             out.update(p)
         return out
 
+    def checksums(self, array: DistributedArray) -> dict[int, str]:
+        """blake2b per device buffer, computed on the hosts (for verifying big arrays)."""
+        self._check_usable()
+        hosts = sorted({array.mesh.host_of(d) for d in array.mesh.devices})
+        out: dict[int, str] = {}
+        for part in self._wait([(self.workers[h].checksums.remote(array.id), h) for h in hosts], "hashing shards"):
+            out.update(part)
+        return out
+
     def _delete(self, array: DistributedArray) -> None:
         if not self.closed and not self.broken:
             self._wait([(w.delete.remote(array.id), h) for h, w in enumerate(self.workers)], "deleting an array")
