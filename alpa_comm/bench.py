@@ -38,14 +38,7 @@ BENCH_METHODS = (
     suites.METHOD_BY_NAME["broadcast"],
     suites.METHOD_BY_NAME["signal"],
 )
-BALANCE_METHODS = (
-    suites.METHOD_BY_NAME["alpa"],
-    suites.Method("bc_naive", "broadcast", "naive", "broadcast, lowest sender, task order"),
-    suites.Method("bc_loads", "broadcast", "loads", "broadcast, Alpa's byte balance"),
-    suites.Method("bc_size", "broadcast", "size", "broadcast, LPT"),
-    suites.Method("bc_greedy", "broadcast", "greedy", "broadcast, randomized greedy order"),
-    suites.Method("bc_dfs", "broadcast", "dfs", "broadcast, DFS with pruning"),
-)
+BALANCE_METHODS = suites.BALANCE_METHODS
 SUITE_NAMES = ("1-to-m", "n-to-m", "balance")
 
 

@@ -81,17 +81,22 @@ def _suite_cases(args):
     return suites.one_to_m(int(args.size_mb * (1 << 20)))
 
 
-def cmd_plan(args) -> int:
-    if args.suite:
-        return _plan_suite(args)
+def plan_from_args(args):
+    """The single resharding the options describe (plan and simulate share it)."""
     missing = [o for o in ("shape", "src_mesh", "src_spec", "dst_mesh", "dst_spec") if getattr(args, o) is None]
     if missing:
         raise AlpaCommError("missing option(s): " + ", ".join("--" + m.replace("_", "-") for m in missing)
                             + " (or use --suite)")
     cluster = cluster_from_args(args, args.src_mesh, args.dst_mesh)
-    plan = plan_resharding(args.shape, args.dtype, args.src_mesh, args.src_spec, args.dst_mesh, args.dst_spec,
+    return plan_resharding(args.shape, args.dtype, args.src_mesh, args.src_spec, args.dst_mesh, args.dst_spec,
                            cluster=cluster, strategy=args.strategy, loadbalance=args.loadbalance,
                            chunks=args.chunks, seed=args.seed)
+
+
+def cmd_plan(args) -> int:
+    if args.suite:
+        return _plan_suite(args)
+    plan = plan_from_args(args)
     print(plan.to_json(indent=1) if args.json else plan.explain())
     return 0
 
@@ -157,14 +162,7 @@ def cmd_simulate(args) -> int:
             paths = write_outputs(args.suite, rows, cluster, Path(args.out))
             print("\nwrote " + ", ".join(str(p) for p in paths.values()))
         return 0
-    missing = [o for o in ("shape", "src_mesh", "src_spec", "dst_mesh", "dst_spec") if getattr(args, o) is None]
-    if missing:
-        raise AlpaCommError("missing option(s): " + ", ".join("--" + m.replace("_", "-") for m in missing)
-                            + " (or use --suite)")
-    cluster = cluster_from_args(args, args.src_mesh, args.dst_mesh)
-    plan = plan_resharding(args.shape, args.dtype, args.src_mesh, args.src_spec, args.dst_mesh, args.dst_spec,
-                           cluster=cluster, strategy=args.strategy, loadbalance=args.loadbalance,
-                           chunks=args.chunks, seed=args.seed)
+    plan = plan_from_args(args)
     res = simulate(plan)
     print(plan.explain(max_transfers=0))
     print(f"\n  simulated: {fmt_seconds(res.makespan)}  ({effective_gbps(plan.nbytes, res.makespan):.2f} Gbit/s "

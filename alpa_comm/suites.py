@@ -43,6 +43,15 @@ METHODS = (
     Method("signal", "signal", "auto", "one byte per task: the upper bound"),
 )
 METHOD_BY_NAME = {m.name: m for m in METHODS}
+BALANCE_METHODS = (
+    METHOD_BY_NAME["alpa"],
+    Method("bc_naive", "broadcast", "naive", "broadcast, lowest sender, task order"),
+    Method("bc_loads", "broadcast", "loads", "broadcast, Alpa's 'normal' byte balance"),
+    Method("bc_size", "broadcast", "size", "broadcast, LPT (load balance only)"),
+    Method("bc_greedy", "broadcast", "greedy", "broadcast, randomized greedy order"),
+    Method("bc_dfs", "broadcast", "dfs", "broadcast, DFS with pruning"),
+)
+"""The load-balancing ablation (the paper's Figure 8), beside Alpa's default."""
 BASELINE = "alpa"
 SUITE_HOSTS = 5
 SUITE_DEVICES_PER_HOST = 4

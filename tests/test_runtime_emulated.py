@@ -17,13 +17,9 @@ from alpa_comm.runtime.backend import CommunicationError  # noqa: E402
 from alpa_comm.suites import n_to_m, one_to_m  # noqa: E402
 from alpa_comm.testing import netns  # noqa: E402
 
-try:
-    netns.check_available()
-    REASON = None
-except netns.EmulationUnavailable as e:
-    REASON = str(e)
+from conftest import emulation_marks  # noqa: E402
 
-pytestmark = [pytest.mark.skipif(REASON is not None, reason=REASON or ""), pytest.mark.slow]
+pytestmark = emulation_marks()
 STRATEGIES = ["send_recv", "local_allgather", "global_allgather", "broadcast", "alpa", "signal"]
 
 

@@ -15,13 +15,9 @@ from alpa_comm import Cluster  # noqa: E402
 from alpa_comm.runtime.backend import CommunicationError  # noqa: E402
 from alpa_comm.testing import netns  # noqa: E402
 
-try:
-    netns.check_available()
-    REASON = None
-except netns.EmulationUnavailable as e:
-    REASON = str(e)
+from conftest import emulation_marks  # noqa: E402
 
-pytestmark = [pytest.mark.skipif(REASON is not None, reason=REASON or ""), pytest.mark.slow]
+pytestmark = emulation_marks()
 
 
 def test_killed_host_raises_naming_it_and_cleans_up():

@@ -13,14 +13,7 @@ from ..resharding import plan_resharding
 from ..resharding.explain import fmt_bytes, fmt_seconds
 from .simulate import effective_gbps, simulate
 
-BALANCE_METHODS = (
-    suites.METHOD_BY_NAME["alpa"],
-    suites.Method("bc_naive", "broadcast", "naive", "broadcast, lowest sender, task order"),
-    suites.Method("bc_loads", "broadcast", "loads", "broadcast, Alpa's 'normal' byte balance"),
-    suites.Method("bc_size", "broadcast", "size", "broadcast, LPT (load balance only)"),
-    suites.Method("bc_greedy", "broadcast", "greedy", "broadcast, randomized greedy order"),
-    suites.Method("bc_dfs", "broadcast", "dfs", "broadcast, DFS with pruning"),
-)
+BALANCE_METHODS = suites.BALANCE_METHODS
 
 
 @dataclass

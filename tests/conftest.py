@@ -1,0 +1,20 @@
+"""Shared test helpers."""
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # tests import strategies_hyp and alpa_fixtures
+
+
+def emulation_marks():
+    """Marks for tests that need the emulated cluster: skipped, with the reason, where it
+    cannot be built (no root or no iproute2), and marked slow."""
+    from alpa_comm.testing import netns
+
+    try:
+        netns.check_available()
+        reason = None
+    except netns.EmulationUnavailable as e:
+        reason = str(e)
+    return [pytest.mark.skipif(reason is not None, reason=reason or ""), pytest.mark.slow]
