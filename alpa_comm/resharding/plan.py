@@ -25,6 +25,26 @@ from .unit_tasks import UnitTask, decompose, device_boxes
 SCHEMA_VERSION = 1
 
 
+class Part(NamedTuple):
+    """One unit task carried inside a coalesced (bucketed) transfer."""
+
+    leaf: int
+    task: int
+    index: Box
+    sender: int
+    receivers: tuple[int, ...]
+    nbytes: int
+
+    def to_dict(self) -> dict:
+        return {"leaf": self.leaf, "task": self.task, "index": [list(p) for p in self.index], "sender": self.sender,
+                "receivers": list(self.receivers), "nbytes": self.nbytes}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Part":
+        return cls(d["leaf"], d["task"], tuple(tuple(p) for p in d["index"]), d["sender"], tuple(d["receivers"]),
+                   d["nbytes"])
+
+
 class Transfer(NamedTuple):
     """One scheduled piece of communication.
 
@@ -33,6 +53,11 @@ class Transfer(NamedTuple):
     copy from a local replica) or ``allgather`` (Alpa's follow-up all-gather
     among ``receivers``; ``sender`` is None and ``task`` is -1). ``receivers``
     are in chain order for broadcasts. Every receiver ends up holding ``index``.
+
+    In a tree plan (``tree.plan_resharding_tree``) ``leaf`` names the array; a
+    coalesced transfer has ``task`` -2, an empty ``index`` and ``parts``: the
+    unit tasks packed into its one flat buffer, each with its own sender device
+    (on the transfer's sending host) and receivers.
     """
 
     id: int
@@ -46,6 +71,8 @@ class Transfer(NamedTuple):
     start: float
     duration: float
     deps: tuple[int, ...] = ()
+    leaf: int = 0
+    parts: tuple[Part, ...] = ()
 
     @property
     def end(self) -> float:
@@ -55,13 +82,15 @@ class Transfer(NamedTuple):
         return {"id": self.id, "task": self.task, "kind": self.kind, "sender": self.sender,
                 "receivers": list(self.receivers), "index": [list(p) for p in self.index],
                 "nbytes": self.nbytes, "chunks": self.chunks, "start": self.start,
-                "duration": self.duration, "deps": list(self.deps)}
+                "duration": self.duration, "deps": list(self.deps), "leaf": self.leaf,
+                "parts": [p.to_dict() for p in self.parts]}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Transfer":
         return cls(d["id"], d["task"], d["kind"], d["sender"], tuple(d["receivers"]),
                    tuple(tuple(p) for p in d["index"]), d["nbytes"], d["chunks"], d["start"],
-                   d["duration"], tuple(d["deps"]))
+                   d["duration"], tuple(d["deps"]), d.get("leaf", 0),
+                   tuple(Part.from_dict(p) for p in d.get("parts", ())))
 
 
 @dataclass(frozen=True)

@@ -74,3 +74,31 @@ def verify_plan(plan) -> None:
         covered = _volume(box) if box in got else sum(_volume(b) for b in received[d])
         if covered != _volume(box):
             raise PlanError(f"destination device {d} ends with {covered} of the {_volume(box)} elements of {box}")
+
+
+def verify_tree_plan(plan) -> None:
+    """``verify_plan`` for a ``TreePlan``: every leaf, packed parts unpacked."""
+    src = [device_boxes(leaf.shape, leaf.src_mesh, leaf.src_spec) for leaf in plan.leaves]
+    need = [device_boxes(leaf.shape, leaf.dst_mesh, leaf.dst_spec) for leaf in plan.leaves]
+    received: list[dict[int, list]] = [{d: [] for d in n} for n in need]
+    for t in plan.transfers:
+        deliveries = [(p.leaf, p.sender, p.receivers, p.index) for p in t.parts] or [(t.leaf, t.sender, t.receivers,
+                                                                                       t.index)]
+        for leaf, sender, receivers, index in deliveries:
+            where = f"transfer {t.id} ({plan.leaves[leaf].path})"
+            if not _inside(index, src[leaf].get(sender, ((0, 0),) * len(index))):
+                raise PlanError(f"{where}: sender device {sender} does not hold slice {index}")
+            for r in receivers:
+                if r not in need[leaf] or not _inside(index, need[leaf][r]):
+                    raise PlanError(f"{where}: device {r} receives {index}, which it does not need")
+                if any(_overlap(prior, index) for prior in received[leaf][r]):
+                    raise PlanError(f"{where}: device {r} receives {index} twice")
+                received[leaf][r].append(index)
+    if plan.strategy == "signal":
+        return
+    for leaf, n in enumerate(need):
+        for d, box in n.items():
+            got = sum(_volume(b) for b in received[leaf][d])
+            if got != _volume(box):
+                raise PlanError(f"{plan.leaves[leaf].path}: destination device {d} ends with {got} of the "
+                                f"{_volume(box)} elements of {box}")

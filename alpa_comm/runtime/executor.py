@@ -65,24 +65,56 @@ class TransferTiming:
 
 
 class HostExecutor:
-    """Runs ``transfers`` (this host's, in plan order) moving data from ``src`` to ``dst`` buffers."""
+    """Runs ``transfers`` (this host's, in plan order) moving data from ``src`` to ``dst`` buffers.
 
-    def __init__(self, host: int, layout: Layout, src: dict[int, np.ndarray], dst: dict[int, np.ndarray],
-                 backend: Backend, host_of: Callable[[int], int], timeout: float = DEFAULT_TIMEOUT_S,
-                 min_rate: float | None = None):
-        self.host, self.layout, self.src, self.dst = host, layout, src, dst
-        self.backend, self.host_of, self.timeout = backend, host_of, timeout
+    ``layout``/``src``/``dst`` describe one array, or are lists with one entry per
+    leaf of a tree plan (transfers name their ``leaf``; coalesced ones carry parts).
+    """
+
+    def __init__(self, host: int, layout, src, dst, backend: Backend, host_of: Callable[[int], int],
+                 timeout: float = DEFAULT_TIMEOUT_S, min_rate: float | None = None):
+        many = isinstance(layout, (list, tuple))
+        self.layouts = list(layout) if many else [layout]
+        self.srcs = list(src) if many else [src]
+        self.dsts = list(dst) if many else [dst]
+        self.host, self.backend, self.host_of, self.timeout = host, backend, host_of, timeout
         self.min_rate = min_rate  # bytes/s of the slowest NIC: lets big messages take their time
         self.wait_s = timeout
+        self._select(0)
+
+    def _select(self, leaf: int) -> None:
+        self.layout, self.src, self.dst = self.layouts[leaf], self.srcs[leaf], self.dsts[leaf]
 
     # ------------------------------------------------------------ helpers
-    def _slice_bytes(self, device: int, index: Box) -> np.ndarray:
-        data = view(self.src[device], self.layout.src_boxes[device], index)
+    def _slice_bytes(self, device: int, index: Box, leaf: int | None = None) -> np.ndarray:
+        lay, src = (self.layout, self.src) if leaf is None else (self.layouts[leaf], self.srcs[leaf])
+        data = view(src[device], lay.src_boxes[device], index)
         return np.ascontiguousarray(data).reshape(-1).view(np.uint8)
 
-    def _write(self, device: int, index: Box, flat: np.ndarray) -> None:
-        target = view(self.dst[device], self.layout.dst_boxes[device], index)
-        target[...] = flat.view(self.layout.dtype).reshape(shape_of(index))
+    def _write(self, device: int, index: Box, flat: np.ndarray, leaf: int | None = None) -> None:
+        lay, dst = (self.layout, self.dst) if leaf is None else (self.layouts[leaf], self.dsts[leaf])
+        target = view(dst[device], lay.dst_boxes[device], index)
+        target[...] = flat.view(lay.dtype).reshape(shape_of(index))
+
+    def _source(self, t: Transfer) -> np.ndarray:
+        """The bytes this (sending) host puts on the wire for ``t``: one slice, or the
+        parts of a coalesced transfer packed back to back."""
+        if not t.parts:
+            return self._slice_bytes(t.sender, t.index)
+        return np.concatenate([self._slice_bytes(p.sender, p.index, p.leaf) for p in t.parts])
+
+    def _deliver(self, t: Transfer, flat: np.ndarray) -> None:
+        """Write what arrived into this host's receiving devices (unpacking parts)."""
+        if not t.parts:
+            for r in self._mine(t):
+                self._write(r, t.index, flat)
+            return
+        pos = 0
+        for p in t.parts:
+            for r in p.receivers:
+                if self.host_of(r) == self.host:
+                    self._write(r, p.index, flat[pos:pos + p.nbytes], p.leaf)
+            pos += p.nbytes
 
     def _wait(self, handles) -> None:
         for h in handles:
@@ -109,6 +141,7 @@ class HostExecutor:
         return timings
 
     def _run_one(self, t: Transfer) -> None:
+        self._select(t.leaf)
         # A wait may last the timeout plus twice what this transfer's bytes need on the
         # slowest NIC: no false alarm on a large slice, still bounded when a peer is gone.
         self.wait_s = self.timeout + (2 * t.nbytes / self.min_rate if self.min_rate else 0.0)
@@ -132,18 +165,17 @@ class HostExecutor:
         """send_recv: one message; local_allgather: one part per receiving device, then the
         host assembles the slice for all of them (its intra-host all-gather)."""
         dst_host = self.host_of(t.receivers[0])
-        parts = 1 if t.kind == "send_recv" else len(t.receivers)
+        parts = 1 if t.kind == "send_recv" or t.parts else len(t.receivers)
         nbytes = t.nbytes
         bounds = np.linspace(0, nbytes, parts + 1).astype(np.int64)
         if self.host_of(t.sender) == self.host:
-            flat = self._slice_bytes(t.sender, t.index)
+            flat = self._source(t)
             self._wait([self.backend.isend(flat[bounds[j]:bounds[j + 1]], dst_host, tag0 + j) for j in range(parts)])
         if dst_host == self.host:
             flat = np.empty(nbytes, np.uint8)
             src_host = self.host_of(t.sender)
             self._wait([self.backend.irecv(flat[bounds[j]:bounds[j + 1]], src_host, tag0 + j) for j in range(parts)])
-            for r in t.receivers:
-                self._write(r, t.index, flat)
+            self._deliver(t, flat)
 
     def _chain(self, t: Transfer, tag0: int) -> None:
         """Chunk-pipelined chain: each host forwards chunk k while chunk k+1 arrives."""
@@ -157,10 +189,10 @@ class HostExecutor:
         k = 1 if signal else max(1, min(t.chunks, nbytes))
         bounds = np.linspace(0, nbytes, k + 1).astype(np.int64)
         if p == 0:
-            flat = np.zeros(1, np.uint8) if signal else self._slice_bytes(t.sender, t.index)
+            flat = np.zeros(1, np.uint8) if signal else self._source(t)
             self._wait([self.backend.isend(flat[bounds[c]:bounds[c + 1]], chain[1], tag0 + c) for c in range(k)])
             return
-        mine = [] if signal else self._mine(t)
+        mine = [] if signal or t.parts else self._mine(t)
         targets = [self._flat_target(r, t.index) for r in mine]
         # Receive straight into the first local device when its part of the buffer is
         # contiguous, and copy each chunk on to the other local devices as it arrives,
@@ -178,6 +210,8 @@ class HostExecutor:
                 if tgt is not None and tgt is not flat:
                     tgt[lo:hi] = flat[lo:hi]
         self._wait(sends)
+        if t.parts and not signal:
+            self._deliver(t, flat)
         for r, tgt in zip(mine, targets):
             if tgt is None:
                 self._write(r, t.index, flat)

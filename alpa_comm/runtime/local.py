@@ -62,3 +62,47 @@ def execute_in_threads(plan: ReshardingPlan, array: np.ndarray, timeout: float =
     if any(t.is_alive() for t in threads):
         raise CommunicationError("a host thread did not finish in time")
     return dst
+
+
+def tree_layouts(plan) -> list[Layout]:
+    """One ``Layout`` per leaf of a ``TreePlan`` (no Alpa rewrite in trees: sent = dst)."""
+    out = []
+    for leaf in plan.leaves:
+        dst = device_boxes(leaf.shape, leaf.dst_mesh, leaf.dst_spec)
+        out.append(Layout(numpy_dtype(leaf.dtype), device_boxes(leaf.shape, leaf.src_mesh, leaf.src_spec), dst, dst))
+    return out
+
+
+def execute_tree_in_threads(plan, arrays, timeout: float = DEFAULT_TIMEOUT_S) -> list[dict[int, np.ndarray]]:
+    """Run a ``TreePlan`` with hosts as threads; ``arrays`` in leaf order. Returns per leaf
+    every destination device's buffer."""
+    layouts = tree_layouts(plan)
+    host_of = plan.cluster.host_of
+    for leaf, lay, a in zip(plan.leaves, layouts, arrays):
+        if a.shape != leaf.shape or a.dtype != lay.dtype:
+            raise ValueError(f"{leaf.path}: array {a.shape} {a.dtype} does not match {leaf.shape} {lay.dtype}")
+    hub = ThreadHub(plan.cluster.num_hosts)
+    dst = [{d: np.zeros(tuple(b - a for a, b in box), lay.dtype) for d, box in lay.dst_boxes.items()}
+           for lay in layouts]
+    hosts = sorted(set(plan.host_operations) | {host_of(d) for lay in layouts for d in lay.dst_boxes})
+    errors: list[BaseException] = []
+
+    def work(h: int) -> None:
+        try:
+            src = [{d: np.ascontiguousarray(view(a, tuple((0, n) for n in a.shape), box))
+                    for d, box in lay.src_boxes.items() if host_of(d) == h} for lay, a in zip(layouts, arrays)]
+            mine = [{d: b for d, b in leaf_dst.items() if host_of(d) == h} for leaf_dst in dst]
+            transfers = [plan.transfers[i] for i in plan.host_operations.get(h, ())]
+            HostExecutor(h, layouts, src, mine, ThreadBackend(h, hub), host_of, timeout).run(transfers)
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            hub.dead.add(h)
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(h,), daemon=True) for h in hosts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout + 5)
+    if errors:
+        raise errors[0]
+    return dst
