@@ -56,3 +56,18 @@ def test_signal_moves_no_data(cluster):
     b = cluster.reshard(a, "2x2@2,3", "RR", strategy="signal")
     with pytest.raises(CommunicationError, match="signal"):
         b.gather()
+
+
+def test_reshard_tree(cluster):
+    from alpa_comm.resharding.tree import Placement
+    rng = np.random.default_rng(3)
+    xs = {"w": rng.standard_normal((16, 8)).astype(np.float32),
+          "b": [rng.standard_normal(8).astype(np.float32) for _ in range(5)]}
+    arrays = {"w": cluster.put(xs["w"], "2x2@0,1", "S01R"), "b": [cluster.put(b, "2x2@0,1", "S01") for b in xs["b"]]}
+    placements = {"w": Placement("1x2@2", "RS1"), "b": [Placement("1x2@3", "R") for _ in xs["b"]]}
+    out = cluster.reshard_tree(arrays, placements, bucket_bytes="auto")
+    assert np.array_equal(out["w"].gather(), xs["w"])
+    assert all(np.array_equal(o.gather(), x) for o, x in zip(out["b"], xs["b"]))
+    assert cluster.last.plan.messages < 6
+    with pytest.raises(ValueError, match="structure"):
+        cluster.reshard_tree(arrays, {"w": Placement("1x2@2", "RS1")})

@@ -51,6 +51,14 @@ class LeafLayout:
 
 
 @dataclass(frozen=True)
+class Placement:
+    """Where a leaf should go: a mesh and a spec (objects or text), e.g. Placement("1x4@2", "RS1")."""
+
+    mesh: Any
+    spec: Any
+
+
+@dataclass(frozen=True)
 class Leaf:
     path: str
     shape: tuple[int, ...]

@@ -339,7 +339,7 @@ class Cluster:
         if tuple(plan.shape) != array.shape or plan.dtype != array.dtype:
             raise ValueError(f"plan is for {plan.shape} {plan.dtype}, the array is {array.shape} {array.dtype}")
         dst_id = uuid.uuid4().hex
-        refs = [(w.execute.remote(self._job(plan, h), array.id, dst_id, self.timeout), h) for h, w in
+        refs = [(w.execute.remote(self._job(plan, h), [array.id], [dst_id], self.timeout), h) for h, w in
                 enumerate(self.workers)]
         # Hosts bound each wait themselves; the driver allows the plan's predicted time
         # three times over on top, so a long resharding is not cut short.
@@ -352,13 +352,60 @@ class Cluster:
                                 has_data=plan.strategy != "signal")
 
     @staticmethod
-    def _job(plan: ReshardingPlan, host: int) -> dict:
-        d = {k: v for k, v in plan.to_dict().items() if k in ("shape", "dtype", "src_mesh", "src_spec", "dst_mesh",
-                                                               "dst_spec", "sent_spec")}
-        d["transfers"] = [plan.transfers[i].to_dict() for i in plan.host_operations.get(host, ())]
+    def _job(plan, host: int) -> dict:
+        """What one host needs of a plan (a ``ReshardingPlan`` or a tree plan): every
+        leaf's layout and this host's transfers."""
+        if hasattr(plan, "leaves"):
+            leaves = [{"shape": list(lf.shape), "dtype": lf.dtype, "src_mesh": lf.src_mesh.to_dict(),
+                       "src_spec": str(lf.src_spec), "dst_mesh": lf.dst_mesh.to_dict(), "dst_spec": str(lf.dst_spec)}
+                      for lf in plan.leaves]
+        else:
+            d = plan.to_dict()
+            leaves = [{k: d[k] for k in ("shape", "dtype", "src_mesh", "src_spec", "dst_mesh", "dst_spec",
+                                         "sent_spec")}]
         spec = plan.cluster
-        d["min_rate"] = min(min(spec.send_rate(h), spec.recv_rate(h)) for h in range(spec.num_hosts))
-        return d
+        return {"leaves": leaves,
+                "transfers": [plan.transfers[i].to_dict() for i in plan.host_operations.get(host, ())],
+                "min_rate": min(min(spec.send_rate(h), spec.recv_rate(h)) for h in range(spec.num_hosts))}
+
+    def plan_tree(self, arrays, placements, strategy: str = "broadcast", loadbalance: str = "auto",
+                  bucket_bytes="auto", chunks: int | None = None, seed: int = 0):
+        """The tree plan ``reshard_tree`` would run (validates everything, moves nothing)."""
+        from ..resharding.tree import LeafLayout, Placement, plan_resharding_tree, tree_flatten  # noqa: PLC0415
+
+        src = tree_flatten(arrays)
+        dst = tree_flatten(placements)
+        if [p for p, _ in src] != [p for p, _ in dst]:
+            raise ValueError(f"arrays and placements differ in structure: {[p for p, _ in src][:4]} vs "
+                             f"{[p for p, _ in dst][:4]}")
+        layouts = {}
+        for (path, a), (_, pl) in zip(src, dst):
+            if not isinstance(a, DistributedArray) or not isinstance(pl, Placement):
+                raise ValueError(f"{path}: expected a DistributedArray and a Placement, got "
+                                 f"{type(a).__name__} and {type(pl).__name__}")
+            layouts[path] = LeafLayout(a.shape, a.dtype, a.mesh, a.spec, self._mesh(pl.mesh), pl.spec)
+        return plan_resharding_tree(layouts, cluster=self.spec, strategy=strategy, loadbalance=loadbalance,
+                                    bucket_bytes=bucket_bytes, chunks=chunks, seed=seed)
+
+    def reshard_tree(self, arrays, placements, strategy: str = "broadcast", loadbalance: str = "auto",
+                     bucket_bytes="auto", chunks: int | None = None, seed: int = 0):
+        """Reshard a pytree of ``DistributedArray``s to a pytree of ``Placement``s (same
+        structure) with one jointly balanced, coalesced plan; returns the new tree."""
+        from ..resharding.tree import tree_flatten, tree_unflatten  # noqa: PLC0415
+
+        self._check_usable()
+        plan = self.plan_tree(arrays, placements, strategy, loadbalance, bucket_bytes, chunks, seed)
+        srcs = [a for _, a in tree_flatten(arrays)]
+        dst_ids = [uuid.uuid4().hex for _ in srcs]
+        refs = [(w.execute.remote(self._job(plan, h), [a.id for a in srcs], dst_ids, self.timeout), h)
+                for h, w in enumerate(self.workers)]
+        results = self._wait(refs, f"resharding a tree of {len(srcs)} arrays",
+                             timeout=2 * self.timeout + 10 + 3 * plan.predicted_seconds)
+        start, end = min(r["start"] for r in results), max(r["end"] for r in results)
+        self.last = ReshardStats(end - start, plan, {r["host"]: r for r in results})
+        out = [DistributedArray(self, i, lf.shape, lf.dtype, lf.dst_mesh, lf.dst_spec,
+                                has_data=plan.strategy != "signal") for i, lf in zip(dst_ids, plan.leaves)]
+        return tree_unflatten(arrays, out)
 
     def _fetch(self, array: DistributedArray) -> dict[int, np.ndarray]:
         self._check_usable()

@@ -71,31 +71,36 @@ class HostWorker:
         self.arrays.pop(array_id, None)
 
     # ------------------------------------------------------------- resharding
-    def execute(self, job: dict, src_id: str, dst_id: str, timeout: float = DEFAULT_TIMEOUT_S,
+    def execute(self, job: dict, src_ids: list[str], dst_ids: list[str], timeout: float = DEFAULT_TIMEOUT_S,
                 barrier: bool = True) -> dict:
-        """Run this host's transfers of one plan. ``job`` carries the layout and this
-        host's transfers (see ``Cluster._job``). Returns wall-clock start/end and timings."""
+        """Run this host's transfers of one plan over one or more arrays (a tree plan).
+        ``job`` carries each leaf's layout and this host's transfers (see
+        ``Cluster._job``). Returns wall-clock start/end and per-transfer timings."""
         if self.backend is None:
             raise CommunicationError(f"host {self.host}: not connected to the other hosts")
         dph = self.devices_per_host
-        shape = tuple(job["shape"])
-        dst_mesh = DeviceMesh.from_dict(job["dst_mesh"])
-        layout = Layout(numpy_dtype(job["dtype"]),
-                        device_boxes(shape, DeviceMesh.from_dict(job["src_mesh"]), ShardingSpec.parse(job["src_spec"])),
-                        device_boxes(shape, dst_mesh, ShardingSpec.parse(job["dst_spec"])),
-                        device_boxes(shape, dst_mesh, ShardingSpec.parse(job["sent_spec"])))
-        dst = {d: np.empty(tuple(b - a for a, b in box), layout.dtype)
-               for d, box in layout.dst_boxes.items() if d // dph == self.host}
-        src = self.arrays.get(src_id, {})
+        layouts, dst = [], []
+        for leaf in job["leaves"]:
+            shape = tuple(leaf["shape"])
+            dst_mesh = DeviceMesh.from_dict(leaf["dst_mesh"])
+            lay = Layout(numpy_dtype(leaf["dtype"]),
+                         device_boxes(shape, DeviceMesh.from_dict(leaf["src_mesh"]), ShardingSpec.parse(leaf["src_spec"])),
+                         device_boxes(shape, dst_mesh, ShardingSpec.parse(leaf["dst_spec"])),
+                         device_boxes(shape, dst_mesh, ShardingSpec.parse(leaf.get("sent_spec", leaf["dst_spec"]))))
+            layouts.append(lay)
+            dst.append({d: np.empty(tuple(b - a for a, b in box), lay.dtype)
+                        for d, box in lay.dst_boxes.items() if d // dph == self.host})
+        src = [self.arrays.get(i, {}) for i in src_ids]
         transfers = [Transfer.from_dict(t) for t in job["transfers"]]
         if barrier:
             self.backend.barrier(timeout)
         start = time.time()
-        timings = HostExecutor(self.host, layout, src, dst, self.backend, lambda d: d // dph, timeout,
+        timings = HostExecutor(self.host, layouts, src, dst, self.backend, lambda d: d // dph, timeout,
                                job.get("min_rate")).run(transfers)
         end = time.time()
-        if dst:
-            self.arrays[dst_id] = dst
+        for i, leaf_dst in zip(dst_ids, dst):
+            if leaf_dst:
+                self.arrays[i] = leaf_dst
         return {"host": self.host, "start": start, "end": end,
                 "timings": [(t.transfer, t.kind, t.start, t.end) for t in timings]}
 
