@@ -23,12 +23,14 @@ import numpy as np
 
 from . import suites
 from .cluster import ClusterSpec
+from .mesh import DeviceMesh
 from .report import table
 from .resharding import plan_resharding
 from .resharding.explain import fmt_seconds
 from .resharding.unit_tasks import device_boxes
 from .runtime.executor import view
 from .sim import simulate
+from .spec import ShardingSpec
 
 BENCH_METHODS = (
     suites.METHOD_BY_NAME["alpa_send_recv"],
@@ -40,6 +42,7 @@ BENCH_METHODS = (
 )
 BALANCE_METHODS = suites.BALANCE_METHODS
 SUITE_NAMES = ("1-to-m", "n-to-m", "balance")
+WEIGHT_SYNC_METHODS = ("per_array", "tree_joint", "tree_packed")
 
 
 class VerificationError(RuntimeError):
@@ -164,13 +167,18 @@ def check(cluster_spec: ClusterSpec, suite_names, size_mb: float) -> list:
 
 def run(cluster, suite_names, size_mb: float, repeat: int, progress_stream=sys.stderr) -> tuple[ClusterSpec, float,
                                                                                                 list[Result]]:
+    weight_sync = "weight-sync" in suite_names
+    suite_names = [s for s in suite_names if s != "weight-sync"]
     plan_ = check(cluster.spec, suite_names, size_mb)
     calibrated, t_copy = calibrate(cluster, size_mb, repeat, progress_stream)
     total = sum(len(ms) * (repeat + 1) for _, _, ms in plan_)
+    total += len(weight_sync_trees()) * len(WEIGHT_SYNC_METHODS) * (repeat + 1) if weight_sync else 0
     bar = Progress(total, progress_stream) if progress_stream else None
     results = []
     for suite, case, methods in plan_:
         results += run_case(cluster, calibrated, suite, case, methods, repeat, progress=bar)
+    if weight_sync:
+        results += run_weight_sync(cluster, calibrated, repeat, progress=bar)
     if bar:
         bar.close()
     return calibrated, t_copy, results
@@ -181,7 +189,8 @@ def speedups(results: list[Result]) -> dict[tuple[str, str, str], dict[str, floa
     out = {}
     for r in results:
         out[(r.suite, r.case, r.method)] = {b: base[(r.suite, r.case, b)] / r.median_seconds
-                                            for b in ("alpa", "alpa_send_recv") if (r.suite, r.case, b) in base}
+                                            for b in ("alpa", "alpa_send_recv", "per_array")
+                                            if (r.suite, r.case, b) in base}
     return out
 
 
@@ -193,10 +202,10 @@ def results_table(results: list[Result]) -> str:
         spread = f"{min(r.seconds):.3f}-{max(r.seconds):.3f}"
         rows.append([r.suite, r.case, r.method, fmt_seconds(r.median_seconds), spread, f"{r.gbps:.3f}",
                      f"{r.median_seconds / r.lower_bound_seconds:.2f}" if r.strategy != "signal" else "-",
-                     f"{s.get('alpa', float('nan')):.2f}x", fmt_seconds(r.predicted_seconds),
+                     f"{s.get('alpa', s.get('per_array', float('nan'))):.2f}x", fmt_seconds(r.predicted_seconds),
                      "yes" if r.verified else ("n/a" if r.verified is None else "NO")])
     return table(["suite", "case", "method", "median", "spread (s)", "effective Gbit/s", "x lower bound",
-                  "speedup vs alpa", "simulator", "verified"], rows)
+                  "speedup vs alpa (weight-sync: vs per_array)", "simulator", "verified"], rows)
 
 
 def write(results: list[Result], cluster_desc: dict, out: Path) -> dict[str, Path]:
@@ -207,7 +216,7 @@ def write(results: list[Result], cluster_desc: dict, out: Path) -> dict[str, Pat
     js = out / "results.json"
     tmp = js.with_suffix(".tmp")
     tmp.write_text(json.dumps({"cluster": cluster_desc, "results": [
-        {k: v for k, v in asdict(r).items() if k != "extra"} for r in results]}, indent=1))
+        {k: v for k, v in asdict(r).items() if k != "extra" or v} for r in results]}, indent=1))
     tmp.replace(js)
     paths["json"] = js
     md = out / "results.md"
@@ -258,6 +267,18 @@ def acceptance(results: list[Result]) -> list[tuple[str, bool, str]]:
                         misses.append(f"case {c} vs {b}: {measured:.2f}x of predicted {predicted:.2f}x")
         out.append(("n-to-m: measured speedup >= 80 % of a predicted >= 2x", not misses,
                     f"{checked} predictions checked" + (f"; misses: {misses}" if misses else "")))
+    ws = [r for r in results if r.suite == "weight-sync"]
+    for case in dict.fromkeys(r.case for r in ws):
+        per = by[("weight-sync", case, "per_array")]
+        packed = by[("weight-sync", case, "tree_packed")]
+        joint = by[("weight-sync", case, "tree_joint")]
+        gain = per.median_seconds / packed.median_seconds
+        small = per.extra.get("median_leaf_bytes", 0) < 64 << 10
+        ok = gain >= 3 if small else gain >= 1
+        out.append((f"weight-sync {case}: coalesced tree {'>= 3x' if small else 'not slower than'} per-array", ok,
+                    f"{gain:.2f}x (median leaf {per.extra.get('median_leaf_bytes')} B)"))
+        out.append((f"weight-sync {case}: joint balancing not slower than per-array",
+                    joint.median_seconds <= per.median_seconds, f"{per.median_seconds / joint.median_seconds:.2f}x"))
     bc = [r for r in results if r.strategy == "broadcast" and r.suite in ("n-to-m", "1-to-m")]
     if bc:
         errs = [(abs(r.predicted_seconds - r.median_seconds) / r.median_seconds, r) for r in bc]
@@ -269,3 +290,101 @@ def acceptance(results: list[Result]) -> list[tuple[str, bool, str]]:
 
 def acceptance_table(results: list[Result]) -> str:
     return table(["check", "met", "detail"], [[c, "yes" if ok else "NO", d] for c, ok, d in acceptance(results)])
+
+
+# ------------------------------------------------------------------ weight sync
+@dataclass(frozen=True)
+class Param:
+    """One parameter of a weight-sync tree: its shape and its training / inference specs."""
+
+    shape: tuple
+    train: str
+    infer: str
+
+
+def weight_sync_trees() -> dict[str, dict]:
+    """Transformer-shaped parameter trees, each leaf (shape, training spec, inference spec):
+    training fully sharded over 2 hosts x 4 devices, inference tensor-parallel over 4
+    devices of one host (the RL post-training weight sync).
+
+    * small-leaves: 12 layers of width 128 (150 arrays, 512 B to 256 KiB, median 512 B);
+    * large-leaves: 6 layers of width 512, matrices only (24 arrays of 1-4 MiB)."""
+    P = Param
+
+    def layer(d, vectors=True):
+        out = {"qkv": P((d, 3 * d), "S01R", "RS1"), "out": P((d, d), "S01R", "S1R"),
+               "mlp1": P((d, 4 * d), "S01R", "RS1"), "mlp2": P((4 * d, d), "S01R", "S1R")}
+        if vectors:
+            out.update({"qkv_b": P((3 * d,), "S01", "S1"), "out_b": P((d,), "S01", "R"),
+                        "mlp1_b": P((4 * d,), "S01", "S1"), "mlp2_b": P((d,), "S01", "R"),
+                        "ln1": [P((d,), "S01", "R"), P((d,), "S01", "R")],
+                        "ln2": [P((d,), "S01", "R"), P((d,), "S01", "R")]})
+        return out
+    small = {"embed": P((512, 128), "S01R", "RS1"), "pos": P((128, 128), "S01R", "R"),
+             "layers": [layer(128) for _ in range(12)], "final_ln": [P((128,), "S01", "R"), P((128,), "S01", "R")]}
+    large = {"layers": [layer(512, vectors=False) for _ in range(6)]}
+    return {"small-leaves": small, "large-leaves": large}
+
+
+WEIGHT_SYNC_SRC, WEIGHT_SYNC_DST = "2x4@0,1", "1x4@2"
+
+
+def run_weight_sync(cluster, calibrated: ClusterSpec, repeat: int, progress=None, seed: int = 0) -> list[Result]:
+    """Per-array resharding vs one joint tree plan vs the joint plan with coalescing,
+    side by side on the same cluster, every leaf verified."""
+    from .resharding.tree import LeafLayout, Placement, plan_resharding_tree, tree_flatten, tree_unflatten  # noqa: PLC0415
+
+    out = []
+    rng = np.random.default_rng(seed)
+    for name, tree in weight_sync_trees().items():
+        flat = tree_flatten(tree)
+        leaf_paths = [p for p, _ in flat]
+        params = [p for _, p in flat]
+        xs = [rng.standard_normal(p.shape).astype(np.float32) for p in params]
+        arrays = tree_unflatten(tree, [cluster.put(x, WEIGHT_SYNC_SRC, p.train) for x, p in zip(xs, params)])
+        placements = tree_unflatten(tree, [Placement(WEIGHT_SYNC_DST, p.infer) for p in params])
+        layouts = tree_unflatten(tree, [LeafLayout(p.shape, "float32", WEIGHT_SYNC_SRC, p.train, WEIGHT_SYNC_DST,
+                                                   p.infer) for p in params])
+        dst_mesh = DeviceMesh.parse(WEIGHT_SYNC_DST, calibrated.devices_per_host)
+        expected = [{d: _digest(view(x, tuple((0, n) for n in p.shape), b))
+                     for d, b in device_boxes(p.shape, dst_mesh, ShardingSpec.parse(p.infer)).items()}
+                    for x, p in zip(xs, params)]
+        src_list = [a for _, a in tree_flatten(arrays)]
+        nbytes = sum(x.nbytes for x in xs)
+        for method in WEIGHT_SYNC_METHODS:
+            times, messages = [], 0
+            for i in range(repeat + 1):
+                if progress:
+                    progress(f"weight-sync {name}: {method} run {i + 1}/{repeat + 1}")
+                if method == "per_array":
+                    results, seconds, predicted, bound = [], 0.0, 0.0, 0.0
+                    for a, p in zip(src_list, params):
+                        plan = plan_resharding(a.shape, a.dtype, a.mesh, a.spec, WEIGHT_SYNC_DST, p.infer,
+                                               cluster=calibrated)
+                        results.append(cluster.reshard(a, WEIGHT_SYNC_DST, p.infer, plan=plan))
+                        seconds += cluster.last.seconds
+                        predicted += simulate(plan).makespan
+                    messages = None
+                    bound = plan_resharding_tree(layouts, cluster=calibrated, bucket_bytes=None).lower_bound_seconds
+                else:
+                    bucket = None if method == "tree_joint" else "auto"
+                    tplan = plan_resharding_tree(layouts, cluster=calibrated, bucket_bytes=bucket)
+                    res_tree = cluster.reshard_tree(arrays, placements, bucket_bytes=bucket)
+                    results = [a for _, a in tree_flatten(res_tree)]
+                    seconds, predicted, bound = cluster.last.seconds, simulate(tplan).makespan, tplan.lower_bound_seconds
+                    messages = tplan.messages
+                for path, r, exp in zip(leaf_paths, results, expected):
+                    got = cluster.checksums(r)
+                    bad = sorted(d for d, h in exp.items() if got.get(d) != h)
+                    if bad:
+                        raise VerificationError(f"weight-sync {name}, {method}: {path} wrong on devices {bad}")
+                    r.delete()
+                if i:
+                    times.append(seconds)
+            out.append(Result("weight-sync", name, method, "broadcast", "auto", times, statistics.median(times),
+                              bound, predicted, nbytes, True,
+                              {"leaves": len(flat), "messages": messages,
+                               "median_leaf_bytes": int(np.median([x.nbytes for x in xs]))}))
+        for a in src_list:
+            a.delete()
+    return out

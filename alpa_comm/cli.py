@@ -367,7 +367,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="The microbenchmark against baseline Alpa: every method of every case in the "
                                    "same run on the same cluster, warm-up + repeated timed runs, every run "
                                    "verified by per-device checksums; table, results.json and PNGs.")
-    p.add_argument("--suite", default="n-to-m", choices=["1-to-m", "n-to-m", "balance", "all"])
+    p.add_argument("--suite", default="n-to-m", choices=["1-to-m", "n-to-m", "balance", "weight-sync", "all"],
+                   help="all = 1-to-m, n-to-m and balance; weight-sync = per-array vs coalesced pytree resharding")
     p.add_argument("--cluster", default="emulated",
                    help="emulated (root + iproute2; default), local, or ray://ADDR of a running Ray cluster")
     p.add_argument("--hosts", type=int, default=5, help="hosts of an emulated or local cluster (default 5)")

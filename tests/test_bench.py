@@ -54,3 +54,16 @@ def test_bad_options_fail_before_starting(capsys):
     assert "--repeat" in capsys.readouterr().err
     assert main(["bench", "--hosts", "2", "--cluster", "local"]) == 2  # the suites need 5 hosts
     assert "host" in capsys.readouterr().err
+
+
+def test_weight_sync_suite_runs_verified(cluster, monkeypatch):
+    def tiny():
+        P = bench.Param
+        small = {"layers": [{"w": P((16, 8), "S01R", "RS1"), "b": P((8,), "S01", "R")} for _ in range(3)]}
+        return {"small-leaves": small}
+    monkeypatch.setattr(bench, "weight_sync_trees", tiny)
+    results = bench.run_weight_sync(cluster, cluster.spec, repeat=1)
+    assert [r.method for r in results] == ["per_array", "tree_joint", "tree_packed"]
+    assert all(r.verified for r in results)
+    assert results[2].extra["messages"] < results[1].extra["messages"]
+    assert any("weight-sync" in c for c, _, _ in bench.acceptance(results))
