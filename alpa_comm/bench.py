@@ -23,6 +23,7 @@ import numpy as np
 
 from . import suites
 from .cluster import ClusterSpec
+from .errors import InvalidOptionError
 from .mesh import DeviceMesh
 from .report import table
 from .resharding import plan_resharding
@@ -157,7 +158,15 @@ class Progress:
 def check(cluster_spec: ClusterSpec, suite_names, size_mb: float) -> list:
     """Plan every case and method once up front, so bad input fails before anything runs."""
     work = [(s, c, BALANCE_METHODS if s == "balance" else BENCH_METHODS) for s in suite_names
-            for c in suite_cases(s, size_mb)]
+            if s != "weight-sync" for c in suite_cases(s, size_mb)]
+    if "weight-sync" in suite_names:
+        if cluster_spec.num_hosts < 3:
+            raise InvalidOptionError(f"the weight-sync suite needs 3 hosts, the cluster has {cluster_spec.num_hosts}")
+        from .resharding.tree import LeafLayout, plan_resharding_tree, tree_flatten  # noqa: PLC0415
+
+        for tree in weight_sync_trees().values():
+            plan_resharding_tree({p: LeafLayout(x.shape, "float32", WEIGHT_SYNC_SRC, x.train, WEIGHT_SYNC_DST, x.infer)
+                                  for p, x in tree_flatten(tree)}, cluster=cluster_spec, loadbalance="naive")
     for _, c, methods in work:
         for m in methods:
             plan_resharding(c.shape, c.dtype, c.src_mesh, c.src_spec, c.dst_mesh, c.dst_spec, cluster=cluster_spec,
@@ -168,7 +177,6 @@ def check(cluster_spec: ClusterSpec, suite_names, size_mb: float) -> list:
 def run(cluster, suite_names, size_mb: float, repeat: int, progress_stream=sys.stderr) -> tuple[ClusterSpec, float,
                                                                                                 list[Result]]:
     weight_sync = "weight-sync" in suite_names
-    suite_names = [s for s in suite_names if s != "weight-sync"]
     plan_ = check(cluster.spec, suite_names, size_mb)
     calibrated, t_copy = calibrate(cluster, size_mb, repeat, progress_stream)
     total = sum(len(ms) * (repeat + 1) for _, _, ms in plan_)
@@ -320,7 +328,7 @@ def weight_sync_trees() -> dict[str, dict]:
                         "ln1": [P((d,), "S01", "R"), P((d,), "S01", "R")],
                         "ln2": [P((d,), "S01", "R"), P((d,), "S01", "R")]})
         return out
-    small = {"embed": P((512, 128), "S01R", "RS1"), "pos": P((128, 128), "S01R", "R"),
+    small = {"embed": P((512, 128), "S01R", "RS1"), "pos": P((128, 128), "S01R", "RR"),
              "layers": [layer(128) for _ in range(12)], "final_ln": [P((128,), "S01", "R"), P((128,), "S01", "R")]}
     large = {"layers": [layer(512, vectors=False) for _ in range(6)]}
     return {"small-leaves": small, "large-leaves": large}

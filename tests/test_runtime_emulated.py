@@ -74,3 +74,17 @@ def test_random_cases_bit_exact(cluster, src_spec, dst_spec, strategy, src_mesh,
 def test_second_up_fails_clearly(cluster):
     with pytest.raises(netns.ClusterExistsError, match="already up"):
         netns.EmulatedNetwork(2).up()
+
+
+def test_tree_reshard_every_leaf_bit_exact(cluster):
+    from alpa_comm.resharding.tree import Placement, tree_flatten
+    rng = np.random.default_rng(5)
+    xs = {"layers": [{"w": rng.standard_normal((64, 32)).astype(np.float32),
+                      "b": rng.standard_normal(32).astype(np.float32)} for _ in range(6)]}
+    arrays = {"layers": [{"w": cluster.put(lx["w"], "2x4@0,1", "S01R"), "b": cluster.put(lx["b"], "2x4@0,1", "S01")}
+                         for lx in xs["layers"]]}
+    placements = {"layers": [{"w": Placement("1x4@2", "RS1"), "b": Placement("1x4@2", "R")} for _ in xs["layers"]]}
+    for bucket in (None, "auto"):
+        out = cluster.reshard_tree(arrays, placements, bucket_bytes=bucket)
+        for (path, x), (_, o) in zip(tree_flatten(xs), tree_flatten(out)):
+            assert np.array_equal(o.gather(), x), path
