@@ -19,19 +19,28 @@ def validate(schedule: Schedule) -> None:
     sends: dict[tuple, tuple[int, int]] = {}
     recvs: dict[tuple, tuple[int, int]] = {}
     for i, acts in enumerate(schedule.stages):
-        seen: dict[tuple[str, int], int] = {}
+        seen: dict[tuple[str, int], int] = {}          # compute actions, and comm actions to the default peer
+        comm: list[tuple[int, object, int]] = []        # (index, action, peer) of every comm action
+        seen_comm: dict[tuple, int] = {}
         for idx, a in enumerate(acts):
-            if (a.kind, a.mb) in seen and a.peer is None:
-                raise ScheduleError(f"{_where(i, idx, a)}: {a} appears twice on this stage "
-                                    f"(first at action {seen[(a.kind, a.mb)]})")
-            seen[(a.kind, a.mb)] = idx
             if a.kind in ("SEND_F", "RECV_F", "SEND_B", "RECV_B"):
                 peer = schedule.peer(i, a)
                 if not 0 <= peer < S or peer == i:
                     raise ScheduleError(f"{_where(i, idx, a)}: peer stage {peer} does not exist")
+                if (a.kind, a.mb, peer) in seen_comm:
+                    raise ScheduleError(f"{_where(i, idx, a)}: {a} appears twice on this stage "
+                                        f"(first at action {seen_comm[(a.kind, a.mb, peer)]})")
+                seen_comm[(a.kind, a.mb, peer)] = idx
+                comm.append((idx, a, peer))
                 direction = a.kind.split("_")[1]
                 key = (direction, a.mb, i, peer) if a.kind.startswith("SEND") else (direction, a.mb, peer, i)
                 (sends if a.kind.startswith("SEND") else recvs)[key] = (i, idx)
+                if a.peer is not None:
+                    continue
+            elif (a.kind, a.mb) in seen:
+                raise ScheduleError(f"{_where(i, idx, a)}: {a} appears twice on this stage "
+                                    f"(first at action {seen[(a.kind, a.mb)]})")
+            seen[(a.kind, a.mb)] = idx
         for m in range(M):
             f = seen.get(("F", m))
             if f is None:
@@ -47,17 +56,22 @@ def validate(schedule: Schedule) -> None:
                 raise ScheduleError(f"{_where(i, grad, acts[grad])}: backward of microbatch {m} before its forward")
             if bw is not None and bw < bi:
                 raise ScheduleError(f"{_where(i, bw, acts[bw])}: BW{m} before BI{m}")
-            checks = [("RECV_F", f, "before", "F"), ("SEND_F", f, "after", "F"),
-                      ("RECV_B", grad, "before", "backward"), ("SEND_B", grad, "after", "backward")]
-            for kind, anchor, rel, what in checks:
-                idx = seen.get((kind, m))
-                if idx is None:
-                    if not explicit_peers and ((kind == "RECV_F" and i > 0) or (kind == "SEND_F" and i < S - 1)
-                                               or (kind == "RECV_B" and i < S - 1) or (kind == "SEND_B" and i > 0)):
+            if not explicit_peers:  # a linear pipeline: every adjacent transfer must be there
+                for kind, needed in (("RECV_F", i > 0), ("SEND_F", i < S - 1), ("RECV_B", i < S - 1),
+                                     ("SEND_B", i > 0)):
+                    if needed and (kind, m) not in seen:
+                        rel, what = ("before", "F") if kind.endswith("F") and kind.startswith("RECV") else \
+                            ("after", "F") if kind.endswith("F") else \
+                            ("before", "backward") if kind.startswith("RECV") else ("after", "backward")
                         raise ScheduleError(f"stage {i}: {kind}{m} is missing (needed {rel} its {what})")
-                    continue
-                if (rel == "before" and idx > anchor) or (rel == "after" and idx < anchor):
-                    raise ScheduleError(f"{_where(i, idx, acts[idx])}: must come {rel} {acts[anchor]}")
+        for idx, a, _ in comm:  # every transfer sits on the right side of its compute action
+            anchor = seen.get(("F", a.mb)) if a.kind.endswith("_F") else \
+                (seen.get(("B", a.mb)) if ("B", a.mb) in seen else seen.get(("BI", a.mb)))
+            if anchor is None:
+                continue
+            before = a.kind.startswith("RECV")
+            if (before and idx > anchor) or (not before and idx < anchor):
+                raise ScheduleError(f"{_where(i, idx, a)}: must come {'before' if before else 'after'} {acts[anchor]}")
     for key, (i, idx) in sends.items():
         if key not in recvs:
             a = schedule.stages[i][idx]

@@ -1,0 +1,1 @@
+"""Pipeline training on JAX (needs jax): the schedule IR executed for real."""
