@@ -90,3 +90,21 @@ def split_layers(num_layers: int, num_stages: int) -> list[range]:
         out.append(range(start, start + n))
         start += n
     return out
+
+
+def embed_params(key, vocab: int, seq: int, d: int) -> dict:
+    k1, k2 = jax.random.split(key)
+    return {"tok": jax.random.normal(k1, (vocab, d)) * 0.02, "pos": jax.random.normal(k2, (seq, d)) * 0.02}
+
+
+def head_params(d: int, vocab: int) -> dict:
+    return {"ln_f": {"scale": jnp.ones(d), "bias": jnp.zeros(d)}, "head": jnp.zeros((d, vocab))}
+
+
+def embed(p, batch):
+    tokens = batch["tokens"]
+    return p["tok"][tokens] + p["pos"][: tokens.shape[1]]
+
+
+def head_loss(p, x, batch) -> dict:
+    return {"loss": cross_entropy(layer_norm(p["ln_f"], x) @ p["head"], batch["targets"])}

@@ -3,9 +3,8 @@ into pipeline stages (embedding on the first, head and loss on the last)."""
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 
-from .base import PipelineModel, block, cross_entropy, init_block, layer_norm, split_layers
+from .base import PipelineModel, block, embed, embed_params, head_loss, head_params, init_block, split_layers
 
 
 def gpt(num_stages: int, layers: int = 4, d: int = 32, heads: int = 4, vocab: int = 256, seq: int = 16,
@@ -20,11 +19,9 @@ def gpt(num_stages: int, layers: int = 4, d: int = 32, heads: int = 4, vocab: in
     for s, rng in enumerate(groups):
         p = {"blocks": [blocks[i] for i in rng]}
         if s == 0:
-            p["tok"] = jax.random.normal(keys[-2], (vocab, d)) * 0.02
-            p["pos"] = jax.random.normal(keys[-1], (seq, d)) * 0.02
+            p.update(embed_params(keys[-1], vocab, seq, d))
         if s == num_stages - 1:
-            p["ln_f"] = {"scale": jnp.ones(d), "bias": jnp.zeros(d)}
-            p["head"] = jnp.zeros((d, vocab))
+            p.update(head_params(d, vocab))
         params.append(p)
         consumes.append({} if s == 0 else {"h": s - 1})
         stages.append(_stage(s == 0, s == num_stages - 1, heads))
@@ -33,15 +30,10 @@ def gpt(num_stages: int, layers: int = 4, d: int = 32, heads: int = 4, vocab: in
 
 def _stage(first: bool, last: bool, heads: int):
     def stage(p, inputs, batch):
-        if first:
-            tokens = batch["tokens"]
-            x = p["tok"][tokens] + p["pos"][: tokens.shape[1]]
-        else:
-            x = inputs["h"]
+        x = embed(p, batch) if first else inputs["h"]
         for bp in p["blocks"]:
             x = block(bp, x, heads)
         if last:
-            logits = layer_norm(p["ln_f"], x) @ p["head"]
-            return {"loss": cross_entropy(logits, batch["targets"])}
+            return head_loss(p, x, batch)
         return {"h": x}
     return stage

@@ -4,9 +4,8 @@ connections cross stages, so a stage may consume from any earlier stage."""
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 
-from .base import PipelineModel, block, cross_entropy, init_block, layer_norm, split_layers
+from .base import PipelineModel, block, embed, embed_params, head_loss, head_params, init_block, split_layers
 
 
 def utransformer(num_stages: int, half_layers: int = 2, d: int = 32, heads: int = 4, vocab: int = 256,
@@ -21,11 +20,9 @@ def utransformer(num_stages: int, half_layers: int = 2, d: int = 32, heads: int 
     for s, rng in enumerate(groups):
         p = {"blocks": [blocks[i] for i in rng]}
         if s == 0:
-            p["tok"] = jax.random.normal(keys[-2], (vocab, d)) * 0.02
-            p["pos"] = jax.random.normal(keys[-1], (seq, d)) * 0.02
+            p.update(embed_params(keys[-1], vocab, seq, d))
         if s == num_stages - 1:
-            p["ln_f"] = {"scale": jnp.ones(d), "bias": jnp.zeros(d)}
-            p["head"] = jnp.zeros((d, vocab))
+            p.update(head_params(d, vocab))
         params.append(p)
         # layer i's output feeds layer 2L-1-i's input: name it skip<i>
         need = {f"skip{n - 1 - j}": stage_of[n - 1 - j] for j in rng if j >= half_layers
@@ -38,11 +35,7 @@ def utransformer(num_stages: int, half_layers: int = 2, d: int = 32, heads: int 
 
 def _stage(first: bool, last: bool, layers: list[int], n: int, heads: int, produce: list[int]):
     def stage(p, inputs, batch):
-        if first:
-            tokens = batch["tokens"]
-            x = p["tok"][tokens] + p["pos"][: tokens.shape[1]]
-        else:
-            x = inputs["h"]
+        x = embed(p, batch) if first else inputs["h"]
         local = {}
         out = {}
         for bp, i in zip(p["blocks"], layers):
@@ -55,8 +48,7 @@ def _stage(first: bool, last: bool, layers: list[int], n: int, heads: int, produ
                 if i in produce:
                     out[f"skip{i}"] = x
         if last:
-            logits = layer_norm(p["ln_f"], x) @ p["head"]
-            return {"loss": cross_entropy(logits, batch["targets"])}
+            return head_loss(p, x, batch)
         out["h"] = x
         return out
     return stage

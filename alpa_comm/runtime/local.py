@@ -37,22 +37,32 @@ def execute_in_threads(plan: ReshardingPlan, array: np.ndarray, timeout: float =
     hosts = sorted(set(plan.host_operations) | {host_of(d) for d in layout.dst_boxes})
     hub = ThreadHub(plan.cluster.num_hosts)
     dst = {d: np.zeros(tuple(b - a for a, b in box), layout.dtype) for d, box in layout.dst_boxes.items()}
-    errors: list[BaseException] = []
 
     def work(h: int) -> None:
+        if h == kill_host:
+            raise CommunicationError(f"host {h} was killed")
+        src = {d: np.ascontiguousarray(view(array, tuple((0, n) for n in array.shape), box))
+               for d, box in layout.src_boxes.items() if host_of(d) == h}
+        mine = {d: buf for d, buf in dst.items() if host_of(d) == h}
+        HostExecutor(h, layout, src, mine, ThreadBackend(h, hub), host_of, timeout).run(host_transfers(plan, h))
+
+    _run_hosts(hosts, work, hub, timeout)
+    return dst
+
+
+def _run_hosts(hosts, work, hub: ThreadHub, timeout: float) -> None:
+    """``work(host)`` in one thread per host; a failing host is marked dead (its peers
+    stop waiting for it) and the first error is raised."""
+    errors: list[BaseException] = []
+
+    def guarded(h: int) -> None:
         try:
-            if h == kill_host:
-                hub.dead.add(h)
-                raise CommunicationError(f"host {h} was killed")
-            src = {d: np.ascontiguousarray(view(array, tuple((0, n) for n in array.shape), box))
-                   for d, box in layout.src_boxes.items() if host_of(d) == h}
-            mine = {d: buf for d, buf in dst.items() if host_of(d) == h}
-            HostExecutor(h, layout, src, mine, ThreadBackend(h, hub), host_of, timeout).run(host_transfers(plan, h))
+            work(h)
         except BaseException as e:  # noqa: BLE001 - collected and re-raised below
             hub.dead.add(h)
             errors.append(e)
 
-    threads = [threading.Thread(target=work, args=(h,), daemon=True) for h in hosts]
+    threads = [threading.Thread(target=guarded, args=(h,), daemon=True) for h in hosts]
     for t in threads:
         t.start()
     for t in threads:
@@ -61,7 +71,6 @@ def execute_in_threads(plan: ReshardingPlan, array: np.ndarray, timeout: float =
         raise errors[0]
     if any(t.is_alive() for t in threads):
         raise CommunicationError("a host thread did not finish in time")
-    return dst
 
 
 def tree_layouts(plan) -> list[Layout]:
@@ -85,24 +94,12 @@ def execute_tree_in_threads(plan, arrays, timeout: float = DEFAULT_TIMEOUT_S) ->
     dst = [{d: np.zeros(tuple(b - a for a, b in box), lay.dtype) for d, box in lay.dst_boxes.items()}
            for lay in layouts]
     hosts = sorted(set(plan.host_operations) | {host_of(d) for lay in layouts for d in lay.dst_boxes})
-    errors: list[BaseException] = []
 
     def work(h: int) -> None:
-        try:
-            src = [{d: np.ascontiguousarray(view(a, tuple((0, n) for n in a.shape), box))
-                    for d, box in lay.src_boxes.items() if host_of(d) == h} for lay, a in zip(layouts, arrays)]
-            mine = [{d: b for d, b in leaf_dst.items() if host_of(d) == h} for leaf_dst in dst]
-            transfers = [plan.transfers[i] for i in plan.host_operations.get(h, ())]
-            HostExecutor(h, layouts, src, mine, ThreadBackend(h, hub), host_of, timeout).run(transfers)
-        except BaseException as e:  # noqa: BLE001 - re-raised below
-            hub.dead.add(h)
-            errors.append(e)
+        src = [{d: np.ascontiguousarray(view(a, tuple((0, n) for n in a.shape), box))
+                for d, box in lay.src_boxes.items() if host_of(d) == h} for lay, a in zip(layouts, arrays)]
+        mine = [{d: b for d, b in leaf_dst.items() if host_of(d) == h} for leaf_dst in dst]
+        HostExecutor(h, layouts, src, mine, ThreadBackend(h, hub), host_of, timeout).run(host_transfers(plan, h))
 
-    threads = [threading.Thread(target=work, args=(h,), daemon=True) for h in hosts]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout + 5)
-    if errors:
-        raise errors[0]
+    _run_hosts(hosts, work, hub, timeout)
     return dst
