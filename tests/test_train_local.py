@@ -57,3 +57,13 @@ def test_a_schedule_missing_the_skip_edges_is_rejected():
     model = utransformer(4, half_layers=2)
     with pytest.raises(ScheduleError, match="without inputs \\['skip0'\\]"):
         run_schedule(model, generate("1f1b", 4, M), microbatches())
+
+
+def test_train_cli_runs_and_writes(tmp_path, capsys):
+    from alpa_comm.cli import main
+    assert main(["train", "--model", "gpt", "--stages", "2", "--layers", "2", "--width", "32", "--seq", "16",
+                 "--steps", "3", "--microbatches", "2", "--out", str(tmp_path)]) == 0
+    assert "loss" in capsys.readouterr().out
+    assert (tmp_path / "loss.png").exists() and (tmp_path / "loss.json").exists()
+    assert main(["train", "--executor", "ray"]) == 2
+    assert "not built yet" in capsys.readouterr().err
