@@ -37,3 +37,18 @@ def test_killed_host_raises_naming_it_and_cleans_up():
             c.reshard(a, "2x2@1,2", "R")
     assert not netns.existing_namespaces()
     assert not [p for p in pids if netns._alive(p)]
+
+
+def test_link_down_raises_naming_a_host_within_60_s():
+    """Cut one host's link in the middle of a reshard: the waits time out and the error
+    names the host; nothing hangs; shutdown cleans up."""
+    import subprocess
+    with Cluster.emulated(3, 2, nic="400mbit", timeout=10, log=None) as c:
+        x = np.zeros((16 << 20,), np.float32)
+        a = c.put(x, "1x1@0", "R")
+        threading.Timer(2.0, subprocess.run, (["ip", "link", "set", "acomm-v2", "down"],)).start()
+        t0 = time.monotonic()
+        with pytest.raises(CommunicationError, match="host"):
+            c.reshard(a, "2x2@1,2", "R", strategy="send_recv")
+        assert time.monotonic() - t0 < 60
+    assert not netns.existing_namespaces()
