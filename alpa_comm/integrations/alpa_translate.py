@@ -29,6 +29,7 @@ from ..errors import AlpaCommError, InvalidMeshError
 from ..mesh import DeviceMesh
 from ..pipeline import Costs, Schedule, simulate_schedule
 from ..resharding.plan import ReshardingPlan
+from ..resharding.tree import Leaf
 from ..resharding.strategies import ALLGATHER
 from ..spec import Box, ShardingSpec
 
@@ -89,13 +90,9 @@ class DeviceStrings:
 
 # ------------------------------------------------------------ task specs
 @dataclass(frozen=True)
-class PlanInputs:
-    shape: tuple[int, ...]
-    dtype: str
-    src_mesh: DeviceMesh
-    src_spec: ShardingSpec
-    dst_mesh: DeviceMesh
-    dst_spec: ShardingSpec
+class PlanInputs(Leaf):
+    """One Alpa resharding task as the planner's inputs, with the device-string map."""
+
     strings: DeviceStrings
 
     def cluster(self, nic_gbps: float = 10.0, **kw) -> ClusterSpec:
@@ -117,7 +114,7 @@ def inputs_from_task_spec(spec) -> PlanInputs:
     replaces Alpa's strategy generation."""
     strings = DeviceStrings.for_meshes(spec.src.device_mesh, spec.dst.device_mesh)
     src_shape, dst_shape = _logical_shape(spec.src), _logical_shape(spec.dst)
-    return PlanInputs(tuple(int(n) for n in spec.src.aval.shape), dtype_name(np.dtype(spec.src.aval.dtype)),
+    return PlanInputs("alpa task", tuple(int(n) for n in spec.src.aval.shape), dtype_name(np.dtype(spec.src.aval.dtype)),
                       strings.mesh(spec.src.device_mesh, src_shape),
                       ShardingSpec.from_alpa(spec.src.sharding_spec, src_shape),
                       strings.mesh(spec.dst.device_mesh, dst_shape),

@@ -108,3 +108,20 @@ def embed(p, batch):
 
 def head_loss(p, x, batch) -> dict:
     return {"loss": cross_entropy(layer_norm(p["ln_f"], x) @ p["head"], batch["targets"])}
+
+
+def stage_params(num_layers: int, num_stages: int, d: int, vocab: int, seq: int, seed: int):
+    """The layer groups of each stage and its parameters: its blocks, plus the embedding
+    on the first stage and the head on the last."""
+    keys = jax.random.split(jax.random.PRNGKey(seed), num_layers + 1)
+    blocks = [init_block(keys[i], d) for i in range(num_layers)]
+    groups = split_layers(num_layers, num_stages)
+    params = []
+    for s, rng in enumerate(groups):
+        p = {"blocks": [blocks[i] for i in rng]}
+        if s == 0:
+            p.update(embed_params(keys[-1], vocab, seq, d))
+        if s == num_stages - 1:
+            p.update(head_params(d, vocab))
+        params.append(p)
+    return groups, params

@@ -2,27 +2,16 @@
 into pipeline stages (embedding on the first, head and loss on the last)."""
 from __future__ import annotations
 
-import jax
-
-from .base import PipelineModel, block, embed, embed_params, head_loss, head_params, init_block, split_layers
+from .base import PipelineModel, block, embed, head_loss, stage_params
 
 
 def gpt(num_stages: int, layers: int = 4, d: int = 32, heads: int = 4, vocab: int = 256, seq: int = 16,
         seed: int = 0) -> PipelineModel:
     if d % heads:
         raise ValueError(f"model width {d} is not divisible by {heads} heads")
-    key = jax.random.PRNGKey(seed)
-    keys = jax.random.split(key, layers + 2)
-    blocks = [init_block(keys[i], d) for i in range(layers)]
-    groups = split_layers(layers, num_stages)
-    params, stages, consumes = [], [], []
+    groups, params = stage_params(layers, num_stages, d, vocab, seq, seed)
+    stages, consumes = [], []
     for s, rng in enumerate(groups):
-        p = {"blocks": [blocks[i] for i in rng]}
-        if s == 0:
-            p.update(embed_params(keys[-1], vocab, seq, d))
-        if s == num_stages - 1:
-            p.update(head_params(d, vocab))
-        params.append(p)
         consumes.append({} if s == 0 else {"h": s - 1})
         stages.append(_stage(s == 0, s == num_stages - 1, heads))
     return PipelineModel("gpt", stages, params, consumes)

@@ -3,27 +3,16 @@ input of layer 2L-1-i (as in the paper), cut into pipeline stages. Skip
 connections cross stages, so a stage may consume from any earlier stage."""
 from __future__ import annotations
 
-import jax
-
-from .base import PipelineModel, block, embed, embed_params, head_loss, head_params, init_block, split_layers
+from .base import PipelineModel, block, embed, head_loss, stage_params
 
 
 def utransformer(num_stages: int, half_layers: int = 2, d: int = 32, heads: int = 4, vocab: int = 256,
                  seq: int = 16, seed: int = 0) -> PipelineModel:
     n = 2 * half_layers
-    key = jax.random.PRNGKey(seed)
-    keys = jax.random.split(key, n + 2)
-    blocks = [init_block(keys[i], d) for i in range(n)]
-    groups = split_layers(n, num_stages)
+    groups, params = stage_params(n, num_stages, d, vocab, seq, seed)
     stage_of = {layer: s for s, rng in enumerate(groups) for layer in rng}
-    params, stages, consumes = [], [], []
+    stages, consumes = [], []
     for s, rng in enumerate(groups):
-        p = {"blocks": [blocks[i] for i in rng]}
-        if s == 0:
-            p.update(embed_params(keys[-1], vocab, seq, d))
-        if s == num_stages - 1:
-            p.update(head_params(d, vocab))
-        params.append(p)
         # layer i's output feeds layer 2L-1-i's input: name it skip<i>
         need = {f"skip{n - 1 - j}": stage_of[n - 1 - j] for j in rng if j >= half_layers
                 and stage_of[n - 1 - j] != s}

@@ -264,6 +264,27 @@ def _check_fits(mesh: DeviceMesh, cluster: ClusterSpec, role: str) -> None:
                                f"hosts 0..{cluster.num_hosts - 1}")
 
 
+def resolve_layout(shape, dtype, src_mesh, src_spec, dst_mesh, dst_spec, cluster: ClusterSpec, where: str = ""):
+    """Parse and check one array's move on ``cluster`` before any planning:
+    (shape, dtype name, source mesh, source spec, destination mesh, destination spec).
+    ``where`` prefixes error messages (a tree leaf's path)."""
+    prefix = f"{where}: " if where else ""
+    shape = _positive_shape(shape)
+    dt = dtype_name(dtype)
+    src = DeviceMesh.parse(src_mesh, cluster.devices_per_host)
+    dst = DeviceMesh.parse(dst_mesh, cluster.devices_per_host)
+    _check_fits(src, cluster, f"{prefix}source")
+    _check_fits(dst, cluster, f"{prefix}destination")
+    shared = src.overlaps(dst)
+    if shared:
+        raise InvalidMeshError(f"{prefix}source mesh {src.label()} and destination mesh {dst.label()} share "
+                               f"device(s) {sorted(shared)[:8]}; cross-mesh resharding needs disjoint meshes")
+    sspec, dspec = ShardingSpec.parse(src_spec), ShardingSpec.parse(dst_spec)
+    sspec.validate(shape, src.shape)
+    dspec.validate(shape, dst.shape)
+    return shape, dt, src, sspec, dst, dspec
+
+
 def lower_bound(tasks: Sequence[UnitTask], cluster: ClusterSpec, payload: int | None = None) -> float:
     """Physical limit of a resharding on ``cluster`` whatever the strategy.
 
@@ -337,8 +358,6 @@ def _plan(shape: Sequence[int], dtype, src_mesh, src_spec, dst_mesh, dst_spec, *
                     cluster: ClusterSpec | None = None, strategy: str = "broadcast",
                     loadbalance: str = "auto", chunks: int | None = None, seed: int = 0,
                     dfs_budget_s: float = lb.DEFAULT_DFS_BUDGET_S) -> ReshardingPlan:
-    shape = _positive_shape(shape)
-    dt = dtype_name(dtype)
     if strategy not in STRATEGIES:
         raise InvalidOptionError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
     if loadbalance not in lb.LOADBALANCE_MODES:
@@ -348,17 +367,7 @@ def _plan(shape: Sequence[int], dtype, src_mesh, src_spec, dst_mesh, dst_spec, *
         raise InvalidOptionError(f"chunks must be a positive integer or None (auto), got {chunks!r}")
     if cluster is None:
         cluster = smallest_cluster(src_mesh, dst_mesh)
-    src = DeviceMesh.parse(src_mesh, cluster.devices_per_host)
-    dst = DeviceMesh.parse(dst_mesh, cluster.devices_per_host)
-    _check_fits(src, cluster, "source")
-    _check_fits(dst, cluster, "destination")
-    shared = src.overlaps(dst)
-    if shared:
-        raise InvalidMeshError(f"source mesh {src.label()} and destination mesh {dst.label()} share "
-                               f"device(s) {sorted(shared)[:8]}; cross-mesh resharding needs disjoint meshes")
-    sspec, dspec = ShardingSpec.parse(src_spec), ShardingSpec.parse(dst_spec)
-    sspec.validate(shape, src.shape)
-    dspec.validate(shape, dst.shape)
+    shape, dt, src, sspec, dst, dspec = resolve_layout(shape, dtype, src_mesh, src_spec, dst_mesh, dst_spec, cluster)
     size = itemsize(dt)
 
     final_tasks = decompose(shape, size, src, sspec, dst, dspec)

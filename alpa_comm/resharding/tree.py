@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from ..cluster import ClusterSpec
-from ..dtypes import dtype_name, itemsize
+from ..dtypes import itemsize
 from ..errors import InvalidOptionError
 from ..mesh import DeviceMesh
 from ..spec import ShardingSpec
 from . import loadbalance as lb
-from .plan import Part, Transfer, _check_fits, _host_operations, _positive_shape, lower_bound
+from .plan import Part, Transfer, _host_operations, lower_bound, resolve_layout
 from .strategies import LOCAL_COPY, Job, JobMemo, _candidate, _group_by_host, jobs_for_task
 from .unit_tasks import UnitTask, decompose
 
@@ -101,7 +101,7 @@ def tree_flatten(tree, prefix: str = "") -> list[tuple[str, Any]]:
     """(path, leaf) pairs of nested dicts (keys sorted) and lists/tuples."""
     if isinstance(tree, dict):
         return [pl for k in sorted(tree, key=str) for pl in tree_flatten(tree[k], f"{prefix}/{k}")]
-    if isinstance(tree, (list, tuple)) and not isinstance(tree, LeafLayout):
+    if isinstance(tree, (list, tuple)):
         return [pl for i, v in enumerate(tree) for pl in tree_flatten(v, f"{prefix}/{i}")]
     return [(prefix or "/", tree)]
 
@@ -114,7 +114,7 @@ def tree_unflatten(like, values: Sequence):
         if isinstance(node, dict):
             built = {k: build(node[k]) for k in sorted(node, key=str)}
             return {k: built[k] for k in node}
-        if isinstance(node, (list, tuple)) and not isinstance(node, LeafLayout):
+        if isinstance(node, (list, tuple)):
             return type(node)(build(v) for v in node)
         return next(it)
 
@@ -160,20 +160,8 @@ def plan_resharding_tree(tree, *, cluster: ClusterSpec, strategy: str = "broadca
 def _leaf(path: str, layout, cluster: ClusterSpec) -> Leaf:
     if not isinstance(layout, LeafLayout):
         raise InvalidOptionError(f"tree leaf {path} must be a LeafLayout, got {type(layout).__name__}")
-    shape = _positive_shape(layout.shape)
-    src = DeviceMesh.parse(layout.src_mesh, cluster.devices_per_host)
-    dst = DeviceMesh.parse(layout.dst_mesh, cluster.devices_per_host)
-    _check_fits(src, cluster, f"{path}: source")
-    _check_fits(dst, cluster, f"{path}: destination")
-    sspec, dspec = ShardingSpec.parse(layout.src_spec), ShardingSpec.parse(layout.dst_spec)
-    sspec.validate(shape, src.shape)
-    dspec.validate(shape, dst.shape)
-    shared = src.overlaps(dst)
-    if shared:
-        from ..errors import InvalidMeshError  # noqa: PLC0415
-
-        raise InvalidMeshError(f"{path}: source and destination meshes share devices {sorted(shared)[:8]}")
-    return Leaf(path, shape, dtype_name(layout.dtype), src, sspec, dst, dspec)
+    return Leaf(path, *resolve_layout(layout.shape, layout.dtype, layout.src_mesh, layout.src_spec, layout.dst_mesh,
+                                      layout.dst_spec, cluster, where=path))
 
 
 def _plan_tree(tree, cluster, strategy, loadbalance, bucket, chunks, seed, dfs_budget_s) -> TreePlan:

@@ -19,13 +19,12 @@ EPS = 1e-12
 class Flow:
     """``nbytes`` over ``links``; ``on_done(now)`` is called when the last byte arrives."""
 
-    __slots__ = ("id", "links", "nbytes", "remaining", "rate", "t_last", "version", "cap", "on_done", "start")
+    __slots__ = ("id", "links", "nbytes", "remaining", "rate", "t_last", "version", "cap", "on_done")
 
     def __init__(self, fid: int, links: tuple[int, ...], nbytes: float, cap: float,
                  on_done: Callable[[float], None]):
         self.id, self.links, self.nbytes, self.remaining = fid, links, float(nbytes), float(nbytes)
         self.rate, self.t_last, self.version, self.cap, self.on_done = 0.0, 0.0, 0, cap, on_done
-        self.start = 0.0
 
 
 def max_min_rates(flows: list[Flow], capacity: dict[int, float]) -> dict[int, float]:
@@ -90,7 +89,7 @@ class FluidNetwork:
         fid = self._seq
         self._seq += 1
         flow = Flow(fid, links, nbytes, cap, on_done)
-        flow.t_last = flow.start = self.now
+        flow.t_last = self.now
         if nbytes <= 0 or not links:
             self._push(self.now, "call", on_done, 0)
             return
