@@ -1,0 +1,100 @@
+"""Where pipeline stages meet: stage meshes, activation layouts and the resharding
+plans between them (pure: no JAX, Ray or torch).
+
+A stage runs on ``dp`` hosts x ``k`` local devices (hosts ``stage*dp .. stage*dp+dp-1``).
+Activations have the microbatch as their leading dimension and use three
+layouts:
+
+* ``OUT_SPEC`` (``S01..``): what a stage's program produces, the batch split over
+  all of the stage's devices;
+* ``IN_SPEC`` (``S0..``): what the next program takes, the batch split over the
+  data-parallel hosts and replicated over a host's devices (the full local batch
+  on every device, as a tensor-parallel stage needs it);
+* gradients travel back in ``OUT_SPEC`` on both sides.
+
+So every forward edge is a real cross-mesh resharding (k-way replication at the
+receiver: the case where broadcast beats send/recv), and the backward edge is
+a plain shard-to-shard move. ``edge_plans`` plans every edge of a model once; the
+workers run the same plans every microbatch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..cluster import ClusterSpec
+from ..mesh import DeviceMesh
+from ..resharding import plan_resharding
+from ..resharding.plan import ReshardingPlan
+
+OUT = "out"   # batch over (hosts, devices)
+IN = "in"     # batch over hosts, replicated over a host's devices
+
+
+def spec_text(layout: str, ndim: int) -> str:
+    """The sharding spec of an ``ndim``-dimensional activation in ``layout``."""
+    return ("S01" if layout == OUT else "S0") + "R" * (ndim - 1)
+
+
+def stage_hosts(stage: int, dp: int) -> list[int]:
+    return list(range(stage * dp, stage * dp + dp))
+
+
+def stage_mesh(stage: int, dp: int, devices_per_host: int) -> DeviceMesh:
+    return DeviceMesh.on_hosts((dp, devices_per_host), stage_hosts(stage, dp), devices_per_host)
+
+
+@dataclass(frozen=True)
+class Edge:
+    """Arrays one stage sends another per microbatch: ``direction`` "F" carries the
+    producer's outputs named ``keys`` to the consumer, "B" their gradients back."""
+
+    direction: str
+    src: int
+    dst: int
+    keys: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return f"{self.direction}:{self.src}->{self.dst}"
+
+
+def model_edges(consumes: list[dict[str, int]]) -> list[Edge]:
+    """Every forward edge (producer -> consumer, keys) and its backward twin."""
+    keys: dict[tuple[int, int], list[str]] = {}
+    for dst, c in enumerate(consumes):
+        for key, src in sorted(c.items()):
+            if src >= dst:
+                raise ValueError(f"stage {dst} consumes {key!r} from stage {src}: stages may only consume from "
+                                 "earlier stages")
+            keys.setdefault((src, dst), []).append(key)
+    out = []
+    for (src, dst), ks in sorted(keys.items()):
+        out.append(Edge("F", src, dst, tuple(ks)))
+        out.append(Edge("B", dst, src, tuple(ks)))
+    return out
+
+
+def edge_plans(edges: list[Edge], shapes: dict[str, tuple[int, ...]], dtype: str, dp: int, devices_per_host: int,
+               cluster: ClusterSpec, strategy: str, loadbalance: str = "auto") -> dict[Edge, list[ReshardingPlan]]:
+    """One resharding plan per (edge, key). ``shapes`` gives each key's shape for one
+    whole microbatch (all data-parallel replicas together)."""
+    if strategy == "signal":
+        plan_strategy = "signal"
+    else:
+        plan_strategy = strategy
+    plans: dict[Edge, list[ReshardingPlan]] = {}
+    k = devices_per_host
+    for e in edges:
+        per_key = []
+        for key in e.keys:
+            shape = tuple(shapes[key])
+            if shape[0] % (dp * k):
+                raise ValueError(f"activation {key!r} has {shape[0]} rows per microbatch, not divisible by "
+                                 f"{dp} data-parallel hosts x {k} devices")
+            nd = len(shape)
+            src_layout, dst_layout = (OUT, IN) if e.direction == "F" else (OUT, OUT)
+            per_key.append(plan_resharding(shape, dtype, stage_mesh(e.src, dp, k), spec_text(src_layout, nd),
+                                           stage_mesh(e.dst, dp, k), spec_text(dst_layout, nd), cluster=cluster,
+                                           strategy=plan_strategy, loadbalance=loadbalance))
+        plans[e] = per_key
+    return plans

@@ -1,0 +1,200 @@
+"""One pipeline stage executing its actions of the schedule IR for one training step.
+
+The same runner serves the one-process pipeline (``local_pipeline``: every stage
+in one loop, arrays handed over in memory) and the distributed one (one runner
+per host worker, arrays moved by cross-mesh resharding). Only the ``Mailbox``
+differs, so the two cannot disagree on what an action means:
+
+* ``F m`` computes the stage and keeps its VJP (the residuals stay live);
+* ``B m`` applies the VJP: weight gradients accumulate, input gradients wait for
+  their ``SEND_B``; ``BI m`` computes only the input half, ``BW m`` later only the
+  weight half of the same VJP (JAX's VJP is a pytree, so both halves are
+  jitted functions of it);
+* ``SEND_*`` hands arrays to the mailbox (asynchronous); ``RECV_*`` takes them,
+  blocking or, in poll mode, reporting that they have not arrived.
+
+The loss is the mean over microbatches (the last stage seeds every backward
+with ``1/M``), so accumulated gradients equal the single-device gradients.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import jax
+import jax.numpy as jnp
+
+from ..pipeline.ir import Action, ScheduleError
+
+
+class Mailbox(Protocol):
+    def send(self, direction: str, src: int, dst: int, mb: int, arrays: dict) -> None: ...
+
+    def recv(self, direction: str, src: int, dst: int, mb: int, block: bool) -> dict | None: ...
+
+
+@dataclass
+class StagePrograms:
+    """A stage's compiled programs. ``constrain_out`` pins activations and input
+    gradients to the layout the edges expect (identity in one process)."""
+
+    stage_fn: Callable
+    constrain_out: Callable = staticmethod(lambda tree: tree)
+
+    def __post_init__(self):
+        fn, pin = self.stage_fn, self.constrain_out
+
+        def forward(params, inputs, batch):
+            out, vjp = jax.vjp(lambda p, x: fn(p, x, batch), params, inputs)
+            return pin(out), vjp
+
+        self.forward = jax.jit(forward)
+        self.backward = jax.jit(lambda vjp, ct: (lambda g: (g[0], pin(g[1])))(vjp(ct)))
+        self.backward_input = jax.jit(lambda vjp, ct: pin(vjp(ct)[1]))
+        self.backward_weight = jax.jit(lambda vjp, ct: vjp(ct)[0])
+        self.accumulate = jax.jit(lambda a, b: jax.tree_util.tree_map(jnp.add, a, b))
+
+
+def _bytes(tree) -> int:
+    return sum(int(getattr(x, "nbytes", 0)) for x in jax.tree_util.tree_leaves(tree))
+
+
+def residual_bytes(vjp, params) -> int:
+    """Bytes a VJP keeps alive besides the parameters (its activations), on this host."""
+    param_shapes = {(tuple(p.shape), str(p.dtype)) for p in jax.tree_util.tree_leaves(params)}
+    return sum(int(x.nbytes) for x in jax.tree_util.tree_leaves(vjp)
+               if hasattr(x, "shape") and (tuple(x.shape), str(x.dtype)) not in param_shapes)
+
+
+@dataclass
+class StepRecord:
+    """What one stage did in one step: losses (last stage), events (kind, mb, start,
+    end in seconds since the epoch), peak live VJPs and their activation bytes."""
+
+    losses: dict[int, float] = field(default_factory=dict)
+    events: list[tuple[str, int, float, float]] = field(default_factory=list)
+    peak_live: int = 0
+    peak_live_bytes: int = 0
+
+
+class StageRunner:
+    def __init__(self, stage: int, num_stages: int, programs: StagePrograms, consumes: dict[str, int],
+                 consumers: dict[int, list[str]], mailbox: Mailbox, sync: bool = False):
+        """``consumes``: input key -> producing stage; ``consumers``: consuming stage ->
+        the output keys it takes. ``sync`` waits for every compute to finish (true
+        per-action timings for the trace)."""
+        self.stage, self.num_stages, self.p = stage, num_stages, programs
+        self.consumes, self.consumers, self.mailbox, self.sync = consumes, consumers, mailbox, sync
+
+    def begin(self, params, microbatches: list[dict]) -> None:
+        self.params, self.microbatches = params, microbatches
+        self.M = len(microbatches)
+        self.vjps, self.cts, self.gx, self.outputs = {}, {}, {}, {}
+        self.inbox_f: dict[int, dict] = {}
+        self.inbox_b: dict[int, dict] = {}
+        self.grads = None
+        self.record = StepRecord()
+        self._live_bytes: dict[int, int] = {}
+
+    # ------------------------------------------------------------------ actions
+    def run(self, a: Action, peer: int, block: bool = True) -> bool:
+        """Run one action; False only in poll mode when a RECV's data is not there yet."""
+        m = a.mb
+        t0 = time.time()
+        if a.kind == "F":
+            self._forward(m)
+        elif a.kind in ("B", "BI"):
+            ct = self._cotangent(m)
+            if a.kind == "B":
+                gp, gx = self.p.backward(self.vjps.pop(m), ct)
+                self._accumulate(gp)
+                self._free(m)
+            else:
+                gx = self.p.backward_input(self.vjps[m], ct)
+                self.cts[m] = ct
+            self.gx[m] = gx
+            self._wait(gx)
+        elif a.kind == "BW":
+            if m not in self.cts:
+                raise ScheduleError(f"stage {self.stage}: BW{m} before BI{m}")
+            self._accumulate(self.p.backward_weight(self.vjps.pop(m), self.cts.pop(m)))
+            self._wait(self.grads)
+            self._free(m)
+        elif a.kind == "SEND_F":
+            self.mailbox.send("F", self.stage, peer, m,
+                              {k: self.outputs[m][k] for k in self.consumers.get(peer, [])})
+        elif a.kind == "SEND_B":
+            if m not in self.gx:
+                raise ScheduleError(f"stage {self.stage}: SEND_B{m} before the backward of microbatch {m}")
+            self.mailbox.send("B", self.stage, peer, m,
+                              {k: self.gx[m][k] for k, src in self.consumes.items() if src == peer})
+        elif a.kind in ("RECV_F", "RECV_B"):
+            got = self.mailbox.recv(a.kind[-1], peer, self.stage, m, block)
+            if got is None:
+                return False
+            if a.kind == "RECV_F":
+                self.inbox_f.setdefault(m, {}).update(got)
+            else:
+                box = self.inbox_b.setdefault(m, {})
+                for k, v in got.items():
+                    box[k] = box[k] + v if k in box else v
+        else:
+            raise ScheduleError(f"stage {self.stage}: unknown action {a}")
+        if a.is_compute or a.kind.startswith("RECV"):
+            self.record.events.append((str(a.kind), m, t0, time.time()))
+        return True
+
+    def _wait(self, tree) -> None:
+        if self.sync:
+            jax.block_until_ready(tree)
+
+    def _forward(self, m: int) -> None:
+        inputs = self.inbox_f.pop(m, {})
+        missing = set(self.consumes) - set(inputs)
+        if missing:
+            raise ScheduleError(f"stage {self.stage}: F{m} runs without inputs {sorted(missing)} "
+                                "(a RECV_F is missing)")
+        out, vjp = self.p.forward(self.params, inputs, self.microbatches[m])
+        self.outputs[m], self.vjps[m] = out, vjp
+        self._wait(out)
+        self._live_bytes[m] = residual_bytes(vjp, self.params)
+        self.record.peak_live = max(self.record.peak_live, len(self._live_bytes))
+        self.record.peak_live_bytes = max(self.record.peak_live_bytes, sum(self._live_bytes.values()))
+        if self.stage == self.num_stages - 1:
+            self.record.losses[m] = out["loss"]
+
+    def _free(self, m: int) -> None:
+        self._live_bytes.pop(m, None)
+        self.outputs.pop(m, None)
+
+    def _cotangent(self, m: int) -> dict:
+        out = self.outputs[m]
+        if self.stage == self.num_stages - 1:
+            return {"loss": jnp.asarray(1.0 / self.M, out["loss"].dtype)}
+        got = self.inbox_b.pop(m, {})
+        missing = set(out) - set(got)
+        if missing:
+            raise ScheduleError(f"stage {self.stage}: backward of microbatch {m} runs without gradients for "
+                                f"{sorted(missing)} (a RECV_B is missing)")
+        return {k: got[k] for k in out}
+
+    def _accumulate(self, gp) -> None:
+        self.grads = gp if self.grads is None else self.p.accumulate(self.grads, gp)
+
+    def finish(self) -> StepRecord:
+        """End of the step: every VJP must have been consumed."""
+        if self.vjps:
+            raise ScheduleError(f"stage {self.stage}: microbatches {sorted(self.vjps)} were never back-propagated")
+        self.record.losses = {m: float(v) for m, v in self.record.losses.items()}
+        return self.record
+
+
+def consumers_of(consumes: list[dict[str, int]], stage: int) -> dict[int, list[str]]:
+    """For ``stage``: consuming stage -> the output keys it takes."""
+    out: dict[int, list[str]] = {}
+    for j, c in enumerate(consumes):
+        for key, i in sorted(c.items()):
+            if i == stage:
+                out.setdefault(j, []).append(key)
+    return out
