@@ -118,6 +118,8 @@ class DistributedArray:
 class Cluster:
     """A Ray cluster with one ``HostWorker`` per host. Use ``local``, ``connect`` or ``emulated``."""
 
+    worker_class = HostWorker  # subclasses put richer workers on the hosts (pipeline stages)
+
     def __init__(self, spec: ClusterSpec, workers: list, timeout: float, network=None, owns_ray: bool = True):
         self.spec, self.workers, self.timeout = spec, workers, timeout
         self.network, self.owns_ray = network, owns_ray
@@ -228,7 +230,7 @@ class Cluster:
         from ..testing.netns import host_ifname  # noqa: PLC0415
         from ..testing.ray_nodes import host_resource  # noqa: PLC0415
 
-        actor = ray.remote(HostWorker)
+        actor = ray.remote(cls.worker_class)
         workers = []
         for h in range(spec.num_hosts):
             opts = {"num_cpus": 0, "max_concurrency": 1}

@@ -24,6 +24,7 @@ from ..spec import Box
 from .backend import DEFAULT_TIMEOUT_S, Backend, CommunicationError
 
 RING_TAG = 512
+TAGS_PER_TRANSFER = 1024  # chunk tags below RING_TAG, ring steps above
 
 
 def numpy_dtype(name: str):
@@ -72,7 +73,7 @@ class HostExecutor:
     """
 
     def __init__(self, host: int, layout, src, dst, backend: Backend, host_of: Callable[[int], int],
-                 timeout: float = DEFAULT_TIMEOUT_S, min_rate: float | None = None):
+                 timeout: float = DEFAULT_TIMEOUT_S, min_rate: float | None = None, tag_base: int = 0):
         many = isinstance(layout, (list, tuple))
         self.layouts = list(layout) if many else [layout]
         self.srcs = list(src) if many else [src]
@@ -80,6 +81,7 @@ class HostExecutor:
         self.host, self.backend, self.host_of, self.timeout = host, backend, host_of, timeout
         self.min_rate = min_rate  # bytes/s of the slowest NIC: lets big messages take their time
         self.wait_s = timeout
+        self.tag_base = tag_base  # separates plans that run at the same time over one backend
         self._select(0)
 
     def _select(self, leaf: int) -> None:
@@ -145,7 +147,7 @@ class HostExecutor:
         # A wait may last the timeout plus twice what this transfer's bytes need on the
         # slowest NIC: no false alarm on a large slice, still bounded when a peer is gone.
         self.wait_s = self.timeout + (2 * t.nbytes / self.min_rate if self.min_rate else 0.0)
-        tag0 = (t.id % 1_000_000) * 1024
+        tag0 = self.tag_base + (t.id % 1_000_000) * TAGS_PER_TRANSFER
         if t.kind == LOCAL_COPY:
             flat = self._slice_bytes(t.sender, t.index)
             for r in t.receivers:

@@ -27,6 +27,25 @@ def free_port(addr: str) -> int:
         return s.getsockname()[1]
 
 
+def job_layouts(job: dict, host: int, devices_per_host: int, zeros: bool = False):
+    """Every leaf's ``Layout`` of a job (see ``Cluster._job``) and this host's empty
+    destination buffers per leaf (zero-filled with ``zeros``: the 'signal' strategy
+    delivers no data, and its receivers must still compute on something finite)."""
+    layouts, dst = [], []
+    new = np.zeros if zeros else np.empty
+    for leaf in job["leaves"]:
+        shape = tuple(leaf["shape"])
+        dst_mesh = DeviceMesh.from_dict(leaf["dst_mesh"])
+        lay = Layout(numpy_dtype(leaf["dtype"]),
+                     device_boxes(shape, DeviceMesh.from_dict(leaf["src_mesh"]), ShardingSpec.parse(leaf["src_spec"])),
+                     device_boxes(shape, dst_mesh, ShardingSpec.parse(leaf["dst_spec"])),
+                     device_boxes(shape, dst_mesh, ShardingSpec.parse(leaf.get("sent_spec", leaf["dst_spec"]))))
+        layouts.append(lay)
+        dst.append({d: new(tuple(b - a for a, b in box), lay.dtype)
+                    for d, box in lay.dst_boxes.items() if d // devices_per_host == host})
+    return layouts, dst
+
+
 class HostWorker:
     def __init__(self, host: int, num_hosts: int, devices_per_host: int, ifname: str | None = None):
         self.host, self.num_hosts, self.devices_per_host = host, num_hosts, devices_per_host
@@ -79,17 +98,7 @@ class HostWorker:
         if self.backend is None:
             raise CommunicationError(f"host {self.host}: not connected to the other hosts")
         dph = self.devices_per_host
-        layouts, dst = [], []
-        for leaf in job["leaves"]:
-            shape = tuple(leaf["shape"])
-            dst_mesh = DeviceMesh.from_dict(leaf["dst_mesh"])
-            lay = Layout(numpy_dtype(leaf["dtype"]),
-                         device_boxes(shape, DeviceMesh.from_dict(leaf["src_mesh"]), ShardingSpec.parse(leaf["src_spec"])),
-                         device_boxes(shape, dst_mesh, ShardingSpec.parse(leaf["dst_spec"])),
-                         device_boxes(shape, dst_mesh, ShardingSpec.parse(leaf.get("sent_spec", leaf["dst_spec"]))))
-            layouts.append(lay)
-            dst.append({d: np.empty(tuple(b - a for a, b in box), lay.dtype)
-                        for d, box in lay.dst_boxes.items() if d // dph == self.host})
+        layouts, dst = job_layouts(job, self.host, dph)
         src = [self.arrays.get(i, {}) for i in src_ids]
         transfers = [Transfer.from_dict(t) for t in job["transfers"]]
         if barrier:

@@ -74,20 +74,17 @@ def model_edges(consumes: list[dict[str, int]]) -> list[Edge]:
     return out
 
 
-def edge_plans(edges: list[Edge], shapes: dict[str, tuple[int, ...]], dtype: str, dp: int, devices_per_host: int,
-               cluster: ClusterSpec, strategy: str, loadbalance: str = "auto") -> dict[Edge, list[ReshardingPlan]]:
-    """One resharding plan per (edge, key). ``shapes`` gives each key's shape for one
-    whole microbatch (all data-parallel replicas together)."""
-    if strategy == "signal":
-        plan_strategy = "signal"
-    else:
-        plan_strategy = strategy
+def edge_plans(edges: list[Edge], shapes: dict[tuple[int, str], tuple[int, ...]], dtype: str, dp: int,
+               devices_per_host: int, cluster: ClusterSpec, strategy: str, loadbalance: str = "auto"
+               ) -> dict[Edge, list[ReshardingPlan]]:
+    """One resharding plan per (edge, key). ``shapes[(producer stage, key)]`` is the
+    array's shape for one whole microbatch (all data-parallel replicas together)."""
     plans: dict[Edge, list[ReshardingPlan]] = {}
     k = devices_per_host
     for e in edges:
         per_key = []
         for key in e.keys:
-            shape = tuple(shapes[key])
+            shape = tuple(shapes[(e.src if e.direction == "F" else e.dst, key)])
             if shape[0] % (dp * k):
                 raise ValueError(f"activation {key!r} has {shape[0]} rows per microbatch, not divisible by "
                                  f"{dp} data-parallel hosts x {k} devices")
@@ -95,6 +92,6 @@ def edge_plans(edges: list[Edge], shapes: dict[str, tuple[int, ...]], dtype: str
             src_layout, dst_layout = (OUT, IN) if e.direction == "F" else (OUT, OUT)
             per_key.append(plan_resharding(shape, dtype, stage_mesh(e.src, dp, k), spec_text(src_layout, nd),
                                            stage_mesh(e.dst, dp, k), spec_text(dst_layout, nd), cluster=cluster,
-                                           strategy=plan_strategy, loadbalance=loadbalance))
+                                           strategy=strategy, loadbalance=loadbalance))
         plans[e] = per_key
     return plans

@@ -1,0 +1,139 @@
+"""The distributed pipeline trainer (driver side).
+
+    with PipelineCluster.emulated(4, 2, nic="400mbit") as cluster:
+        pipe = DistributedPipeline(cluster, "utransformer", 4, schedule, microbatch_size=8,
+                                   model_kwargs=dict(layers=8, d=128, seq=64), strategy="broadcast")
+        for step in batches:
+            result = pipe.step(step)        # one call per host per step
+
+Stage ``s`` replica ``r`` runs on host ``s*dp + r``. The driver plans every edge
+between stage meshes once (``edges.edge_plans``), ships each host its part of
+the plans and its stage's actions, then only hands out data: the workers run
+the schedule themselves, so a step costs one round-trip, not one per action.
+A failing or killed host ends the step with ``CommunicationError`` naming it.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..pipeline.ir import Schedule, ScheduleError
+from ..runtime.cluster import Cluster
+from .edges import Edge, edge_plans, model_edges, stage_hosts
+from .worker import PipelineWorker
+
+STRATEGIES = ("broadcast", "alpa", "send_recv", "signal")
+
+
+class PipelineCluster(Cluster):
+    """A ``Cluster`` whose host workers can run pipeline stages."""
+
+    worker_class = PipelineWorker
+
+
+@dataclass
+class StepResult:
+    loss: float
+    seconds: float
+    per_host: list[dict] = field(default_factory=list)  # each worker's record (events, transfers, memory)
+
+
+def activation_shapes(model, microbatch_size: int, seq: int) -> tuple[dict[tuple[int, str], tuple], str]:
+    """Shape of every stage output for one microbatch, keyed (stage, name), by abstract evaluation."""
+    import jax  # noqa: PLC0415
+    import jax.numpy as jnp  # noqa: PLC0415
+
+    batch = {k: jax.ShapeDtypeStruct((microbatch_size, seq), jnp.int32) for k in ("tokens", "targets")}
+    outs: dict[int, dict] = {}
+    for i, fn in enumerate(model.stages):
+        inputs = {k: outs[src][k] for k, src in model.consumes[i].items()}
+        outs[i] = jax.eval_shape(fn, model.params[i], inputs, batch)
+    shapes = {(i, k): tuple(v.shape) for i, o in outs.items() for k, v in o.items() if k != "loss"}
+    dtypes = {str(v.dtype) for o in outs.values() for k, v in o.items() if k != "loss"}
+    if len(dtypes) != 1:
+        raise ValueError(f"stage outputs mix dtypes {sorted(dtypes)}")
+    return shapes, dtypes.pop()
+
+
+class DistributedPipeline:
+    def __init__(self, cluster: Cluster, model: str, num_stages: int, schedule: Schedule, *, microbatch_size: int,
+                 model_kwargs: dict | None = None, dp: int = 1, strategy: str = "broadcast",
+                 loadbalance: str = "auto", optimizer: str = "sgd", lr: float = 0.1):
+        from ..models import build_model  # noqa: PLC0415
+
+        if strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+        if dp < 1:
+            raise ValueError(f"dp must be >= 1, got {dp}")
+        need = num_stages * dp
+        if cluster.spec.num_hosts < need:
+            raise ValueError(f"{num_stages} stages x {dp} data-parallel hosts need {need} hosts; the cluster has "
+                             f"{cluster.spec.num_hosts}")
+        if schedule.num_stages != num_stages:
+            raise ScheduleError(f"the schedule has {schedule.num_stages} stages, the model {num_stages}")
+        k = cluster.spec.devices_per_host
+        if microbatch_size % (dp * k):
+            raise ValueError(f"microbatch size {microbatch_size} must divide over {dp} hosts x {k} devices")
+        self.cluster, self.schedule, self.dp, self.strategy = cluster, schedule, dp, strategy
+        self.num_stages, self.microbatch_size = num_stages, microbatch_size
+        self.model_kwargs = dict(model_kwargs or {})
+        self.model = build_model(model, num_stages, **self.model_kwargs)
+        seq = self.model_kwargs.get("seq", 16)
+        self.shapes, self.dtype = activation_shapes(self.model, microbatch_size, seq)
+        self.edges: list[Edge] = model_edges(self.model.consumes)
+        self.plans = edge_plans(self.edges, self.shapes, self.dtype, dp, k, cluster.spec, strategy, loadbalance)
+        edge_index = {e.name: i for i, e in enumerate(self.edges)}
+        edge_keys = {e.name: list(e.keys) for e in self.edges}
+        self.hosts = list(range(need))
+        refs = []
+        for s in range(num_stages):
+            for r, h in enumerate(stage_hosts(s, dp)):
+                jobs = {e.name: [Cluster._job(p, h) for p in self.plans[e]] for e in self.edges
+                        if h in stage_hosts(e.src, dp) or h in stage_hosts(e.dst, dp)}
+                cfg = {"stage": s, "replica": r, "dp": dp, "num_stages": num_stages, "model": model,
+                       "model_kwargs": self.model_kwargs, "schedule": schedule.to_json(), "jobs": jobs,
+                       "edge_index": edge_index, "edge_keys": edge_keys, "timeout": cluster.timeout,
+                       "strategy": strategy, "optimizer": optimizer, "lr": lr}
+                refs.append((cluster.workers[h].setup_stage.remote(cfg), h))
+        cluster._wait(refs, "setting up its pipeline stage", timeout=max(120.0, cluster.timeout))
+
+    # ---------------------------------------------------------------- steps
+    def _rows(self, r: int) -> slice:
+        n = self.microbatch_size // self.dp
+        return slice(r * n, (r + 1) * n)
+
+    def step(self, microbatches: list[dict]) -> StepResult:
+        """One training step over ``microbatches`` (dicts of NumPy ``tokens``/``targets``)."""
+        self.cluster._check_usable()
+        if len(microbatches) != self.schedule.num_microbatches:
+            raise ValueError(f"the schedule has {self.schedule.num_microbatches} microbatches, "
+                             f"{len(microbatches)} were given")
+        refs = []
+        for s in range(self.num_stages):
+            for r, h in enumerate(stage_hosts(s, self.dp)):
+                part = [{k: np.asarray(v)[self._rows(r)] for k, v in mb.items()} for mb in microbatches]
+                refs.append((self.cluster.workers[h].train_step.remote(part), h))
+        t0 = time.time()
+        results = self.cluster._wait(refs, "running a training step", timeout=2 * self.cluster.timeout + 30)
+        seconds = time.time() - t0
+        last = [res for res in results if res["stage"] == self.num_stages - 1]
+        losses = [v for res in last for v in res["losses"].values()]
+        return StepResult(float(np.mean(losses)), seconds, results)
+
+    def stage_params(self) -> list:
+        """Every stage's parameters (replica 0), as NumPy trees."""
+        refs = [(self.cluster.workers[stage_hosts(s, self.dp)[0]].stage_params.remote(), s)
+                for s in range(self.num_stages)]
+        return self.cluster._wait(refs, "fetching parameters")
+
+    def time_edges(self, repeats: int = 3) -> dict[str, float]:
+        """Each edge's transfer alone (median of ``repeats``), in seconds."""
+        out = {}
+        for e in self.edges:
+            refs = [(w.time_edge.remote(e.name, repeats), h) for h, w in enumerate(self.cluster.workers)]
+            runs = [r for r in self.cluster._wait(refs, f"timing edge {e.name}") if r]
+            per_rep = [max(run[i][1] for run in runs) - min(run[i][0] for run in runs) for i in range(repeats)]
+            out[e.name] = float(np.median(per_rep))
+        return out

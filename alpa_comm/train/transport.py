@@ -1,0 +1,136 @@
+"""The mailbox of a stage's host worker: SEND/RECV as cross-mesh resharding on
+communication threads, so transfers overlap with the stage's compute.
+
+Every RECV of a step is posted when the step begins (``post``), so a peer's
+SEND can always complete — with one thread per posted transfer no send waits
+behind another, and the order stages reach their SENDs cannot deadlock
+(sends through gloo may wait for the matching receive to be posted). A RECV
+action then only waits for its own data. Concurrent transfers are kept apart
+by tags: each (edge, key, microbatch) gets its own tag range.
+
+This module moves NumPy buffers only; turning framework arrays into per-device
+buffers and back is the worker's business (``to_buffers``/``from_buffers``).
+"""
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Callable
+
+from ..resharding.plan import Transfer
+from ..runtime.backend import Backend, CommunicationError
+from ..runtime.executor import TAGS_PER_TRANSFER, HostExecutor
+from ..runtime.worker import job_layouts
+
+MAX_TRANSFERS_PER_PLAN = 128
+TAG_STRIDE = MAX_TRANSFERS_PER_PLAN * TAGS_PER_TRANSFER
+MAX_TAG_SLOTS = (1 << 31) // TAG_STRIDE - 64  # the top slots are left to the gradient all-reduce
+MAX_KEYS = 8
+ALLREDUCE_TAG_BASE = (MAX_TAG_SLOTS + 1) * TAG_STRIDE
+
+
+def tag_slot(edge_index: int, key_index: int, mb: int, num_microbatches: int) -> int:
+    slot = (edge_index * MAX_KEYS + key_index) * num_microbatches + mb
+    if key_index >= MAX_KEYS or slot >= MAX_TAG_SLOTS:
+        raise CommunicationError(f"too many concurrent transfers to tag apart (edge {edge_index}, key {key_index}, "
+                                 f"microbatch {mb} of {num_microbatches}); use fewer microbatches")
+    return slot
+
+
+class ReshardMailbox:
+    """``jobs``: edge name ("F:0->1") -> this host's job per key (``Cluster._job``);
+    ``edge_index``: edge name -> a small integer (same on every host)."""
+
+    def __init__(self, host: int, backend: Backend, jobs: dict[str, list[dict]], edge_index: dict[str, int],
+                 keys: dict[str, list[str]], devices_per_host: int, num_microbatches: int, timeout: float,
+                 to_buffers: Callable, from_buffers: Callable, zeros: bool = False):
+        self.host, self.backend, self.jobs, self.edge_index, self.keys = host, backend, jobs, edge_index, keys
+        self.dph, self.M, self.timeout, self.zeros = devices_per_host, num_microbatches, timeout, zeros
+        self.to_buffers, self.from_buffers = to_buffers, from_buffers
+        for name, per_key in jobs.items():
+            for job in per_key:
+                if len(job["transfers"]) and max(t["id"] for t in job["transfers"]) >= MAX_TRANSFERS_PER_PLAN:
+                    raise CommunicationError(f"edge {name}: its plan has more than {MAX_TRANSFERS_PER_PLAN} transfers")
+        n_threads = max(4, 2 * num_microbatches * max(1, len(jobs)))
+        self.pool = ThreadPoolExecutor(max_workers=n_threads, thread_name_prefix=f"comm-h{host}")
+        self.pending: dict[tuple, Future] = {}
+        self.sends: list[Future] = []
+        self.events: list[tuple[str, int, float, float]] = []  # (edge name, mb, start, end)
+
+    # ------------------------------------------------------------- transfers
+    def _run(self, name: str, mb: int, srcs: list[dict] | None) -> list[dict]:
+        """This host's part of every key's plan of edge ``name`` for microbatch ``mb``."""
+        out = []
+        start = time.time()
+        for k, job in enumerate(self.jobs[name]):
+            layouts, dst = job_layouts(job, self.host, self.dph, zeros=self.zeros)
+            src = [srcs[k]] if srcs is not None else [{}]
+            tag = tag_slot(self.edge_index[name], k, mb, self.M) * TAG_STRIDE
+            HostExecutor(self.host, layouts, src, dst, self.backend, lambda d: d // self.dph, self.timeout,
+                         job.get("min_rate"), tag_base=tag).run([Transfer.from_dict(t) for t in job["transfers"]])
+            out.append(dst[0])
+        self.events.append((name, mb, start, time.time()))
+        return out
+
+    def zero_sources(self, name: str) -> list[dict]:
+        """Zero-filled source buffers of this host for every key of edge ``name`` (timing runs)."""
+        import numpy as np  # noqa: PLC0415
+
+        out = []
+        for job in self.jobs[name]:
+            layouts, _ = job_layouts(job, self.host, self.dph)
+            lay = layouts[0]
+            out.append({d: np.zeros(tuple(b - a for a, b in box), lay.dtype)
+                        for d, box in lay.src_boxes.items() if d // self.dph == self.host})
+        return out
+
+    def _send_task(self, name: str, mb: int, arrays: dict) -> None:
+        bufs = [self.to_buffers(arrays[key]) for key in self.keys[name]]
+        self._run(name, mb, bufs)
+
+    # ---------------------------------------------------------------- mailbox
+    def post(self, direction: str, src: int, dst: int, mb: int) -> None:
+        """Start receiving (called for every RECV of the step before it runs)."""
+        name = f"{direction}:{src}->{dst}"
+        if name not in self.jobs:
+            raise CommunicationError(f"host {self.host}: no plan for edge {name}")
+        key = (name, mb)
+        if key not in self.pending:
+            self.pending[key] = self.pool.submit(self._run, name, mb, None)
+
+    def send(self, direction: str, src: int, dst: int, mb: int, arrays: dict) -> None:
+        name = f"{direction}:{src}->{dst}"
+        if name not in self.jobs:
+            raise CommunicationError(f"host {self.host}: no plan for edge {name}")
+        self.sends.append(self.pool.submit(self._send_task, name, mb, arrays))
+
+    def recv(self, direction: str, src: int, dst: int, mb: int, block: bool = True) -> dict | None:
+        name = f"{direction}:{src}->{dst}"
+        self.post(direction, src, dst, mb)
+        fut = self.pending[(name, mb)]
+        if not block and not fut.done():
+            return None
+        bufs = self._result(fut, f"receiving {name} microbatch {mb}")
+        del self.pending[(name, mb)]
+        return {key: self.from_buffers(name, key, b) for key, b in zip(self.keys[name], bufs)}
+
+    def _result(self, fut: Future, what: str):
+        try:
+            return fut.result(timeout=2 * self.timeout + 10)
+        except FutureTimeout:
+            raise CommunicationError(f"host {self.host}: {what} did not finish within {2 * self.timeout + 10:g} s") \
+                from None
+
+    def flush(self) -> None:
+        """Wait for every send of the step (before the step counts as done)."""
+        sends, self.sends = self.sends, []
+        for f in sends:
+            self._result(f, "a send")
+        if self.pending:
+            left = sorted(self.pending)
+            self.pending.clear()
+            raise CommunicationError(f"host {self.host}: receives posted but never consumed: {left[:4]}")
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)

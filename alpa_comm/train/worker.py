@@ -1,0 +1,179 @@
+"""``PipelineWorker``: a host worker that also runs one pipeline stage (one replica).
+
+Inside the host the stage is one jitted SPMD program over the host's local JAX
+devices (``--xla_force_host_platform_device_count`` CPU devices here, GPUs
+elsewhere): parameters replicated, the microbatch split over the devices.
+Edges arrive in the ``IN`` layout (replicated over the host's devices) and
+leave in ``OUT`` (split) — see ``edges``. The worker executes its stage's
+actions of the schedule without asking the driver (one call per training
+step), moves activations and gradients through a ``ReshardMailbox``, averages
+gradients over the stage's data-parallel hosts in flat buckets and applies an
+optax optimizer.
+
+JAX is imported only inside methods: the flag that sets the number of local
+devices must be in the environment before JAX starts in this process.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from ..runtime.allreduce import allreduce_mean
+from ..runtime.worker import HostWorker
+from .transport import ALLREDUCE_TAG_BASE, ReshardMailbox
+
+
+def xla_flags(devices_per_host: int, existing: str = "") -> str:
+    """XLA flags for ``devices_per_host`` CPU devices, single-threaded compute per
+    device (emulated hosts share the machine's cores)."""
+    keep = [f for f in existing.split() if not f.startswith(("--xla_force_host_platform_device_count",
+                                                             "--xla_cpu_multi_thread_eigen"))]
+    return " ".join(keep + [f"--xla_force_host_platform_device_count={devices_per_host}",
+                            "--xla_cpu_multi_thread_eigen=false"])
+
+
+def make_optimizer(name: str, lr: float):
+    import optax  # noqa: PLC0415
+
+    if name == "sgd":
+        return optax.sgd(lr)
+    if name == "adam":
+        return optax.adam(lr)
+    raise ValueError(f"unknown optimizer {name!r}; choose sgd or adam")
+
+
+class PipelineWorker(HostWorker):
+    def __init__(self, host: int, num_hosts: int, devices_per_host: int, ifname: str | None = None):
+        os.environ["XLA_FLAGS"] = xla_flags(devices_per_host, os.environ.get("XLA_FLAGS", ""))
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+        super().__init__(host, num_hosts, devices_per_host, ifname)
+        self.mailbox = None
+
+    # ---------------------------------------------------------------- set-up
+    def setup_stage(self, cfg: dict) -> dict:
+        """Build this host's stage replica: model (rebuilt from its arguments, same
+        weights as the driver's), programs, optimizer and mailbox."""
+        import jax  # noqa: PLC0415
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: PLC0415
+
+        from ..models import build_model  # noqa: PLC0415
+        from ..pipeline.ir import Schedule  # noqa: PLC0415
+        from .stage_runner import StagePrograms, StageRunner, consumers_of  # noqa: PLC0415
+
+        if self.mailbox is not None:
+            self.mailbox.close()
+        self.cfg = cfg
+        self.stage, self.replica, self.dp = cfg["stage"], cfg["replica"], cfg["dp"]
+        k = self.devices_per_host
+        self.devices = jax.local_devices()[:k]
+        if len(self.devices) < k:
+            raise RuntimeError(f"host {self.host}: JAX sees {len(jax.local_devices())} local devices, {k} needed")
+        mesh = Mesh(np.array(self.devices), ("d",))
+        self.split = NamedSharding(mesh, PartitionSpec("d"))
+        self.replicated = NamedSharding(mesh, PartitionSpec())
+        model = build_model(cfg["model"], cfg["num_stages"], **cfg["model_kwargs"])
+        split = self.split
+
+        def pin(tree):
+            return jax.tree_util.tree_map(
+                lambda x: jax.lax.with_sharding_constraint(x, split) if x.ndim >= 1 else x, tree)
+
+        self.schedule = Schedule.from_json(cfg["schedule"])
+        self.actions = self.schedule.stages[self.stage]
+        self.params = jax.device_put(model.params[self.stage], self.replicated)
+        opt = make_optimizer(cfg["optimizer"], cfg["lr"])
+        self.opt_state = jax.device_put(opt.init(self.params), self.replicated)
+
+        def update(params, opt_state, grads):
+            import optax  # noqa: PLC0415
+
+            updates, opt_state = opt.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state
+
+        self.update = jax.jit(update)
+        self.mailbox = ReshardMailbox(self.host, self.backend, cfg["jobs"], cfg["edge_index"], cfg["edge_keys"], k,
+                                      self.schedule.num_microbatches, cfg["timeout"], self._to_buffers,
+                                      self._from_buffers, zeros=cfg["strategy"] == "signal")
+        self.runner = StageRunner(self.stage, cfg["num_stages"], StagePrograms(model.stages[self.stage], pin),
+                                  model.consumes[self.stage], consumers_of(model.consumes, self.stage), self.mailbox,
+                                  sync=True)
+        return {"host": self.host, "stage": self.stage, "devices": [str(d) for d in self.devices]}
+
+    def _to_buffers(self, array) -> dict[int, np.ndarray]:
+        """A stage output (split over local devices) as per-device buffers, global device ids."""
+        base = self.host * self.devices_per_host
+        return {base + self.devices.index(s.device): np.asarray(s.data) for s in array.addressable_shards}
+
+    def _from_buffers(self, edge: str, key: str, bufs: dict[int, np.ndarray]):
+        """Arrived per-device buffers as one local JAX array: replicated for activations,
+        split for gradients."""
+        import jax  # noqa: PLC0415
+
+        base = self.host * self.devices_per_host
+        devs = sorted(bufs)
+        first = bufs[devs[0]]
+        if edge.startswith("F"):
+            sharding, shape = self.replicated, first.shape
+        else:
+            sharding, shape = self.split, (sum(bufs[d].shape[0] for d in devs),) + first.shape[1:]
+        return jax.make_array_from_single_device_arrays(
+            shape, sharding, [jax.device_put(bufs[d], self.devices[d - base]) for d in devs])
+
+    # ---------------------------------------------------------------- training
+    def train_step(self, microbatches: list[dict]) -> dict:
+        """One step: every action of this stage in schedule order, then the
+        data-parallel gradient mean and the optimizer update."""
+        import jax  # noqa: PLC0415
+
+        mbs = [{k: jax.device_put(np.asarray(v), self.split) for k, v in mb.items()} for mb in microbatches]
+        self.runner.begin(self.params, mbs)
+        self.mailbox.events = []
+        peer = self.schedule.peer
+        for a in self.actions:
+            if a.kind.startswith("RECV"):
+                self.mailbox.post(a.kind[-1], peer(self.stage, a), self.stage, a.mb)
+        for a in self.actions:
+            self.runner.run(a, peer(self.stage, a), block=True)
+        self.mailbox.flush()
+        record = self.runner.finish()
+        t0 = time.time()
+        grads = self.runner.grads
+        if self.dp > 1:
+            leaves, tree = jax.tree_util.tree_flatten(grads)
+            local = [np.asarray(x.addressable_shards[0].data) for x in leaves]
+            hosts = list(range(self.stage * self.dp, self.stage * self.dp + self.dp))
+            mean = allreduce_mean(self.backend, local, hosts, ALLREDUCE_TAG_BASE, timeout=self.cfg["timeout"])
+            grads = jax.device_put(jax.tree_util.tree_unflatten(tree, mean), self.replicated)
+        self.params, self.opt_state = self.update(self.params, self.opt_state, grads)
+        jax.block_until_ready(self.params)
+        record.events.append(("UPDATE", -1, t0, time.time()))
+        return {"host": self.host, "stage": self.stage, "replica": self.replica, "losses": record.losses,
+                "events": record.events, "transfers": list(self.mailbox.events), "peak_live": record.peak_live,
+                "peak_live_bytes": record.peak_live_bytes}
+
+    def stage_params(self):
+        """This replica's parameters as NumPy (for checks against a reference)."""
+        import jax  # noqa: PLC0415
+
+        return jax.tree_util.tree_map(lambda x: np.asarray(x.addressable_shards[0].data), self.params)
+
+    def time_edge(self, edge: str, repeats: int) -> list[tuple[float, float]]:
+        """Run ``edge``'s plans alone ``repeats`` times (zeros as data); every host of
+        the gloo group calls this together, so hosts off the edge only take the barrier."""
+        out = []
+        for r in range(repeats):
+            self.backend.barrier(self.cfg["timeout"])
+            if self.mailbox is None or edge not in self.mailbox.jobs:
+                continue
+            srcs = self.mailbox.zero_sources(edge)
+            t0 = time.time()
+            self.mailbox._run(edge, r % self.mailbox.M, srcs)
+            out.append((t0, time.time()))
+        return out
+
+    def close(self) -> None:
+        if self.mailbox is not None:
+            self.mailbox.close()
+        super().close()
