@@ -318,62 +318,27 @@ def cmd_bench(args) -> int:
 
 
 def cmd_train(args) -> int:
-    import jax  # noqa: PLC0415
-    import jax.numpy as jnp  # noqa: PLC0415
+    from .train.trainer import TrainConfig, train, write_loss  # noqa: PLC0415
 
-    from .models import gpt, utransformer  # noqa: PLC0415
-    from .pipeline import Costs, generate, validate  # noqa: PLC0415
-    from .pipeline.weight_delay import auto_delay  # noqa: PLC0415
-    from .train.data import batches, stdlib_corpus  # noqa: PLC0415
-    from .train.local_pipeline import run_schedule, with_skips  # noqa: PLC0415
-
-    if args.executor != "local":
-        raise AlpaCommError(f"executor {args.executor!r} is not built yet; only 'local' (one process) runs today")
-    seq = args.seq
-    model = (gpt(args.stages, layers=args.layers, d=args.width, seq=seq) if args.model == "gpt"
-             else utransformer(args.stages, half_layers=args.layers // 2, d=args.width, seq=seq))
-    delay = args.delay_wgrad
-    if delay == "auto":
-        delay = auto_delay(args.schedule, args.stages, args.microbatches, Costs(1.0, 2.0, 0.5))
-    sched = with_skips(generate(args.schedule, args.stages, args.microbatches,
-                                split_backward=args.split_backward or delay is not None, delay_wgrad=delay), model)
-    validate(sched)
-    data = batches(stdlib_corpus(), args.microbatches, args.microbatch_size, seq, args.seed)
-    history = []
-    t0 = time.monotonic()
-    for step in range(1, args.steps + 1):
-        mbs = [{k: jnp.asarray(v) for k, v in mb.items()} for mb in next(data)]
-        run = run_schedule(model, sched, mbs)
-        model.params = [jax.tree_util.tree_map(lambda p, g: p - args.lr * g, p, g)
-                        for p, g in zip(model.params, run.grads)]
-        history.append(run.loss)
-        rate = step * args.microbatches * args.microbatch_size / (time.monotonic() - t0)
-        print(f"\rstep {step}/{args.steps}  loss {run.loss:.4f}  {rate:.1f} samples/s", end="", file=sys.stderr,
-              flush=True)
-    print(file=sys.stderr)
-    print(f"{model.name}, {args.stages} stages, {sched.name}: loss {history[0]:.4f} -> {history[-1]:.4f} "
-          f"over {args.steps} steps")
+    if args.cluster == "emulated" and not can_emulate():
+        raise AlpaCommError("--cluster emulated needs root and iproute2 (ip, tc); use --cluster local or inprocess")
+    cfg = TrainConfig(**{k: getattr(args, k) for k in TrainConfig.__dataclass_fields__ if hasattr(args, k)})
+    result = train(cfg)
+    timed = result.step_seconds[1:] or result.step_seconds
+    print(f"{cfg.model}, {cfg.stages} stages x dp {cfg.dp}, {result.schedule.name}, {cfg.strategy} on {cfg.cluster}: "
+          f"loss {result.losses[0]:.4f} -> {result.losses[-1]:.4f} over {cfg.steps} steps; "
+          f"{sum(timed) / len(timed):.3f} s/step after the first, {result.samples_per_second:.1f} samples/s")
     if args.out:
-        from pathlib import Path  # noqa: PLC0415
-
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "loss.json").write_text(json.dumps({"model": model.name, "schedule": sched.name, "loss": history}))
-        import matplotlib  # noqa: PLC0415
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt  # noqa: PLC0415
-
-        fig, ax = plt.subplots(figsize=(6, 3.2))
-        ax.plot(range(1, len(history) + 1), history)
-        ax.set_xlabel("step")
-        ax.set_ylabel("loss (bytes, nats)")
-        ax.set_title(f"{model.name}, {args.stages} stages, {sched.name}", fontsize=9)
-        fig.tight_layout()
-        fig.savefig(out / "loss.png", dpi=120)
-        plt.close(fig)
-        print(f"wrote {out / 'loss.json'} and {out / 'loss.png'}")
+        for path in write_loss(result, cfg, args.out):
+            print(f"wrote {path}")
     return 0
+
+
+def can_emulate() -> bool:
+    import os  # noqa: PLC0415
+    import shutil  # noqa: PLC0415
+
+    return os.geteuid() == 0 and bool(shutil.which("ip")) and bool(shutil.which("tc"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -439,24 +404,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="out/bench", help="directory for results.json, results.md and PNGs")
     p.set_defaults(func=cmd_bench)
 
-    p = sub.add_parser("train", help="train GPT or U-Transformer through a pipeline schedule (local executor)",
-                       description="Pipeline training on JAX: the schedule IR executed for real on a byte-level "
-                                   "corpus (Python's standard library). Today the stages run in one process "
-                                   "(--executor local); the distributed trainer is being built.")
+    p = sub.add_parser("train", help="train GPT or U-Transformer through a pipeline schedule, stages on hosts",
+                       description="Pipeline training on JAX: each stage on its own host (mesh of local "
+                                   "devices), the schedule IR executed by the host workers, activations and "
+                                   "gradients moved by cross-mesh resharding; data: Python's standard library "
+                                   "as bytes. Prints progress; --out writes the loss curve, --trace a Chrome trace.")
     p.add_argument("--model", choices=["gpt", "utransformer"], default="gpt")
     p.add_argument("--stages", type=int, default=4)
     p.add_argument("--layers", type=int, default=4, help="transformer layers (U-Transformer: 2L, L = layers/2)")
-    p.add_argument("--width", type=int, default=64)
-    p.add_argument("--seq", type=int, default=32)
+    p.add_argument("--width", type=int, default=64, help="model width d (default 64)")
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--seq", type=int, default=32, help="sequence length in bytes (default 32)")
     p.add_argument("--microbatches", type=int, default=4)
-    p.add_argument("--microbatch-size", type=int, default=4)
+    p.add_argument("--microbatch-size", type=int, default=4, help="rows per microbatch (all dp replicas together)")
     p.add_argument("--schedule", default="eager-1f1b", choices=["gpipe", "1f1b", "eager-1f1b"])
-    p.add_argument("--split-backward", action="store_true")
-    p.add_argument("--delay-wgrad", type=_delay, default=None)
+    p.add_argument("--split-backward", action="store_true", help="separate input- and weight-gradient actions")
+    p.add_argument("--delay-wgrad", type=_delay, default=None,
+                   help="delay weight gradients: 'auto', N, or one N per stage (implies --split-backward)")
+    p.add_argument("--strategy", default="broadcast", choices=["broadcast", "alpa", "send_recv", "signal"],
+                   help="cross-mesh resharding between stages (signal: one byte, the no-communication bound)")
+    p.add_argument("--dp", type=int, default=1, help="data-parallel hosts per stage (default 1)")
+    p.add_argument("--cluster", default="local",
+                   help="inprocess (one process), local (Ray on this machine), emulated (root: shaped NICs) or "
+                        "ray://ADDR (default local)")
+    p.add_argument("--devices-per-host", type=int, default=2, help="JAX devices per host (default 2)")
+    p.add_argument("--nic", default="400mbit", help="emulated NIC rate, e.g. 400mbit, 1gbit, none")
     p.add_argument("--steps", type=int, default=50)
-    p.add_argument("--lr", type=float, default=0.1, help="SGD learning rate (default 0.1)")
+    p.add_argument("--optimizer", default="adam", choices=["adam", "sgd"])
+    p.add_argument("--lr", type=float, default=3e-3, help="learning rate (default 3e-3)")
+    p.add_argument("--data", default="corpus", choices=["corpus", "synthetic"])
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--executor", default="local", help="local (one process); distributed ones are not built yet")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds any transfer may wait (default 60)")
+    p.add_argument("--trace", help="write a Chrome trace of the last steps here")
     p.add_argument("--out", help="write loss.json and loss.png here")
     p.set_defaults(func=cmd_train)
 

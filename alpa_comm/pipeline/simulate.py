@@ -30,7 +30,9 @@ class Costs:
     """Per-stage compute times and per-transfer time (scalars or one value per stage).
 
     ``t_bi``/``t_bw`` default to half of ``t_bwd`` each. ``t_comm`` is the time of
-    one transfer out of a stage (per sending stage when a list).
+    one transfer out of a stage (per sending stage when a list); ``t_comm_b``, when
+    given, is the time of a gradient transfer (backward edges may move a different
+    layout than forward ones), else the same as ``t_comm``.
     """
 
     t_fwd: float | Sequence[float] = 1.0
@@ -38,13 +40,16 @@ class Costs:
     t_comm: float | Sequence[float] = 0.0
     t_bi: float | Sequence[float] | None = None
     t_bw: float | Sequence[float] | None = None
+    t_comm_b: float | Sequence[float] | None = None
 
     def resolve(self, n: int) -> dict[str, list[float]]:
         f = _per_stage(self.t_fwd, n, "t_fwd")
         b = _per_stage(self.t_bwd, n, "t_bwd")
         bi = _per_stage(self.t_bi, n, "t_bi") if self.t_bi is not None else [x / 2 for x in b]
         bw = _per_stage(self.t_bw, n, "t_bw") if self.t_bw is not None else [x - y for x, y in zip(b, bi)]
-        return {"F": f, "B": b, "BI": bi, "BW": bw, "comm": _per_stage(self.t_comm, n, "t_comm")}
+        comm = _per_stage(self.t_comm, n, "t_comm")
+        comm_b = _per_stage(self.t_comm_b, n, "t_comm_b") if self.t_comm_b is not None else comm
+        return {"F": f, "B": b, "BI": bi, "BW": bw, "comm": comm, "comm_b": comm_b}
 
 
 @dataclass(frozen=True)
@@ -110,7 +115,7 @@ def simulate_schedule(schedule: Schedule, costs: Costs = Costs(), signal: bool =
                     direction = a.kind[-1]
                     link = (i, peer)
                     start = max(t[i], link_free.get(link, 0.0))
-                    end = start + (0.0 if signal else c["comm"][i])
+                    end = start + (0.0 if signal else c["comm" if direction == "F" else "comm_b"][i])
                     link_free[link] = end
                     arrival[(direction, a.mb, i, peer)] = end
                     transfers.append(TransferEvent(i, peer, direction, a.mb, start, end))

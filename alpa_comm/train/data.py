@@ -33,3 +33,14 @@ def batches(corpus: np.ndarray, num_microbatches: int, microbatch: int, seq: int
             win = np.stack([corpus[s:s + seq + 1] for s in starts]).astype(np.int32)
             step.append({"tokens": win[:, :-1], "targets": win[:, 1:]})
         yield step
+
+
+def synthetic(num_microbatches: int, microbatch: int, seq: int, seed: int = 0, vocab: int = 256):
+    """Endless steps of uniformly random tokens (benchmarks: no corpus, same shapes)."""
+    rng = np.random.default_rng(seed)
+    while True:
+        step = []
+        for _ in range(num_microbatches):
+            win = rng.integers(0, vocab, (microbatch, seq + 1), dtype=np.int32)
+            step.append({"tokens": win[:, :-1], "targets": win[:, 1:]})
+        yield step

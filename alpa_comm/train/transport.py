@@ -56,7 +56,7 @@ class ReshardMailbox:
         self.pool = ThreadPoolExecutor(max_workers=n_threads, thread_name_prefix=f"comm-h{host}")
         self.pending: dict[tuple, Future] = {}
         self.sends: list[Future] = []
-        self.events: list[tuple[str, int, float, float]] = []  # (edge name, mb, start, end)
+        self.events: list[tuple[str, int, float, float]] = []  # sends: (edge name, mb, start, end)
 
     # ------------------------------------------------------------- transfers
     def _run(self, name: str, mb: int, srcs: list[dict] | None) -> list[dict]:
@@ -70,7 +70,8 @@ class ReshardMailbox:
             HostExecutor(self.host, layouts, src, dst, self.backend, lambda d: d // self.dph, self.timeout,
                          job.get("min_rate"), tag_base=tag).run([Transfer.from_dict(t) for t in job["transfers"]])
             out.append(dst[0])
-        self.events.append((name, mb, start, time.time()))
+        if srcs is not None:  # the sender's view: from data ready to the last byte out
+            self.events.append((name, mb, start, time.time()))
         return out
 
     def zero_sources(self, name: str) -> list[dict]:

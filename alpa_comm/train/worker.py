@@ -15,6 +15,7 @@ devices must be in the environment before JAX starts in this process.
 """
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -73,13 +74,20 @@ class PipelineWorker(HostWorker):
         mesh = Mesh(np.array(self.devices), ("d",))
         self.split = NamedSharding(mesh, PartitionSpec("d"))
         self.replicated = NamedSharding(mesh, PartitionSpec())
-        model = build_model(cfg["model"], cfg["num_stages"], **cfg["model_kwargs"])
-        split = self.split
+        # Programs are compiled once per model and stage and kept across set-ups, so
+        # trying several schedules or strategies on one cluster costs no recompilation.
+        key = (cfg["model"], json.dumps(cfg["model_kwargs"], sort_keys=True), cfg["num_stages"], self.stage)
+        built = self.__dict__.setdefault("_built", {})
+        if key not in built:
+            split = self.split
 
-        def pin(tree):
-            return jax.tree_util.tree_map(
-                lambda x: jax.lax.with_sharding_constraint(x, split) if x.ndim >= 1 else x, tree)
+            def pin(tree):
+                return jax.tree_util.tree_map(
+                    lambda x: jax.lax.with_sharding_constraint(x, split) if x.ndim >= 1 else x, tree)
 
+            model = build_model(cfg["model"], cfg["num_stages"], **cfg["model_kwargs"])
+            built[key] = (model, StagePrograms(model.stages[self.stage], pin))
+        model, programs = built[key]
         self.schedule = Schedule.from_json(cfg["schedule"])
         self.actions = self.schedule.stages[self.stage]
         self.params = jax.device_put(model.params[self.stage], self.replicated)
@@ -92,11 +100,12 @@ class PipelineWorker(HostWorker):
             updates, opt_state = opt.update(grads, opt_state, params)
             return optax.apply_updates(params, updates), opt_state
 
-        self.update = jax.jit(update)
+        updates = self.__dict__.setdefault("_updates", {})
+        self.update = updates.setdefault((cfg["optimizer"], cfg["lr"]), jax.jit(update))
         self.mailbox = ReshardMailbox(self.host, self.backend, cfg["jobs"], cfg["edge_index"], cfg["edge_keys"], k,
                                       self.schedule.num_microbatches, cfg["timeout"], self._to_buffers,
                                       self._from_buffers, zeros=cfg["strategy"] == "signal")
-        self.runner = StageRunner(self.stage, cfg["num_stages"], StagePrograms(model.stages[self.stage], pin),
+        self.runner = StageRunner(self.stage, cfg["num_stages"], programs,
                                   model.consumes[self.stage], consumers_of(model.consumes, self.stage), self.mailbox,
                                   sync=True)
         return {"host": self.host, "stage": self.stage, "devices": [str(d) for d in self.devices]}

@@ -1,0 +1,91 @@
+"""What a distributed training run measured, in the simulator's terms.
+
+Workers record every compute action and RECV wait (``StepRecord.events``) and
+every transfer their communication threads ran (edge, microbatch, start, end),
+with wall-clock stamps. From those: a Chrome trace of the real execution laid
+out like the simulator's (one process per stage; compute, waits and
+transfers as threads), the iteration time (first action to last, without the
+optimizer update the simulator does not model), and ``Costs`` for
+``pipeline.simulate`` built from measured stage times and edge times.
+"""
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from statistics import median
+
+from ..pipeline.simulate import Costs
+
+COMPUTE_KINDS = ("F", "B", "BI", "BW")
+
+
+def iteration_seconds(per_host: list[dict]) -> float:
+    """First action start to last action end over all hosts of one step (no update)."""
+    spans = [(t0, t1) for rec in per_host for kind, _, t0, t1 in rec["events"] if kind != "UPDATE"]
+    return max(t1 for _, t1 in spans) - min(t0 for t0, _ in spans) if spans else 0.0
+
+
+def stage_times(steps: list[list[dict]], num_stages: int) -> dict[str, list[float]]:
+    """Median duration per stage of each compute kind over ``steps`` (each a list of
+    host records); kinds a schedule does not use are absent."""
+    got: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for per_host in steps:
+        for rec in per_host:
+            for kind, _, t0, t1 in rec["events"]:
+                if kind in COMPUTE_KINDS:
+                    got[kind][rec["stage"]].append(t1 - t0)
+    return {kind: [median(per[s]) if per[s] else 0.0 for s in range(num_stages)] for kind, per in got.items()}
+
+
+def costs_from(times: dict[str, list[float]], edge_seconds: dict[str, float], num_stages: int) -> Costs:
+    """Simulator costs: measured compute per stage and each stage's outgoing edge
+    time (the slowest of its forward edges and of its backward edges)."""
+    f = times.get("F", [0.0] * num_stages)
+    if "B" in times:
+        b = times["B"]
+        bi = bw = None
+    else:
+        bi, bw = times.get("BI", [0.0] * num_stages), times.get("BW", [0.0] * num_stages)
+        b = [x + y for x, y in zip(bi, bw)]
+    comm = {"F": [0.0] * num_stages, "B": [0.0] * num_stages}
+    for name, sec in edge_seconds.items():
+        direction, pair = name.split(":")
+        src = int(pair.split("->")[0])
+        comm[direction][src] = max(comm[direction][src], sec)
+    return Costs(t_fwd=f, t_bwd=b, t_comm=comm["F"], t_bi=bi, t_bw=bw, t_comm_b=comm["B"])
+
+
+def chrome_trace(steps: list[list[dict]]) -> dict:
+    """Chrome/Perfetto trace of the measured steps: per stage (pid), compute, RECV waits
+    and transfers (tids)."""
+    if not steps:
+        return {"traceEvents": []}
+    t_origin = min(t0 for per_host in steps for rec in per_host for _, _, t0, _ in rec["events"])
+    events = []
+    named = set()
+    for per_host in steps:
+        for rec in per_host:
+            pid = rec["host"]
+            if pid not in named:
+                named.add(pid)
+                events.append({"name": "process_name", "ph": "M", "pid": pid,
+                               "args": {"name": f"stage {rec['stage']} (host {rec['host']})"}})
+                for tid, label in ((0, "compute"), (1, "waiting for data"), (2, "transfers")):
+                    events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": label}})
+            for kind, mb, t0, t1 in rec["events"]:
+                tid = 1 if kind.startswith("RECV") else 0
+                name = kind if mb < 0 else f"{kind}{mb}"
+                events.append({"name": name, "ph": "X", "pid": pid, "tid": tid, "ts": (t0 - t_origin) * 1e6,
+                               "dur": max(0.0, t1 - t0) * 1e6, "cat": "wait" if tid else "compute"})
+            for edge, mb, t0, t1 in rec["transfers"]:
+                events.append({"name": f"{edge} mb{mb}", "ph": "X", "pid": pid, "tid": 2,
+                               "ts": (t0 - t_origin) * 1e6, "dur": max(0.0, t1 - t0) * 1e6, "cat": "transfer"})
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def write_chrome_trace(steps: list[list[dict]], path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(chrome_trace(steps)))
+    return path

@@ -1,0 +1,216 @@
+"""``alpa-comm train``: a model, a schedule, a strategy and a cluster, trained for
+N steps with progress, a loss curve and a Chrome trace of the real execution.
+
+``cluster="inprocess"`` runs every stage in this process (``local_pipeline``);
+``local``, ``emulated`` and ``ray://ADDR`` run one stage replica per host worker
+(``distributed``). Both apply the same optax optimizer, so a run's losses do not
+depend on where it ran.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import InvalidOptionError
+from ..pipeline import Costs, generate, validate
+from ..pipeline.ir import Schedule
+from ..pipeline.weight_delay import auto_delay
+from .data import batches, stdlib_corpus, synthetic
+
+SCHEDULES = ("gpipe", "1f1b", "eager-1f1b")
+# Relative costs for --delay-wgrad auto before anything is measured: backward twice
+# the forward, a transfer half of it (the regime where delaying pays; see docs/schedules.md).
+DEFAULT_COSTS = Costs(1.0, 2.0, 0.5)
+
+
+@dataclass
+class TrainConfig:
+    model: str = "gpt"
+    stages: int = 4
+    layers: int = 4
+    width: int = 64
+    heads: int = 4
+    seq: int = 32
+    microbatches: int = 4
+    microbatch_size: int = 4
+    schedule: str = "eager-1f1b"
+    split_backward: bool = False
+    delay_wgrad: object = None  # None, "auto", an int or one per stage
+    strategy: str = "broadcast"
+    dp: int = 1
+    cluster: str = "local"      # inprocess | local | emulated | ray://ADDR
+    devices_per_host: int = 2
+    nic: str = "400mbit"
+    steps: int = 50
+    optimizer: str = "adam"
+    lr: float = 3e-3
+    seed: int = 0
+    data: str = "corpus"        # corpus | synthetic
+    timeout: float = 60.0
+    trace: str | None = None
+    out: str | None = None
+
+    def model_kwargs(self) -> dict:
+        return {"layers": self.layers, "d": self.width, "heads": self.heads, "seq": self.seq, "seed": self.seed}
+
+
+@dataclass
+class TrainResult:
+    losses: list[float]
+    step_seconds: list[float]
+    schedule: Schedule
+    samples_per_second: float
+    steps: list = field(default_factory=list)  # per step: every host's record (distributed runs)
+
+
+def build_schedule(cfg: TrainConfig, model, costs: Costs = DEFAULT_COSTS) -> Schedule:
+    """The schedule IR for the config, with the model's skip edges added, validated."""
+    from .local_pipeline import with_skips  # noqa: PLC0415
+
+    if cfg.schedule not in SCHEDULES:
+        raise InvalidOptionError(f"unknown schedule {cfg.schedule!r}; choose one of {', '.join(SCHEDULES)}")
+    delay = cfg.delay_wgrad
+    if delay == "auto":
+        delay = auto_delay(cfg.schedule, cfg.stages, cfg.microbatches, costs)
+    sched = with_skips(generate(cfg.schedule, cfg.stages, cfg.microbatches,
+                                split_backward=cfg.split_backward or delay is not None, delay_wgrad=delay), model)
+    validate(sched)
+    return sched
+
+
+def data_stream(cfg: TrainConfig):
+    rows = cfg.microbatch_size
+    if cfg.data == "corpus":
+        return batches(stdlib_corpus(), cfg.microbatches, rows, cfg.seq, cfg.seed)
+    if cfg.data == "synthetic":
+        return synthetic(cfg.microbatches, rows, cfg.seq, cfg.seed)
+    raise InvalidOptionError(f"unknown data {cfg.data!r}; choose corpus or synthetic")
+
+
+def open_cluster(cfg: TrainConfig, log=sys.stderr):
+    from .distributed import PipelineCluster  # noqa: PLC0415
+
+    hosts = cfg.stages * cfg.dp
+    if cfg.cluster == "emulated":
+        return PipelineCluster.emulated(hosts, cfg.devices_per_host, nic=None if cfg.nic == "none" else cfg.nic,
+                                        timeout=cfg.timeout, log=log)
+    if cfg.cluster == "local":
+        return PipelineCluster.local(hosts, cfg.devices_per_host, timeout=cfg.timeout)
+    address = cfg.cluster[len("ray://"):] if cfg.cluster.startswith("ray://") else cfg.cluster
+    return PipelineCluster.connect(address, cfg.devices_per_host, timeout=cfg.timeout)
+
+
+def _progress(step: int, total: int, loss: float, rate: float, log) -> None:
+    if log:
+        print(f"\rstep {step}/{total}  loss {loss:.4f}  {rate:.1f} samples/s", end="", file=log, flush=True)
+
+
+def train(cfg: TrainConfig, log=sys.stderr) -> TrainResult:
+    if cfg.steps < 1:
+        raise InvalidOptionError(f"--steps must be >= 1, got {cfg.steps}")
+    if cfg.cluster == "inprocess":
+        return _train_inprocess(cfg, log)
+    return _train_distributed(cfg, log)
+
+
+def _train_inprocess(cfg: TrainConfig, log) -> TrainResult:
+    import jax  # noqa: PLC0415
+    import jax.numpy as jnp  # noqa: PLC0415
+
+    from ..models import build_model  # noqa: PLC0415
+    from .local_pipeline import run_schedule  # noqa: PLC0415
+    from .worker import make_optimizer  # noqa: PLC0415
+
+    if cfg.dp != 1:
+        raise InvalidOptionError("--cluster inprocess runs one replica per stage; use --dp 1")
+    model = build_model(cfg.model, cfg.stages, **cfg.model_kwargs())
+    sched = build_schedule(cfg, model)
+    opt = make_optimizer(cfg.optimizer, cfg.lr)
+    state = opt.init(model.params)
+    update = jax.jit(lambda p, s, g: (lambda u, s2: (jax.tree_util.tree_map(jnp.add, p, u), s2))(*opt.update(g, s, p)))
+    data = data_stream(cfg)
+    losses, seconds = [], []
+    for step in range(1, cfg.steps + 1):
+        t0 = time.perf_counter()
+        run = run_schedule(model, sched, [{k: jnp.asarray(v) for k, v in mb.items()} for mb in next(data)])
+        model.params, state = update(model.params, state, run.grads)
+        seconds.append(time.perf_counter() - t0)
+        losses.append(run.loss)
+        _progress(step, cfg.steps, run.loss, step * cfg.microbatches * cfg.microbatch_size / sum(seconds), log)
+    if log:
+        print(file=log)
+    return TrainResult(losses, seconds, sched, _rate(cfg, seconds))
+
+
+def _rate(cfg: TrainConfig, seconds: list[float]) -> float:
+    """Samples per second over the steps after the first (which compiles)."""
+    timed = seconds[1:] or seconds
+    return len(timed) * cfg.microbatches * cfg.microbatch_size / sum(timed)
+
+
+def _train_distributed(cfg: TrainConfig, log) -> TrainResult:
+    from ..models import build_model  # noqa: PLC0415
+    from .distributed import DistributedPipeline  # noqa: PLC0415
+    from .measure import write_chrome_trace  # noqa: PLC0415
+
+    model = build_model(cfg.model, cfg.stages, **cfg.model_kwargs())
+    sched = build_schedule(cfg, model)
+    data = data_stream(cfg)
+    losses, seconds, records = [], [], []
+    with open_cluster(cfg, log) as cluster:
+        if log:
+            print(f"setting up {cfg.stages} stages x {cfg.dp} data-parallel hosts ({cfg.strategy}, {sched.name})",
+                  file=log, flush=True)
+        pipe = DistributedPipeline(cluster, cfg.model, cfg.stages, sched, microbatch_size=cfg.microbatch_size,
+                                   model_kwargs=cfg.model_kwargs(), dp=cfg.dp, strategy=cfg.strategy,
+                                   optimizer=cfg.optimizer, lr=cfg.lr)
+        for step in range(1, cfg.steps + 1):
+            res = pipe.step(next(data))
+            losses.append(res.loss)
+            seconds.append(res.seconds)
+            records.append(res.per_host)
+            _progress(step, cfg.steps, res.loss, _rate(cfg, seconds), log)
+        if log:
+            print(file=log)
+    if cfg.trace:
+        # the last steps (after compilation), so the trace shows the steady state
+        write_chrome_trace(records[-min(3, len(records)):], cfg.trace)
+        if log:
+            print(f"wrote {cfg.trace} (open in chrome://tracing or ui.perfetto.dev)", file=log)
+    return TrainResult(losses, seconds, sched, _rate(cfg, seconds), records)
+
+
+def write_loss(result: TrainResult, cfg: TrainConfig, out: str | Path) -> list[Path]:
+    """loss.json and loss.png (the curve over the steps)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"model": cfg.model, "stages": cfg.stages, "dp": cfg.dp, "schedule": result.schedule.name,
+            "strategy": cfg.strategy, "cluster": cfg.cluster, "optimizer": cfg.optimizer, "lr": cfg.lr,
+            "samples_per_second": result.samples_per_second, "loss": result.losses}
+    (out / "loss.json").write_text(json.dumps(meta, indent=1))
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    steps = np.arange(1, len(result.losses) + 1)
+    ax.plot(steps, result.losses, lw=0.8, alpha=0.5, label="loss")
+    if len(result.losses) >= 10:
+        w = 10
+        smooth = np.convolve(result.losses, np.ones(w) / w, mode="valid")
+        ax.plot(steps[w - 1:], smooth, lw=1.6, label=f"mean of {w}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (nats per byte)")
+    ax.set_title(f"{cfg.model}, {cfg.stages} stages x dp {cfg.dp}, {result.schedule.name}, {cfg.strategy}, "
+                 f"{cfg.cluster}", fontsize=8)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "loss.png", dpi=120)
+    plt.close(fig)
+    return [out / "loss.json", out / "loss.png"]
