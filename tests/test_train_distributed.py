@@ -1,0 +1,119 @@
+"""The distributed pipeline trainer's pure parts: edge planning between stage meshes,
+the bucketed all-reduce, tag ranges, and the measurement helpers."""
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from alpa_comm.cluster import ClusterSpec
+from alpa_comm.pipeline import Costs, generate, simulate_schedule
+from alpa_comm.resharding.verify import verify_plan
+from alpa_comm.runtime.allreduce import allreduce_mean, buckets
+from alpa_comm.runtime.backend import CommunicationError, ThreadBackend, ThreadHub
+from alpa_comm.train.edges import Edge, edge_plans, model_edges, stage_mesh
+from alpa_comm.train.measure import chrome_trace, costs_from, iteration_seconds, stage_times
+from alpa_comm.train.transport import tag_slot
+
+UT4 = [{}, {"h": 0}, {"h": 1, "skip1": 1}, {"h": 2, "skip0": 0}]  # utransformer(4, half_layers=2).consumes
+
+
+# ------------------------------------------------------------------ pure parts
+def test_edges_of_a_u_transformer_include_the_skip_and_its_gradient():
+    edges = model_edges(UT4)
+    assert Edge("F", 0, 3, ("skip0",)) in edges and Edge("B", 3, 0, ("skip0",)) in edges
+    assert Edge("F", 1, 2, ("h", "skip1")) in edges
+    assert len(edges) == 8
+
+
+def test_an_edge_backwards_is_refused_with_the_stage_named():
+    with pytest.raises(ValueError, match="stage 1 consumes 'x' from stage 2"):
+        model_edges([{}, {"x": 2}, {}])
+
+
+@settings(max_examples=25, deadline=None)
+@given(dp=st.integers(1, 2), k=st.sampled_from([1, 2, 4]),
+       strategy=st.sampled_from(["broadcast", "alpa", "send_recv", "signal"]), rows_per=st.integers(1, 3))
+def test_every_edge_plan_delivers_its_layout(dp, k, strategy, rows_per):
+    edges = model_edges(UT4)
+    rows = dp * k * rows_per
+    shapes = {(s, key): (rows, 8, 16) for s in range(4) for key in ("h", "skip0", "skip1")}
+    spec = ClusterSpec(num_hosts=4 * dp, devices_per_host=k)
+    plans = edge_plans(edges, shapes, "float32", dp, k, spec, strategy)
+    for e, per_key in plans.items():
+        assert len(per_key) == len(e.keys)
+        for p in per_key:
+            assert p.src_mesh == stage_mesh(e.src, dp, k) and p.dst_mesh == stage_mesh(e.dst, dp, k)
+            if strategy != "signal":
+                verify_plan(p)
+
+
+def test_rows_that_do_not_divide_over_the_stage_devices_are_refused():
+    with pytest.raises(ValueError, match="not divisible by 2 data-parallel hosts x 2 devices"):
+        edge_plans(model_edges(UT4), {(s, k): (6, 4, 4) for s in range(4) for k in ("h", "skip0", "skip1")},
+                   "float32", 2, 2, ClusterSpec(num_hosts=8, devices_per_host=2), "broadcast")
+
+
+def test_too_many_concurrent_transfers_is_a_clear_error():
+    assert tag_slot(0, 0, 3, 4) == 3
+    with pytest.raises(CommunicationError, match="too many concurrent transfers"):
+        tag_slot(10_000, 0, 0, 64)
+
+
+def _run_ranks(n, fn):
+    hub = ThreadHub(n)
+    out, errors = [None] * n, []
+
+    def body(r):
+        try:
+            out[r] = fn(ThreadBackend(r, hub), r)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+    threads = [threading.Thread(target=body, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors
+    return out
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 4), sizes=st.lists(st.integers(1, 40), min_size=1, max_size=6),
+       bucket=st.sampled_from([8, 64, 1 << 20]), seed=st.integers(0, 99))
+def test_bucketed_allreduce_is_the_mean_over_hosts(n, sizes, bucket, seed):
+    rng = np.random.default_rng(seed)
+    data = [[rng.standard_normal(s).astype(np.float32) for s in sizes] for _ in range(n)]
+    out = _run_ranks(n, lambda b, r: allreduce_mean(b, data[r], list(range(n)), 0, bucket_bytes=bucket, timeout=10))
+    for i in range(len(sizes)):
+        want = np.mean([data[r][i] for r in range(n)], axis=0)
+        for r in range(n):
+            np.testing.assert_allclose(out[r][i], want, rtol=1e-6, atol=1e-6)
+
+
+def test_buckets_keep_order_and_never_exceed_the_size_unless_one_array_does():
+    assert buckets([2, 2, 2, 10, 1], 4, 16) == [[0, 1], [2], [3], [4]]
+
+
+def test_measured_records_become_costs_a_trace_and_an_iteration_time():
+    rec0 = {"host": 0, "stage": 0, "events": [("F", 0, 0.0, 1.0), ("B", 0, 3.0, 5.0), ("UPDATE", -1, 5.0, 9.0)],
+            "transfers": [("F:0->1", 0, 1.0, 1.5)]}
+    rec1 = {"host": 1, "stage": 1, "events": [("RECV_F", 0, 0.0, 1.5), ("F", 0, 1.5, 2.0), ("B", 0, 2.0, 2.5)],
+            "transfers": [("B:1->0", 0, 2.5, 3.0)]}
+    steps = [[rec0, rec1]]
+    assert iteration_seconds([rec0, rec1]) == 5.0
+    times = stage_times(steps, 2)
+    assert times["F"] == [1.0, 0.5] and times["B"] == [2.0, 0.5]
+    costs = costs_from(times, {"F:0->1": 0.5, "B:1->0": 0.25}, 2)
+    r = simulate_schedule(generate("1f1b", 2, 1), costs)
+    assert r.iteration_time == pytest.approx(1.0 + 0.5 + 0.5 + 0.5 + 0.25 + 2.0)
+    trace = chrome_trace(steps)
+    names = {e["name"] for e in trace["traceEvents"] if e["ph"] == "X"}
+    assert {"F0", "B0", "RECV_F0", "F:0->1 mb0", "UPDATE"} <= names
+
+
+def test_simulator_takes_a_separate_backward_transfer_time():
+    s = generate("1f1b", 2, 1)
+    assert (simulate_schedule(s, Costs(1.0, 2.0, 0.5, t_comm_b=0.0)).iteration_time
+            == pytest.approx(simulate_schedule(s, Costs(1.0, 2.0, 0.5)).iteration_time - 0.5))

@@ -1,0 +1,91 @@
+"""The distributed pipeline trainer on the emulated cluster: every schedule and strategy
+against the single-device reference step (loss and updated parameters), data
+parallelism, bad requests."""
+import numpy as np
+import pytest
+
+from alpa_comm.pipeline import generate
+
+from conftest import emulation_marks
+
+ray = pytest.importorskip("ray")
+pytest.importorskip("torch")
+jax = pytest.importorskip("jax")
+pytest.importorskip("optax")
+
+pytestmark = emulation_marks()
+
+from alpa_comm.models import build_model  # noqa: E402
+from alpa_comm.train.data import synthetic  # noqa: E402
+from alpa_comm.train.distributed import DistributedPipeline, PipelineCluster  # noqa: E402
+from alpa_comm.train.local_pipeline import reference_step, with_skips  # noqa: E402
+
+KW = {"layers": 4, "d": 16, "heads": 2, "seq": 8}
+LR = 0.5
+VARIANTS = [(kind, split, delay) for kind in ("gpipe", "1f1b", "eager-1f1b")
+            for split, delay in ((False, None), (True, None), (True, 1))]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with PipelineCluster.emulated(4, 2, nic="400mbit", timeout=30, log=None) as c:
+        yield c
+
+
+def _reference(model_name, num_stages, microbatches):
+    model = build_model(model_name, num_stages, **KW)
+    loss, grads = reference_step(model, [{k: jax.numpy.asarray(v) for k, v in mb.items()} for mb in microbatches])
+    new = [jax.tree_util.tree_map(lambda p, g: np.asarray(p - LR * g), p, g) for p, g in zip(model.params, grads)]
+    return float(loss), new
+
+
+def _check(pipe, microbatches, ref_loss, ref_params):
+    res = pipe.step(microbatches)
+    assert res.loss == pytest.approx(ref_loss, rel=1e-5)
+    for got, want in zip(pipe.stage_params(), ref_params):
+        for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    return res
+
+
+@pytest.mark.parametrize("model_name", ["gpt", "utransformer"])
+def test_every_schedule_and_strategy_matches_the_single_device_step(cluster, model_name):
+    M = 4
+    mbs = next(synthetic(M, 4, KW["seq"], seed=1))
+    ref_loss, ref_params = _reference(model_name, 4, mbs)
+    model = build_model(model_name, 4, **KW)
+    runs = [(v, "broadcast") for v in VARIANTS] + [(("eager-1f1b", True, 1), s) for s in ("alpa", "send_recv")]
+    for (kind, split, delay), strategy in runs:
+        sched = with_skips(generate(kind, 4, M, split_backward=split, delay_wgrad=delay), model)
+        pipe = DistributedPipeline(cluster, model_name, 4, sched, microbatch_size=4, model_kwargs=KW,
+                                   strategy=strategy, optimizer="sgd", lr=LR)
+        res = _check(pipe, mbs, ref_loss, ref_params)
+        assert {r["stage"] for r in res.per_host} == {0, 1, 2, 3}
+    # signal moves one byte per transfer: it runs the same schedule without the data
+    sched = with_skips(generate("eager-1f1b", 4, M, split_backward=True, delay_wgrad=1), model)
+    pipe = DistributedPipeline(cluster, model_name, 4, sched, microbatch_size=4, model_kwargs=KW,
+                               strategy="signal", optimizer="sgd", lr=LR)
+    assert np.isfinite(pipe.step(mbs).loss)
+
+
+def test_data_parallel_stages_average_their_gradients(cluster):
+    mbs = next(synthetic(3, 4, KW["seq"], seed=2))
+    ref_loss, ref_params = _reference("gpt", 2, mbs)
+    model = build_model("gpt", 2, **KW)
+    sched = with_skips(generate("1f1b", 2, 3), model)
+    pipe = DistributedPipeline(cluster, "gpt", 2, sched, microbatch_size=4, model_kwargs=KW, dp=2,
+                               strategy="broadcast", optimizer="sgd", lr=LR)
+    res = _check(pipe, mbs, ref_loss, ref_params)
+    assert sorted(r["host"] for r in res.per_host) == [0, 1, 2, 3]
+
+
+def test_bad_pipeline_requests_name_the_value(cluster):
+    model = build_model("gpt", 4, **KW)
+    sched = with_skips(generate("1f1b", 4, 2), model)
+    with pytest.raises(ValueError, match="need 8 hosts"):
+        DistributedPipeline(cluster, "gpt", 4, sched, microbatch_size=4, model_kwargs=KW, dp=2)
+    with pytest.raises(ValueError, match="microbatch size 3"):
+        DistributedPipeline(cluster, "gpt", 4, sched, microbatch_size=3, model_kwargs=KW)
+    with pytest.raises(ValueError, match="unknown strategy 'carrier-pigeon'"):
+        DistributedPipeline(cluster, "gpt", 4, sched, microbatch_size=4, model_kwargs=KW, strategy="carrier-pigeon")
+
