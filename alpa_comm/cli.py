@@ -254,7 +254,7 @@ def cmd_cluster(args) -> int:
     if args.action == "up":
         from .runtime.cluster import launch_emulated  # noqa: PLC0415
 
-        network = launch_emulated(args.hosts, None if args.nic == "none" else args.nic)
+        network = launch_emulated(args.hosts, None if args.nic == "none" else args.nic, cpu=args.host_cpus)
         print(f"emulated cluster up: {args.hosts} hosts ({', '.join(netns.host_ip(h) for h in range(args.hosts))}), "
               f"NIC {args.nic}, Ray at {network.info['address']}")
         print("drive it from Python with Cluster.attach_emulated(devices_per_host=...); "
@@ -429,6 +429,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "ray://ADDR (default local)")
     p.add_argument("--devices-per-host", type=int, default=2, help="JAX devices per host (default 2)")
     p.add_argument("--nic", default="400mbit", help="emulated NIC rate, e.g. 400mbit, 1gbit, none")
+    p.add_argument("--host-cpus", type=float, default=None,
+                   help="emulated: cap each host at this many CPU cores (stages then compute side by side "
+                        "at a steady rate, as separate machines would)")
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--optimizer", default="adam", choices=["adam", "sgd"])
     p.add_argument("--lr", type=float, default=3e-3, help="learning rate (default 3e-3)")
@@ -446,6 +449,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["up", "down", "status"])
     p.add_argument("--hosts", type=int, default=5, help="number of hosts (default 5)")
     p.add_argument("--nic", default="400mbit", help="NIC rate per host and direction, e.g. 400mbit, 1gbit, none")
+    p.add_argument("--host-cpus", type=float, default=None, help="cap each host at this many CPU cores")
     p.set_defaults(func=cmd_cluster)
     return parser
 

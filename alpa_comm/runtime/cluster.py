@@ -36,12 +36,12 @@ from .worker import HostWorker
 EMULATED_LATENCY_S = 350e-6
 
 
-def launch_emulated(num_hosts: int, nic: str | None, log=sys.stderr):
-    """Namespaces, shaping and Ray nodes, with a fresh auth token; returns the network
-    (its state file holds the Ray address and token)."""
+def launch_emulated(num_hosts: int, nic: str | None, log=sys.stderr, cpu: float | None = None):
+    """Namespaces, shaping (and, with ``cpu``, a CPU quota per host) and Ray nodes, with
+    a fresh auth token; returns the network (its state file holds the Ray address and token)."""
     from ..testing import netns, ray_nodes  # noqa: PLC0415
 
-    network = netns.EmulatedNetwork(num_hosts, nic).up()
+    network = netns.EmulatedNetwork(num_hosts, nic, cpu=cpu).up()
     try:
         token = secrets.token_hex(32)
         network.remember(token=token)
@@ -169,10 +169,13 @@ class Cluster:
 
     @classmethod
     def emulated(cls, num_hosts: int, devices_per_host: int, nic: str | None = "400mbit",
-                 timeout: float = DEFAULT_TIMEOUT_S, log=sys.stderr, **cluster_kw) -> "Cluster":
+                 timeout: float = DEFAULT_TIMEOUT_S, log=sys.stderr, cpu: float | None = None,
+                 **cluster_kw) -> "Cluster":
         """Hosts as network namespaces with ``tc``-shaped NICs (see ``alpa_comm.testing``);
-        ``shutdown`` removes every namespace and process it created."""
-        network = launch_emulated(num_hosts, nic, log)
+        ``cpu`` caps each host at that many cores (hosts then compute side by side at a
+        steady rate instead of contending for this machine's cores); ``shutdown``
+        removes every namespace, cgroup and process it created."""
+        network = launch_emulated(num_hosts, nic, log, cpu)
         try:
             return cls._attach(network, devices_per_host, timeout, log, owns_network=True, **cluster_kw)
         except BaseException:

@@ -33,6 +33,8 @@ SUBNET = "198.18.0"
 LAUNCHER_IP = f"{SUBNET}.1"
 TBF_LATENCY = os.environ.get("ALPA_COMM_TBF_LATENCY", "50ms")  # queue bound: deep queues add hop delay
 STATE_FILE = Path(os.environ.get("ALPA_COMM_STATE", "/tmp/alpa_comm_cluster.json"))
+CPU_CGROUP_ROOT = Path(os.environ.get("ALPA_COMM_CPU_CGROUP", "/sys/fs/cgroup/cpu"))  # cgroup v1 cpu controller
+CPU_PERIOD_US = 100_000
 
 
 class EmulationUnavailable(AlpaCommError, RuntimeError):
@@ -108,6 +110,7 @@ class EmulatedNetwork:
     state_file: Path = STATE_FILE
     pids: list[int] = field(default_factory=list)
     info: dict = field(default_factory=dict)  # e.g. the Ray address and token of `alpa-comm cluster up`
+    cpu: float | None = None  # CPU cores per host (a cgroup quota); None: uncapped
 
     # ------------------------------------------------------------------ up
     def up(self) -> "EmulatedNetwork":
@@ -116,6 +119,8 @@ class EmulatedNetwork:
             raise AlpaCommError(f"num_hosts must be 1..200, got {self.num_hosts}")
         if self.rate is not None:
             _burst(self.rate)  # validate before touching anything
+        if self.cpu is not None:
+            check_cpu_cap(self.cpu)
         leftovers = existing_namespaces()
         if self.state_file.exists() or leftovers or Path(f"/sys/class/net/{BRIDGE}").exists():
             raise ClusterExistsError(
@@ -141,6 +146,11 @@ class EmulatedNetwork:
                     tbf = ["tbf", "rate", self.rate, "burst", burst, "latency", TBF_LATENCY]
                     _run("tc", "qdisc", "add", "dev", outer, "root", *tbf)  # into the host: its receive side
                     _run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", inner, "root", *tbf)  # its send side
+                if self.cpu is not None:
+                    group = cpu_cgroup(h)
+                    group.mkdir(exist_ok=True)
+                    (group / "cpu.cfs_period_us").write_text(str(CPU_PERIOD_US))
+                    (group / "cpu.cfs_quota_us").write_text(str(int(self.cpu * CPU_PERIOD_US)))
         except BaseException:
             self.down()
             raise
@@ -151,7 +161,7 @@ class EmulatedNetwork:
         tmp = self.state_file.with_suffix(".tmp")
         tmp.touch(mode=0o600)  # it may hold a Ray auth token
         tmp.write_text(json.dumps({"num_hosts": self.num_hosts, "rate": self.rate, "pids": self.pids,
-                                   "info": self.info}))
+                                   "info": self.info, "cpu": self.cpu}))
         tmp.replace(self.state_file)
 
     def remember(self, **info) -> None:
@@ -168,10 +178,17 @@ class EmulatedNetwork:
         if not state_file.exists():
             return None
         d = json.loads(state_file.read_text())
-        return cls(d["num_hosts"], d["rate"], state_file, d.get("pids", []), d.get("info", {}))
+        return cls(d["num_hosts"], d["rate"], state_file, d.get("pids", []), d.get("info", {}), d.get("cpu"))
 
     def exec_prefix(self, host: int) -> list[str]:
-        return ["ip", "netns", "exec", namespace(host)]
+        """Run a command as host ``host``: in its namespace and, with a CPU cap, in its
+        cgroup (joined before the command starts, so every process it forks is capped;
+        joined outside the namespace, whose own /sys does not show the cgroup mounts)."""
+        prefix = ["ip", "netns", "exec", namespace(host)]
+        if self.cpu is None:
+            return prefix
+        procs = cpu_cgroup(host) / "cgroup.procs"
+        return ["sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh"] + prefix
 
     # ----------------------------------------------------------------- down
     def down(self) -> None:
@@ -186,6 +203,7 @@ class EmulatedNetwork:
             _run("ip", "link", "del", BRIDGE, check=False)
         for ns in existing_namespaces():
             _run("ip", "netns", "del", ns, check=False)
+        remove_cpu_cgroups(self.num_hosts)
         self.state_file.unlink(missing_ok=True)
         self.state_file.with_suffix(".tmp").unlink(missing_ok=True)
 
@@ -194,6 +212,34 @@ class EmulatedNetwork:
                 "namespaces": existing_namespaces(),
                 "processes": {ns: namespace_pids(ns) for ns in existing_namespaces()},
                 "tracked_pids": [p for p in self.pids if _alive(p)]}
+
+
+def cpu_cgroup(host: int) -> Path:
+    return CPU_CGROUP_ROOT / f"{PREFIX}-h{host}"
+
+
+def check_cpu_cap(cores: float) -> None:
+    """A per-host CPU cap needs the cgroup v1 cpu controller, writable (root)."""
+    if not cores > 0:
+        raise AlpaCommError(f"CPU cores per host must be > 0, got {cores!r}")
+    if not (CPU_CGROUP_ROOT / "cpu.cfs_quota_us").exists() or not os.access(CPU_CGROUP_ROOT, os.W_OK):
+        raise EmulationUnavailable(f"capping a host's CPU needs a writable cgroup v1 cpu controller at "
+                                   f"{CPU_CGROUP_ROOT} (set ALPA_COMM_CPU_CGROUP to another mount)")
+
+
+def remove_cpu_cgroups(num_hosts: int, wait_s: float = 5.0) -> None:
+    """Remove our hosts' cgroups (a cgroup can go once its processes have exited)."""
+    groups = [cpu_cgroup(h) for h in range(num_hosts)]
+    groups += [g for g in CPU_CGROUP_ROOT.glob(f"{PREFIX}-h*") if g not in groups] if CPU_CGROUP_ROOT.exists() else []
+    deadline = time.monotonic() + wait_s
+    for g in groups:
+        while g.exists():
+            try:
+                g.rmdir()
+            except OSError:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
 
 
 def namespace_pids(ns: str) -> list[int]:

@@ -25,6 +25,7 @@ from typing import Callable, Protocol
 import jax
 import jax.numpy as jnp
 
+from ..models.dense import WeightTape, weight_grads
 from ..pipeline.ir import Action, ScheduleError
 
 
@@ -37,34 +38,87 @@ class Mailbox(Protocol):
 @dataclass
 class StagePrograms:
     """A stage's compiled programs. ``constrain_out`` pins activations and input
-    gradients to the layout the edges expect (identity in one process)."""
+    gradients to the layout the edges expect (identity in one process).
+
+    ``forward`` returns the outputs and the backward state (the VJP plus the
+    inputs of every weight matmul, see ``models.dense``); ``backward_input``
+    returns the input gradients and the weight-gradient state (partial parameter
+    gradients, matmul inputs, their output gradients) and frees the VJP;
+    ``backward_weight`` finishes the parameter gradients from that state with one
+    ``x^T dy`` per matmul. ``backward`` is both at once. BI + BW cost what B costs.
+    """
 
     stage_fn: Callable
     constrain_out: Callable = staticmethod(lambda tree: tree)
 
     def __post_init__(self):
         fn, pin = self.stage_fn, self.constrain_out
+        traced: dict = {}  # the matmuls' parameter paths, found while tracing the forward
 
         def forward(params, inputs, batch):
-            out, vjp = jax.vjp(lambda p, x: fn(p, x, batch), params, inputs)
-            return pin(out), vjp
+            def discover(p, x):
+                with WeightTape(p) as tape:
+                    fn(p, x, batch)
+                return [jnp.zeros(s.shape, s.dtype) for s in tape.shapes]
+
+            shapes = jax.eval_shape(discover, params, inputs)
+
+            def run(p, x, taps):
+                with WeightTape(p, taps) as tape:
+                    out = fn(p, x, batch)
+                traced["paths"] = list(tape.paths)
+                return pin(out), tape.inputs
+
+            taps = [jnp.zeros(s.shape, s.dtype) for s in shapes]
+            out, vjp, xs = jax.vjp(run, params, inputs, taps, has_aux=True)
+            return out, (vjp, xs)
+
+        def backward_input(vjp, ct):
+            gp, gx, dys = vjp(ct)
+            return pin(gx), (gp, dys)
+
+        def backward_weight(xs, partial):
+            gp, dys = partial
+            return weight_grads(gp, traced["paths"], xs, dys)
+
+        def backward(state, ct):
+            vjp, xs = state
+            gx, partial = backward_input(vjp, ct)
+            return backward_weight(xs, partial), gx
 
         self.forward = jax.jit(forward)
-        self.backward = jax.jit(lambda vjp, ct: (lambda g: (g[0], pin(g[1])))(vjp(ct)))
-        self.backward_input = jax.jit(lambda vjp, ct: pin(vjp(ct)[1]))
-        self.backward_weight = jax.jit(lambda vjp, ct: vjp(ct)[0])
+        self.backward = jax.jit(backward)
+        # The state is a Python pair (VJP, matmul inputs): BI takes only the VJP, so the
+        # inputs are not copied through it to reach BW.
+        self._bi = jax.jit(backward_input)
+        self._bw = jax.jit(backward_weight)
         self.accumulate = jax.jit(lambda a, b: jax.tree_util.tree_map(jnp.add, a, b))
 
+    def backward_input(self, state, ct):
+        """Input gradients and the weight-gradient state (the VJP is released)."""
+        vjp, xs = state
+        gx, partial = self._bi(vjp, ct)
+        return gx, (xs, partial)
 
-def _bytes(tree) -> int:
-    return sum(int(getattr(x, "nbytes", 0)) for x in jax.tree_util.tree_leaves(tree))
+    def backward_weight(self, wstate):
+        xs, partial = wstate
+        return self._bw(xs, partial)
 
 
-def residual_bytes(vjp, params) -> int:
-    """Bytes a VJP keeps alive besides the parameters (its activations), on this host."""
+def residual_bytes(state, params) -> int:
+    """Bytes of activation state kept alive (each buffer once; parameter-shaped
+    leaves, i.e. weights and partial weight gradients, left out), on this host."""
     param_shapes = {(tuple(p.shape), str(p.dtype)) for p in jax.tree_util.tree_leaves(params)}
-    return sum(int(x.nbytes) for x in jax.tree_util.tree_leaves(vjp)
-               if hasattr(x, "shape") and (tuple(x.shape), str(x.dtype)) not in param_shapes)
+    seen, total = set(), 0
+    for x in jax.tree_util.tree_leaves(state):
+        if not hasattr(x, "addressable_shards") or (tuple(x.shape), str(x.dtype)) in param_shapes:
+            continue
+        for s in x.addressable_shards:
+            ptr = s.data.unsafe_buffer_pointer()
+            if ptr not in seen:
+                seen.add(ptr)
+                total += int(s.data.nbytes)
+    return total
 
 
 @dataclass
@@ -90,7 +144,7 @@ class StageRunner:
     def begin(self, params, microbatches: list[dict]) -> None:
         self.params, self.microbatches = params, microbatches
         self.M = len(microbatches)
-        self.vjps, self.cts, self.gx, self.outputs = {}, {}, {}, {}
+        self.vjps, self.wstates, self.gx, self.outputs = {}, {}, {}, {}
         self.inbox_f: dict[int, dict] = {}
         self.inbox_b: dict[int, dict] = {}
         self.grads = None
@@ -111,14 +165,16 @@ class StageRunner:
                 self._accumulate(gp)
                 self._free(m)
             else:
-                gx = self.p.backward_input(self.vjps[m], ct)
-                self.cts[m] = ct
+                gx, wstate = self.p.backward_input(self.vjps.pop(m), ct)
+                self.wstates[m] = wstate
+                self._wait(wstate)
+                self._track(m, wstate)
             self.gx[m] = gx
             self._wait(gx)
         elif a.kind == "BW":
-            if m not in self.cts:
+            if m not in self.wstates:
                 raise ScheduleError(f"stage {self.stage}: BW{m} before BI{m}")
-            self._accumulate(self.p.backward_weight(self.vjps.pop(m), self.cts.pop(m)))
+            self._accumulate(self.p.backward_weight(self.wstates.pop(m)))
             self._wait(self.grads)
             self._free(m)
         elif a.kind == "SEND_F":
@@ -155,14 +211,18 @@ class StageRunner:
         if missing:
             raise ScheduleError(f"stage {self.stage}: F{m} runs without inputs {sorted(missing)} "
                                 "(a RECV_F is missing)")
-        out, vjp = self.p.forward(self.params, inputs, self.microbatches[m])
-        self.outputs[m], self.vjps[m] = out, vjp
+        out, state = self.p.forward(self.params, inputs, self.microbatches[m])
+        self.outputs[m], self.vjps[m] = out, state
         self._wait(out)
-        self._live_bytes[m] = residual_bytes(vjp, self.params)
-        self.record.peak_live = max(self.record.peak_live, len(self._live_bytes))
-        self.record.peak_live_bytes = max(self.record.peak_live_bytes, sum(self._live_bytes.values()))
+        self._track(m, state)
         if self.stage == self.num_stages - 1:
             self.record.losses[m] = out["loss"]
+
+    def _track(self, m: int, state) -> None:
+        """Microbatch ``m`` now keeps ``state`` alive (its activations until its BW)."""
+        self._live_bytes[m] = residual_bytes(state, self.params)
+        self.record.peak_live = max(self.record.peak_live, len(self._live_bytes))
+        self.record.peak_live_bytes = max(self.record.peak_live_bytes, sum(self._live_bytes.values()))
 
     def _free(self, m: int) -> None:
         self._live_bytes.pop(m, None)
@@ -184,8 +244,9 @@ class StageRunner:
 
     def finish(self) -> StepRecord:
         """End of the step: every VJP must have been consumed."""
-        if self.vjps:
-            raise ScheduleError(f"stage {self.stage}: microbatches {sorted(self.vjps)} were never back-propagated")
+        if self.vjps or self.wstates:
+            raise ScheduleError(f"stage {self.stage}: microbatches {sorted(set(self.vjps) | set(self.wstates))} "
+                                "were never (fully) back-propagated")
         self.record.losses = {m: float(v) for m, v in self.record.losses.items()}
         return self.record
 

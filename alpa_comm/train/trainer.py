@@ -46,6 +46,7 @@ class TrainConfig:
     cluster: str = "local"      # inprocess | local | emulated | ray://ADDR
     devices_per_host: int = 2
     nic: str = "400mbit"
+    host_cpus: float | None = None  # emulated: CPU cores per host (None: uncapped)
     steps: int = 50
     optimizer: str = "adam"
     lr: float = 3e-3
@@ -98,7 +99,7 @@ def open_cluster(cfg: TrainConfig, log=sys.stderr):
     hosts = cfg.stages * cfg.dp
     if cfg.cluster == "emulated":
         return PipelineCluster.emulated(hosts, cfg.devices_per_host, nic=None if cfg.nic == "none" else cfg.nic,
-                                        timeout=cfg.timeout, log=log)
+                                        timeout=cfg.timeout, log=log, cpu=cfg.host_cpus)
     if cfg.cluster == "local":
         return PipelineCluster.local(hosts, cfg.devices_per_host, timeout=cfg.timeout)
     address = cfg.cluster[len("ray://"):] if cfg.cluster.startswith("ray://") else cfg.cluster
