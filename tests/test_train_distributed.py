@@ -103,7 +103,7 @@ def test_measured_records_become_costs_a_trace_and_an_iteration_time():
             "transfers": [("B:1->0", 0, 2.5, 3.0)]}
     steps = [[rec0, rec1]]
     assert iteration_seconds([rec0, rec1]) == 5.0
-    times = stage_times(steps, 2)
+    times = stage_times(steps, 2, busy=False)
     assert times["F"] == [1.0, 0.5] and times["B"] == [2.0, 0.5]
     costs = costs_from(times, {"F:0->1": 0.5, "B:1->0": 0.25}, 2)
     r = simulate_schedule(generate("1f1b", 2, 1), costs)

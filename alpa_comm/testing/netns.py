@@ -34,7 +34,7 @@ LAUNCHER_IP = f"{SUBNET}.1"
 TBF_LATENCY = os.environ.get("ALPA_COMM_TBF_LATENCY", "50ms")  # queue bound: deep queues add hop delay
 STATE_FILE = Path(os.environ.get("ALPA_COMM_STATE", "/tmp/alpa_comm_cluster.json"))
 CPU_CGROUP_ROOT = Path(os.environ.get("ALPA_COMM_CPU_CGROUP", "/sys/fs/cgroup/cpu"))  # cgroup v1 cpu controller
-CPU_PERIOD_US = 100_000
+CPU_PERIOD_US = 5_000  # short periods: a throttled host waits at most a few ms, not tens
 
 
 class EmulationUnavailable(AlpaCommError, RuntimeError):

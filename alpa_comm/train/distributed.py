@@ -95,9 +95,14 @@ class DistributedPipeline:
                 cfg = {"stage": s, "replica": r, "dp": dp, "num_stages": num_stages, "model": model,
                        "model_kwargs": self.model_kwargs, "schedule": schedule.to_json(), "jobs": jobs,
                        "edge_index": edge_index, "edge_keys": edge_keys, "timeout": cluster.timeout,
-                       "strategy": strategy, "optimizer": optimizer, "lr": lr}
+                       "strategy": strategy, "optimizer": optimizer, "lr": lr,
+                       "input_shapes": {key: (microbatch_size // dp,) + tuple(self.shapes[(src, key)][1:])
+                                        for key, src in self.model.consumes[s].items()},
+                       "batch_shape": (microbatch_size // dp, seq)}
                 refs.append((cluster.workers[h].setup_stage.remote(cfg), h))
-        cluster._wait(refs, "setting up its pipeline stage", timeout=max(120.0, cluster.timeout))
+        # set-up compiles the stage's programs (minutes on a slow host the first time)
+        self.setup = cluster._wait(refs, "setting up its pipeline stage (compiling)",
+                                   timeout=max(600.0, cluster.timeout))
 
     # ---------------------------------------------------------------- steps
     def _rows(self, r: int) -> slice:

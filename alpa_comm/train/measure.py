@@ -26,15 +26,32 @@ def iteration_seconds(per_host: list[dict]) -> float:
     return max(t1 for _, t1 in spans) - min(t0 for t0, _ in spans) if spans else 0.0
 
 
-def stage_times(steps: list[list[dict]], num_stages: int) -> dict[str, list[float]]:
+def busy_factor(rec: dict) -> float:
+    """How much longer a stage is busy than its compute actions alone take: its span
+    minus the time it waited for data, over the sum of its compute actions. The
+    rest is runtime work between actions (unpacking received buffers, dispatch,
+    bookkeeping) that the simulator has no action for."""
+    acts = [(k, t0, t1) for k, _, t0, t1 in rec["events"] if k != "UPDATE"]
+    if not acts:
+        return 1.0
+    span = max(t1 for _, _, t1 in acts) - min(t0 for _, t0, _ in acts)
+    waits = sum(t1 - t0 for k, t0, t1 in acts if k.startswith("RECV"))
+    compute = sum(t1 - t0 for k, t0, t1 in acts if k in COMPUTE_KINDS)
+    return max(1.0, (span - waits) / compute) if compute > 0 else 1.0
+
+
+def stage_times(steps: list[list[dict]], num_stages: int, busy: bool = True) -> dict[str, list[float]]:
     """Median duration per stage of each compute kind over ``steps`` (each a list of
-    host records); kinds a schedule does not use are absent."""
+    host records); kinds a schedule does not use are absent. With ``busy`` each
+    duration is scaled by the stage's ``busy_factor``, so the simulator charges
+    the runtime's own work between actions too."""
     got: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     for per_host in steps:
         for rec in per_host:
+            f = busy_factor(rec) if busy else 1.0
             for kind, _, t0, t1 in rec["events"]:
                 if kind in COMPUTE_KINDS:
-                    got[kind][rec["stage"]].append(t1 - t0)
+                    got[kind][rec["stage"]].append((t1 - t0) * f)
     return {kind: [median(per[s]) if per[s] else 0.0 for s in range(num_stages)] for kind, per in got.items()}
 
 
@@ -74,7 +91,7 @@ def chrome_trace(steps: list[list[dict]]) -> dict:
                 for tid, label in ((0, "compute"), (1, "waiting for data"), (2, "transfers")):
                     events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": label}})
             for kind, mb, t0, t1 in rec["events"]:
-                tid = 1 if kind.startswith("RECV") else 0
+                tid = 1 if kind.startswith("RECV") else 0  # UNPACK is busy time: on the compute row
                 name = kind if mb < 0 else f"{kind}{mb}"
                 events.append({"name": name, "ph": "X", "pid": pid, "tid": tid, "ts": (t0 - t_origin) * 1e6,
                                "dur": max(0.0, t1 - t0) * 1e6, "cat": "wait" if tid else "compute"})

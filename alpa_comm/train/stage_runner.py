@@ -168,7 +168,7 @@ class StageRunner:
                 gx, wstate = self.p.backward_input(self.vjps.pop(m), ct)
                 self.wstates[m] = wstate
                 self._wait(wstate)
-                self._track(m, wstate)
+                self._track(m, wstate, "BI")
             self.gx[m] = gx
             self._wait(gx)
         elif a.kind == "BW":
@@ -197,8 +197,14 @@ class StageRunner:
                     box[k] = box[k] + v if k in box else v
         else:
             raise ScheduleError(f"stage {self.stage}: unknown action {a}")
-        if a.is_compute or a.kind.startswith("RECV"):
-            self.record.events.append((str(a.kind), m, t0, time.time()))
+        t1 = time.time()
+        if a.kind.startswith("RECV"):
+            unpack = min(getattr(self.mailbox, "unpack_s", 0.0), t1 - t0)
+            self.record.events.append((str(a.kind), m, t0, t1 - unpack))
+            if unpack:
+                self.record.events.append(("UNPACK", m, t1 - unpack, t1))
+        elif a.is_compute:
+            self.record.events.append((str(a.kind), m, t0, t1))
         return True
 
     def _wait(self, tree) -> None:
@@ -214,13 +220,17 @@ class StageRunner:
         out, state = self.p.forward(self.params, inputs, self.microbatches[m])
         self.outputs[m], self.vjps[m] = out, state
         self._wait(out)
-        self._track(m, state)
+        self._track(m, state, "F")
         if self.stage == self.num_stages - 1:
             self.record.losses[m] = out["loss"]
 
-    def _track(self, m: int, state) -> None:
-        """Microbatch ``m`` now keeps ``state`` alive (its activations until its BW)."""
-        self._live_bytes[m] = residual_bytes(state, self.params)
+    def _track(self, m: int, state, phase: str) -> None:
+        """Microbatch ``m`` now keeps ``state`` alive (its activations until its BW). The
+        bytes depend only on shapes, so they are counted once per phase and reused."""
+        cache = self.__dict__.setdefault("_state_bytes", {})
+        if phase not in cache:
+            cache[phase] = residual_bytes(state, self.params)
+        self._live_bytes[m] = cache[phase]
         self.record.peak_live = max(self.record.peak_live, len(self._live_bytes))
         self.record.peak_live_bytes = max(self.record.peak_live_bytes, sum(self._live_bytes.values()))
 

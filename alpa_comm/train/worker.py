@@ -108,7 +108,33 @@ class PipelineWorker(HostWorker):
         self.runner = StageRunner(self.stage, cfg["num_stages"], programs,
                                   model.consumes[self.stage], consumers_of(model.consumes, self.stage), self.mailbox,
                                   sync=True)
-        return {"host": self.host, "stage": self.stage, "devices": [str(d) for d in self.devices]}
+        t0 = time.time()
+        self._warm_up(cfg["input_shapes"], cfg["batch_shape"])
+        return {"host": self.host, "stage": self.stage, "devices": [str(d) for d in self.devices],
+                "compile_s": time.time() - t0}
+
+    def _warm_up(self, input_shapes: dict, batch_shape: tuple) -> None:
+        """Compile every program the schedule uses, on zeros, before the first step: all
+        hosts compile at once here, instead of one after another along the pipeline
+        while their peers' receives wait (and time out on slow hosts)."""
+        import jax  # noqa: PLC0415
+        import jax.numpy as jnp  # noqa: PLC0415
+
+        kinds = {a.kind for a in self.actions}
+        p = self.runner.p
+        batch = {k: jax.device_put(np.zeros(batch_shape, np.int32), self.split) for k in ("tokens", "targets")}
+        inputs = {k: jax.device_put(np.zeros(shape, np.float32), self.replicated) for k, shape in input_shapes.items()}
+        out, state = p.forward(self.params, inputs, batch)
+        ct = {k: jnp.zeros_like(v) for k, v in out.items()}
+        grads = None
+        if "B" in kinds:
+            grads, _ = p.backward(state, ct)
+        if "BI" in kinds:
+            _, wstate = p.backward_input(state, ct)
+            grads = p.backward_weight(wstate)
+        if grads is not None:
+            jax.block_until_ready(p.accumulate(grads, grads))
+            jax.block_until_ready(self.update(self.params, self.opt_state, grads))
 
     def _to_buffers(self, array) -> dict[int, np.ndarray]:
         """A stage output (split over local devices) as per-device buffers, global device ids."""
