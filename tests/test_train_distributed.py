@@ -117,3 +117,11 @@ def test_simulator_takes_a_separate_backward_transfer_time():
     s = generate("1f1b", 2, 1)
     assert (simulate_schedule(s, Costs(1.0, 2.0, 0.5, t_comm_b=0.0)).iteration_time
             == pytest.approx(simulate_schedule(s, Costs(1.0, 2.0, 0.5)).iteration_time - 0.5))
+
+
+def test_busy_factor_charges_work_between_actions_but_not_waits():
+    from alpa_comm.train.measure import busy_factor
+    rec = {"events": [("RECV_F", 0, 0.0, 2.0), ("UNPACK", 0, 2.0, 2.5), ("F", 0, 2.5, 3.5), ("B", 0, 4.0, 5.0),
+                      ("UPDATE", -1, 5.0, 9.0)]}
+    assert busy_factor(rec) == pytest.approx((5.0 - 2.0) / 2.0)  # 1 s of runtime work beside 2 s of compute
+    assert busy_factor({"events": [("F", 0, 0.0, 1.0)]}) == 1.0

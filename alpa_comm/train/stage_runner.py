@@ -130,6 +130,7 @@ class StepRecord:
     events: list[tuple[str, int, float, float]] = field(default_factory=list)
     peak_live: int = 0
     peak_live_bytes: int = 0
+    state_bytes: dict[str, int] = field(default_factory=dict)  # one microbatch's live bytes after F / after BI
 
 
 class StageRunner:
@@ -258,6 +259,7 @@ class StageRunner:
             raise ScheduleError(f"stage {self.stage}: microbatches {sorted(set(self.vjps) | set(self.wstates))} "
                                 "were never (fully) back-propagated")
         self.record.losses = {m: float(v) for m, v in self.record.losses.items()}
+        self.record.state_bytes = dict(self.__dict__.get("_state_bytes", {}))
         return self.record
 
 

@@ -186,7 +186,7 @@ class PipelineWorker(HostWorker):
         record.events.append(("UPDATE", -1, t0, time.time()))
         return {"host": self.host, "stage": self.stage, "replica": self.replica, "losses": record.losses,
                 "events": record.events, "transfers": list(self.mailbox.events), "peak_live": record.peak_live,
-                "peak_live_bytes": record.peak_live_bytes}
+                "peak_live_bytes": record.peak_live_bytes, "state_bytes": record.state_bytes}
 
     def stage_params(self):
         """This replica's parameters as NumPy (for checks against a reference)."""
