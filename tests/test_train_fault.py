@@ -44,3 +44,25 @@ def test_a_killed_worker_ends_training_with_the_host_named_and_cleans_up():
         assert time.monotonic() - t0 < 60
     assert not netns.existing_namespaces()
     assert not [p for p in pids if netns._alive(p)]
+
+
+def test_cpu_cap_puts_a_host_s_processes_in_its_cgroup_and_down_removes_it():
+    import subprocess
+    try:
+        netns.check_cpu_cap(0.5)
+    except netns.EmulationUnavailable as e:
+        pytest.skip(str(e))
+    net = netns.EmulatedNetwork(2, None, cpu=0.5).up()
+    try:
+        group = netns.cpu_cgroup(1)
+        assert int((group / "cpu.cfs_quota_us").read_text()) == netns.CPU_PERIOD_US // 2
+        p = subprocess.Popen(net.exec_prefix(1) + ["sleep", "30"])
+        net.track(p.pid)
+        time.sleep(0.5)
+        assert str(p.pid) in (group / "cgroup.procs").read_text().split()
+        assert p.pid in netns.namespace_pids(netns.namespace(1))
+    finally:
+        net.down()
+    assert not netns.cpu_cgroup(1).exists() and not netns.existing_namespaces()
+    with pytest.raises(netns.AlpaCommError, match="must be > 0"):
+        netns.check_cpu_cap(0)
