@@ -201,41 +201,45 @@ def write_outputs(results, args, out: Path) -> None:
     log(f"wrote {out}/results.md, results.json, throughput.png, memory.png and traces")
 
 
-def plot(results, out: Path) -> None:
+def _per_model_figure(results, path: Path, height: float, draw) -> None:
+    """One panel per model, ``draw(ax, per)`` filling each."""
     import matplotlib  # noqa: PLC0415
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 3.8), squeeze=False)
+    fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), height), squeeze=False)
     for ax, (model_name, per) in zip(axes[0], results.items()):
-        labels = list(per["configs"])
-        meas = [per["configs"][l]["samples_per_s"] for l in labels]
-        pred = [per["configs"][l]["samples_per_s"] * per["configs"][l]["iteration_s"] / per["configs"][l]["predicted_s"]
-                for l in labels]
+        draw(ax, per)
+        ax.set_title(model_name, fontsize=9)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot(results, out: Path) -> None:
+    def throughput(ax, per):
+        cfgs = per["configs"]
+        labels = list(cfgs)
         x = np.arange(len(labels))
-        ax.bar(x - 0.2, meas, 0.4, label="measured")
-        ax.bar(x + 0.2, pred, 0.4, label="simulated from measured times", alpha=0.6)
+        ax.bar(x - 0.2, [cfgs[l]["samples_per_s"] for l in labels], 0.4, label="measured")
+        ax.bar(x + 0.2, [cfgs[l]["samples_per_s"] * cfgs[l]["iteration_s"] / cfgs[l]["predicted_s"] for l in labels],
+               0.4, label="simulated from measured times", alpha=0.6)
         ax.set_xticks(x)
         ax.set_xticklabels([l.replace(" + ", "\n+ ") for l in labels], fontsize=6)
         ax.set_ylabel("samples / s")
-        ax.set_title(model_name, fontsize=9)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "throughput.png", dpi=120)
-    plt.close(fig)
-    fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 3.2), squeeze=False)
-    for ax, (model_name, per) in zip(axes[0], results.items()):
+
+    def memory_panel(ax, per):
         for label in ("1f1b + broadcast", "eager-1f1b split + broadcast", OURS):
             r = per["configs"][label]
-            ax.plot(range(S), [b / 2**20 for b in r["peak_live_bytes"]], marker="o", label=label)
+            line, = ax.plot(range(S), [b / 2**20 for b in r["peak_live_bytes"]], marker="o", label=label)
+            ax.plot(range(S), [b / 2**20 for b in r["model_peak_bytes"]], ls="--", color=line.get_color(), lw=0.8)
         ax.set_xlabel("stage")
-        ax.set_ylabel("peak live activations (MiB)")
-        ax.set_title(model_name, fontsize=9)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "memory.png", dpi=120)
-    plt.close(fig)
+        ax.set_ylabel("peak live activations (MiB; dashed: model)")
+
+    _per_model_figure(results, out / "throughput.png", 3.8, throughput)
+    _per_model_figure(results, out / "memory.png", 3.2, memory_panel)
 
 
 if __name__ == "__main__":
