@@ -235,6 +235,7 @@ def plot(results, out: Path) -> None:
             r = per["configs"][label]
             line, = ax.plot(range(S), [b / 2**20 for b in r["peak_live_bytes"]], marker="o", label=label)
             ax.plot(range(S), [b / 2**20 for b in r["model_peak_bytes"]], ls="--", color=line.get_color(), lw=0.8)
+        ax.set_xticks(range(S))
         ax.set_xlabel("stage")
         ax.set_ylabel("peak live activations (MiB; dashed: model)")
 

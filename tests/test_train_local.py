@@ -69,6 +69,8 @@ def test_train_cli_runs_and_writes(tmp_path, capsys):
     assert "--dp 1" in capsys.readouterr().err
     assert main(["train", "--cluster", "inprocess", "--steps", "0"]) == 2
     assert "--steps must be >= 1, got 0" in capsys.readouterr().err
+    assert main(["train", "--cluster", "moon", "--steps", "1"]) == 2
+    assert "unknown cluster 'moon'" in capsys.readouterr().err
 
 
 def test_split_backward_does_no_extra_work():

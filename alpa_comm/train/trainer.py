@@ -103,6 +103,8 @@ def open_cluster(cfg: TrainConfig, log=sys.stderr):
     if cfg.cluster == "local":
         return PipelineCluster.local(hosts, cfg.devices_per_host, timeout=cfg.timeout)
     address = cfg.cluster[len("ray://"):] if cfg.cluster.startswith("ray://") else cfg.cluster
+    if ":" not in address:
+        raise InvalidOptionError(f"unknown cluster {cfg.cluster!r}; use inprocess, local, emulated or ray://HOST:PORT")
     return PipelineCluster.connect(address, cfg.devices_per_host, timeout=cfg.timeout)
 
 
