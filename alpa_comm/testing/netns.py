@@ -208,7 +208,8 @@ class EmulatedNetwork:
         self.state_file.with_suffix(".tmp").unlink(missing_ok=True)
 
     def status(self) -> dict:
-        return {"hosts": self.num_hosts, "rate": self.rate, "ray_address": self.info.get("address"),
+        return {"hosts": self.num_hosts, "rate": self.rate, "cpu_per_host": self.cpu,
+                "ray_address": self.info.get("address"),
                 "namespaces": existing_namespaces(),
                 "processes": {ns: namespace_pids(ns) for ns in existing_namespaces()},
                 "tracked_pids": [p for p in self.pids if _alive(p)]}

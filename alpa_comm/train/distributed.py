@@ -40,8 +40,28 @@ class StepResult:
     per_host: list[dict] = field(default_factory=list)  # each worker's record (events, transfers, memory)
 
 
+def abstract_model(name: str, num_stages: int, model_kwargs: dict):
+    """The model's stage functions and its parameters' shapes, without allocating the
+    parameters (the driver only plans; each worker builds its own stage's weights)."""
+    import jax  # noqa: PLC0415
+
+    from ..models import build_model  # noqa: PLC0415
+
+    built = {}
+
+    def build():
+        built["model"] = build_model(name, num_stages, **model_kwargs)
+        return built["model"].params
+
+    param_shapes = jax.eval_shape(build)
+    model = built["model"]
+    model.params = param_shapes  # shapes only: the traced values must not escape
+    return model
+
+
 def activation_shapes(model, microbatch_size: int, seq: int) -> tuple[dict[tuple[int, str], tuple], str]:
-    """Shape of every stage output for one microbatch, keyed (stage, name), by abstract evaluation."""
+    """Shape of every stage output for one microbatch, keyed (stage, name), by abstract evaluation
+    (``model.params`` may be arrays or shapes)."""
     import jax  # noqa: PLC0415
     import jax.numpy as jnp  # noqa: PLC0415
 
@@ -61,8 +81,6 @@ class DistributedPipeline:
     def __init__(self, cluster: Cluster, model: str, num_stages: int, schedule: Schedule, *, microbatch_size: int,
                  model_kwargs: dict | None = None, dp: int = 1, strategy: str = "broadcast",
                  loadbalance: str = "auto", optimizer: str = "sgd", lr: float = 0.1):
-        from ..models import build_model  # noqa: PLC0415
-
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
         if dp < 1:
@@ -79,7 +97,7 @@ class DistributedPipeline:
         self.cluster, self.schedule, self.dp, self.strategy = cluster, schedule, dp, strategy
         self.num_stages, self.microbatch_size = num_stages, microbatch_size
         self.model_kwargs = dict(model_kwargs or {})
-        self.model = build_model(model, num_stages, **self.model_kwargs)
+        self.model = abstract_model(model, num_stages, self.model_kwargs)
         seq = self.model_kwargs.get("seq", 16)
         self.shapes, self.dtype = activation_shapes(self.model, microbatch_size, seq)
         self.edges: list[Edge] = model_edges(self.model.consumes)

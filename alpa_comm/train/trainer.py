@@ -157,11 +157,10 @@ def _rate(cfg: TrainConfig, seconds: list[float]) -> float:
 
 
 def _train_distributed(cfg: TrainConfig, log) -> TrainResult:
-    from ..models import build_model  # noqa: PLC0415
-    from .distributed import DistributedPipeline  # noqa: PLC0415
+    from .distributed import DistributedPipeline, abstract_model  # noqa: PLC0415
     from .measure import write_chrome_trace  # noqa: PLC0415
 
-    model = build_model(cfg.model, cfg.stages, **cfg.model_kwargs())
+    model = abstract_model(cfg.model, cfg.stages, cfg.model_kwargs())  # the schedule needs its edges only
     sched = build_schedule(cfg, model)
     data = data_stream(cfg)
     losses, seconds, records = [], [], []
