@@ -27,12 +27,10 @@ def free_port(addr: str) -> int:
         return s.getsockname()[1]
 
 
-def job_layouts(job: dict, host: int, devices_per_host: int, zeros: bool = False):
+def job_layouts(job: dict, host: int, devices_per_host: int):
     """Every leaf's ``Layout`` of a job (see ``Cluster._job``) and this host's empty
-    destination buffers per leaf (zero-filled with ``zeros``: the 'signal' strategy
-    delivers no data, and its receivers must still compute on something finite)."""
+    destination buffers per leaf."""
     layouts, dst = [], []
-    new = np.zeros if zeros else np.empty
     for leaf in job["leaves"]:
         shape = tuple(leaf["shape"])
         dst_mesh = DeviceMesh.from_dict(leaf["dst_mesh"])
@@ -41,7 +39,7 @@ def job_layouts(job: dict, host: int, devices_per_host: int, zeros: bool = False
                      device_boxes(shape, dst_mesh, ShardingSpec.parse(leaf["dst_spec"])),
                      device_boxes(shape, dst_mesh, ShardingSpec.parse(leaf.get("sent_spec", leaf["dst_spec"]))))
         layouts.append(lay)
-        dst.append({d: new(tuple(b - a for a, b in box), lay.dtype)
+        dst.append({d: np.empty(tuple(b - a for a, b in box), lay.dtype)
                     for d, box in lay.dst_boxes.items() if d // devices_per_host == host})
     return layouts, dst
 

@@ -141,6 +141,7 @@ class StageRunner:
         per-action timings for the trace)."""
         self.stage, self.num_stages, self.p = stage, num_stages, programs
         self.consumes, self.consumers, self.mailbox, self.sync = consumes, consumers, mailbox, sync
+        self.state_bytes: dict[str, int] = {}  # one microbatch's live bytes after F / after BI (shapes are fixed)
 
     def begin(self, params, microbatches: list[dict]) -> None:
         self.params, self.microbatches = params, microbatches
@@ -228,10 +229,9 @@ class StageRunner:
     def _track(self, m: int, state, phase: str) -> None:
         """Microbatch ``m`` now keeps ``state`` alive (its activations until its BW). The
         bytes depend only on shapes, so they are counted once per phase and reused."""
-        cache = self.__dict__.setdefault("_state_bytes", {})
-        if phase not in cache:
-            cache[phase] = residual_bytes(state, self.params)
-        self._live_bytes[m] = cache[phase]
+        if phase not in self.state_bytes:
+            self.state_bytes[phase] = residual_bytes(state, self.params)
+        self._live_bytes[m] = self.state_bytes[phase]
         self.record.peak_live = max(self.record.peak_live, len(self._live_bytes))
         self.record.peak_live_bytes = max(self.record.peak_live_bytes, sum(self._live_bytes.values()))
 
@@ -259,7 +259,7 @@ class StageRunner:
             raise ScheduleError(f"stage {self.stage}: microbatches {sorted(set(self.vjps) | set(self.wstates))} "
                                 "were never (fully) back-propagated")
         self.record.losses = {m: float(v) for m, v in self.record.losses.items()}
-        self.record.state_bytes = dict(self.__dict__.get("_state_bytes", {}))
+        self.record.state_bytes = dict(self.state_bytes)
         return self.record
 
 

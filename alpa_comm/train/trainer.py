@@ -122,7 +122,6 @@ def train(cfg: TrainConfig, log=sys.stderr) -> TrainResult:
 
 
 def _train_inprocess(cfg: TrainConfig, log) -> TrainResult:
-    import jax  # noqa: PLC0415
     import jax.numpy as jnp  # noqa: PLC0415
 
     from ..models import build_model  # noqa: PLC0415
@@ -133,9 +132,8 @@ def _train_inprocess(cfg: TrainConfig, log) -> TrainResult:
         raise InvalidOptionError("--cluster inprocess runs one replica per stage; use --dp 1")
     model = build_model(cfg.model, cfg.stages, **cfg.model_kwargs())
     sched = build_schedule(cfg, model)
-    opt = make_optimizer(cfg.optimizer, cfg.lr)
+    opt, update = make_optimizer(cfg.optimizer, cfg.lr)
     state = opt.init(model.params)
-    update = jax.jit(lambda p, s, g: (lambda u, s2: (jax.tree_util.tree_map(jnp.add, p, u), s2))(*opt.update(g, s, p)))
     data = data_stream(cfg)
     losses, seconds = [], []
     for step in range(1, cfg.steps + 1):

@@ -36,13 +36,24 @@ def xla_flags(devices_per_host: int, existing: str = "") -> str:
 
 
 def make_optimizer(name: str, lr: float):
+    """``(optimizer, update)``: the optax transformation and one jitted step
+    ``update(params, opt_state, grads) -> (params, opt_state)``; the one-process and
+    the distributed trainer both step with it."""
+    import jax  # noqa: PLC0415
     import optax  # noqa: PLC0415
 
     if name == "sgd":
-        return optax.sgd(lr)
-    if name == "adam":
-        return optax.adam(lr)
-    raise ValueError(f"unknown optimizer {name!r}; choose sgd or adam")
+        opt = optax.sgd(lr)
+    elif name == "adam":
+        opt = optax.adam(lr)
+    else:
+        raise ValueError(f"unknown optimizer {name!r}; choose sgd or adam")
+
+    def update(params, opt_state, grads):
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    return opt, jax.jit(update)
 
 
 class PipelineWorker(HostWorker):
@@ -51,6 +62,8 @@ class PipelineWorker(HostWorker):
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
         super().__init__(host, num_hosts, devices_per_host, ifname)
         self.mailbox = None
+        self._built: dict = {}    # (model, kwargs, stages, stage) -> (model, compiled programs)
+        self._updates: dict = {}  # (optimizer, lr) -> (optax transformation, compiled update)
 
     # ---------------------------------------------------------------- set-up
     def setup_stage(self, cfg: dict) -> dict:
@@ -77,7 +90,7 @@ class PipelineWorker(HostWorker):
         # Programs are compiled once per model and stage and kept across set-ups, so
         # trying several schedules or strategies on one cluster costs no recompilation.
         key = (cfg["model"], json.dumps(cfg["model_kwargs"], sort_keys=True), cfg["num_stages"], self.stage)
-        built = self.__dict__.setdefault("_built", {})
+        built = self._built
         if key not in built:
             split = self.split
 
@@ -91,17 +104,11 @@ class PipelineWorker(HostWorker):
         self.schedule = Schedule.from_json(cfg["schedule"])
         self.actions = self.schedule.stages[self.stage]
         self.params = jax.device_put(model.params[self.stage], self.replicated)
-        opt = make_optimizer(cfg["optimizer"], cfg["lr"])
+        key = (cfg["optimizer"], cfg["lr"])
+        if key not in self._updates:  # compiled once per optimizer, across set-ups
+            self._updates[key] = make_optimizer(*key)
+        opt, self.update = self._updates[key]
         self.opt_state = jax.device_put(opt.init(self.params), self.replicated)
-
-        def update(params, opt_state, grads):
-            import optax  # noqa: PLC0415
-
-            updates, opt_state = opt.update(grads, opt_state, params)
-            return optax.apply_updates(params, updates), opt_state
-
-        updates = self.__dict__.setdefault("_updates", {})
-        self.update = updates.setdefault((cfg["optimizer"], cfg["lr"]), jax.jit(update))
         self.mailbox = ReshardMailbox(self.host, self.backend, cfg["jobs"], cfg["edge_index"], cfg["edge_keys"], k,
                                       self.schedule.num_microbatches, cfg["timeout"], self._to_buffers,
                                       self._from_buffers, zeros=cfg["strategy"] == "signal")
