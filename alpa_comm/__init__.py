@@ -3,7 +3,7 @@
 The planning layer imported here is pure Python + NumPy; runtime pieces that
 need jax, ray, torch or cupy live in submodules and import them lazily.
 """
-from .cluster import ClusterSpec
+from .topology import ClusterSpec
 from .errors import (AlpaCommError, InvalidClusterError, InvalidMeshError, InvalidOptionError,
                      InvalidSpecError)
 from .mesh import DeviceMesh

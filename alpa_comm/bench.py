@@ -22,10 +22,10 @@ from pathlib import Path
 import numpy as np
 
 from . import suites
-from .cluster import ClusterSpec
+from .topology import ClusterSpec
 from .errors import InvalidOptionError
 from .mesh import DeviceMesh
-from .report import table
+from .report.tables import table
 from .resharding import plan_resharding
 from .resharding.explain import fmt_seconds
 from .resharding.unit_tasks import device_boxes
@@ -217,7 +217,7 @@ def results_table(results: list[Result]) -> str:
 
 
 def write(results: list[Result], cluster_desc: dict, out: Path) -> dict[str, Path]:
-    from .plots import suite_bars  # noqa: PLC0415
+    from .report.charts import suite_bars  # noqa: PLC0415
 
     out.mkdir(parents=True, exist_ok=True)
     paths = {}

@@ -10,12 +10,12 @@ import json
 import sys
 import time
 
-from .cluster import ClusterSpec
+from .topology import ClusterSpec
 from .errors import AlpaCommError
 from .resharding import LOADBALANCE_MODES, STRATEGIES, plan_resharding
 from .resharding.explain import fmt_bytes, fmt_seconds
 from .resharding.plan import smallest_cluster
-from .report import table
+from .report.tables import table
 from . import suites
 
 
@@ -171,11 +171,11 @@ def cmd_simulate(args) -> int:
              f"{100 * res.host_busy_fraction.get(h, 0):.0f} %"] for h in sorted(res.host_busy_fraction)]
     print(table(["host", "NIC sent", "NIC received", "NIC busy"], rows, markdown=False))
     if args.trace:
-        from .sim.trace import write_chrome_trace  # noqa: PLC0415
+        from .report.trace import write_chrome_trace  # noqa: PLC0415
 
         print(f"\nChrome trace: {write_chrome_trace(res, args.trace)} (open in https://ui.perfetto.dev)")
     if args.png:
-        from .sim.trace import gantt_png  # noqa: PLC0415
+        from .report.charts import gantt_png  # noqa: PLC0415
 
         print(f"Gantt chart: {gantt_png(res, args.png)}")
     return 0
@@ -196,8 +196,9 @@ def cmd_schedule(args) -> int:
     from pathlib import Path  # noqa: PLC0415
 
     from .pipeline import Costs, Schedule, memory, simulate_schedule, validate  # noqa: PLC0415
-    from .pipeline import report  # noqa: PLC0415
-    from .pipeline.viz import ascii_timeline, timeline_png, write_chrome_trace  # noqa: PLC0415
+    from .pipeline import compare as report  # noqa: PLC0415
+    from .report.schedule_pictures import ascii_timeline, timeline_png  # noqa: PLC0415
+    from .report.trace import write_chrome_trace  # noqa: PLC0415
 
     costs = Costs(t_fwd=args.t_fwd, t_bwd=args.t_bwd, t_comm=args.t_comm)
     if args.compare:
@@ -249,7 +250,7 @@ def cmd_schedule(args) -> int:
 
 
 def cmd_cluster(args) -> int:
-    from .testing import netns  # noqa: PLC0415
+    from .runtime.emulated import netns  # noqa: PLC0415
 
     if args.action == "up":
         from .runtime.cluster import launch_emulated  # noqa: PLC0415

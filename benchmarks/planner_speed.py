@@ -15,7 +15,7 @@ import sys
 import time
 
 from alpa_comm import ClusterSpec, plan_resharding
-from alpa_comm.report import table
+from alpa_comm.report.tables import table
 
 SHAPE = (6144, 4608, 1024)
 SRC = "64x8@" + ",".join(map(str, range(64)))

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from alpa_comm import Cluster
-from alpa_comm.report import table
-from alpa_comm.testing.netns import rate_gbps
+from alpa_comm.report.tables import table
+from alpa_comm.runtime.emulated.netns import rate_gbps
 
 
 def main(argv=None) -> int:

@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 
 from alpa_comm.pipeline import Costs, generate, simulate_schedule
-from alpa_comm.pipeline.report import build, comm_limit, signal_bound
-from alpa_comm.pipeline.viz import timeline_png
-from alpa_comm.report import table
+from alpa_comm.pipeline.compare import build, comm_limit, signal_bound
+from alpa_comm.report.schedule_pictures import timeline_png
+from alpa_comm.report.tables import table
 
 S, M = 4, 16
 VARIANTS = [("1f1b", False, None), ("1f1b", True, None), ("1f1b", True, "auto"),

@@ -17,7 +17,7 @@ import sys
 import time
 
 from alpa_comm import ClusterSpec, plan_resharding
-from alpa_comm.report import table
+from alpa_comm.report.tables import table
 from alpa_comm.sim import simulate
 
 SRC = "512x8@" + ",".join(map(str, range(512)))

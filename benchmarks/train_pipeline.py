@@ -29,11 +29,12 @@ from alpa_comm.models import build_model
 from alpa_comm.pipeline import generate, simulate_schedule
 from alpa_comm.pipeline.memory import memory
 from alpa_comm.pipeline.weight_delay import auto_delay
-from alpa_comm.report import table
+from alpa_comm.report.tables import table
 from alpa_comm.train.data import synthetic
 from alpa_comm.train.distributed import DistributedPipeline, PipelineCluster
-from alpa_comm.train.local_pipeline import with_skips
-from alpa_comm.train.measure import costs_from, iteration_seconds, stage_times, write_chrome_trace
+from alpa_comm.pipeline.edges import with_skips
+from alpa_comm.report.trace import write_chrome_trace
+from alpa_comm.train.measure import costs_from, iteration_seconds, stage_times
 
 S = 4
 # (label, schedule kind, split backward, delay ("auto": from measured costs), strategy)
@@ -54,7 +55,7 @@ def log(msg: str) -> None:
 
 def run_config(cluster, model_name, kw, M, rows, kind, split, delay, strategy, warmup, steps):
     model = build_model(model_name, S, **kw)
-    sched = with_skips(generate(kind, S, M, split_backward=split, delay_wgrad=delay), model)
+    sched = with_skips(generate(kind, S, M, split_backward=split, delay_wgrad=delay), model.skips)
     pipe = DistributedPipeline(cluster, model_name, S, sched, microbatch_size=rows, model_kwargs=kw,
                                strategy=strategy, optimizer="sgd", lr=0.01)
     data = synthetic(M, rows, kw["seq"], seed=0)

@@ -10,7 +10,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # tests import strategies_hyp an
 def emulation_marks():
     """Marks for tests that need the emulated cluster: skipped, with the reason, where it
     cannot be built (no root or no iproute2), and marked slow."""
-    from alpa_comm.testing import netns
+    from alpa_comm.runtime.emulated import netns
 
     try:
         netns.check_available()

@@ -4,7 +4,8 @@ import math
 import pytest
 
 from alpa_comm import ClusterSpec, plan_resharding
-from alpa_comm.resharding.cost_model import auto_chunks, chain_time, closed_form
+from alpa_comm.resharding.cost_model import auto_chunks, chain_time
+from alpa_comm.resharding.kinds import transfer_kind
 from alpa_comm.suites import one_to_m
 
 IDEAL = dict(num_hosts=5, devices_per_host=4, nic_send_gbps=10.0, intra_host_gbps=math.inf, latency_s=0.0)
@@ -19,16 +20,16 @@ def test_one_to_m_matches_closed_form(case, strategy):
                            cluster=cluster, strategy=strategy, chunks=k)
     hosts, devices = map(int, case.name.split("x"))
     t = (64 << 20) / cluster.send_rate(0)
-    assert plan.predicted_seconds == pytest.approx(closed_form(strategy, t, hosts, devices, k), rel=1e-9)
+    assert plan.predicted_seconds == pytest.approx(transfer_kind(strategy).closed_form(t, hosts, devices, k), rel=1e-9)
     assert plan.lower_bound_seconds == pytest.approx(t)
 
 
 def test_closed_forms_are_the_papers():
     t = 1.0
-    assert closed_form("send_recv", t, 3, 4) == 12
-    assert closed_form("local_allgather", t, 3, 4) == 3
-    assert closed_form("broadcast", t, 3, 4, chunks=100) == pytest.approx(1.02)
-    assert closed_form("global_allgather", t, 3, 4) == pytest.approx(2 - 1 / 12)
+    assert transfer_kind("send_recv").closed_form(t, 3, 4) == 12
+    assert transfer_kind("local_allgather").closed_form(t, 3, 4) == 3
+    assert transfer_kind("broadcast").closed_form(t, 3, 4, chunks=100) == pytest.approx(1.02)
+    assert transfer_kind("global_allgather").closed_form(t, 3, 4) == pytest.approx(2 - 1 / 12)
 
 
 def test_chain_time_tradeoff_and_auto_chunks():

@@ -6,7 +6,8 @@ from hypothesis import given, settings, strategies as st
 
 from alpa_comm import InvalidOptionError, plan_resharding
 from alpa_comm.resharding import loadbalance as lb
-from alpa_comm.resharding.strategies import Candidate, Job, rx, tx
+from alpa_comm.resharding.resources import nic_receive as rx, nic_send as tx
+from alpa_comm.resharding.strategies import Candidate, Job
 from alpa_comm.suites import SUITE_DEVICES_PER_HOST, SUITE_HOSTS, n_to_m, one_to_m
 from alpa_comm import ClusterSpec
 

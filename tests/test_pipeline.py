@@ -5,7 +5,7 @@ from hypothesis import given, settings, strategies as st
 from alpa_comm.cli import main
 from alpa_comm.pipeline import (SCHEDULES, Action, Costs, Schedule, ScheduleError, auto_delay_schedule, generate,
                                 memory, simulate_schedule, validate)
-from alpa_comm.pipeline.report import comm_limit, signal_bound
+from alpa_comm.pipeline.compare import comm_limit, signal_bound
 
 S_M = st.tuples(st.integers(1, 8), st.integers(1, 32))
 

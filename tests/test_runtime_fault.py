@@ -13,7 +13,7 @@ pytest.importorskip("torch")
 
 from alpa_comm import Cluster  # noqa: E402
 from alpa_comm.runtime.backend import CommunicationError  # noqa: E402
-from alpa_comm.testing import netns  # noqa: E402
+from alpa_comm.runtime.emulated import netns  # noqa: E402
 
 from conftest import emulation_marks  # noqa: E402
 

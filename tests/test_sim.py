@@ -6,10 +6,11 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from alpa_comm import ClusterSpec, DeviceMesh, STRATEGIES, plan_resharding
-from alpa_comm.resharding.cost_model import closed_form
-from alpa_comm.resharding.strategies import rx, tx
+from alpa_comm.resharding.kinds import transfer_kind
+from alpa_comm.resharding.resources import nic_receive as rx, nic_send as tx
 from alpa_comm.sim import FluidNetwork, max_min_rates, simulate
-from alpa_comm.sim.trace import chrome_trace, gantt_png, write_chrome_trace
+from alpa_comm.report.charts import gantt_png
+from alpa_comm.report.trace import chrome_trace, write_chrome_trace
 from alpa_comm.suites import n_to_m, one_to_m
 
 from strategies_hyp import resharding_cases
@@ -25,7 +26,7 @@ def test_simulator_reproduces_closed_forms_within_2_percent(case, strategy):
                            cluster=PAPER, strategy=strategy, chunks=k)
     hosts, devices = map(int, case.name.split("x"))
     t = (256 << 20) / PAPER.send_rate(0)
-    expected = closed_form(strategy, t, hosts, devices, k)
+    expected = transfer_kind(strategy).closed_form(t, hosts, devices, k)
     assert simulate(plan).makespan == pytest.approx(expected, rel=0.02)
 
 

@@ -7,13 +7,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from alpa_comm.cluster import ClusterSpec
+from alpa_comm.topology import ClusterSpec
 from alpa_comm.pipeline import Costs, generate, simulate_schedule
 from alpa_comm.resharding.verify import verify_plan
 from alpa_comm.runtime.allreduce import allreduce_mean, buckets
 from alpa_comm.runtime.backend import CommunicationError, ThreadBackend, ThreadHub
-from alpa_comm.train.edges import Edge, edge_plans, model_edges, stage_mesh
-from alpa_comm.train.measure import chrome_trace, costs_from, iteration_seconds, stage_times
+from alpa_comm.pipeline.edges import Edge, edge_plans, model_edges, stage_mesh
+from alpa_comm.report.trace import chrome_trace
+from alpa_comm.train.measure import costs_from, iteration_seconds, stage_times
 from alpa_comm.train.transport import tag_slot
 
 UT4 = [{}, {"h": 0}, {"h": 1, "skip1": 1}, {"h": 2, "skip0": 0}]  # utransformer(4, half_layers=2).consumes

@@ -18,7 +18,8 @@ pytestmark = emulation_marks()
 from alpa_comm.models import build_model  # noqa: E402
 from alpa_comm.train.data import synthetic  # noqa: E402
 from alpa_comm.train.distributed import DistributedPipeline, PipelineCluster  # noqa: E402
-from alpa_comm.train.local_pipeline import reference_step, with_skips  # noqa: E402
+from alpa_comm.pipeline.edges import with_skips  # noqa: E402
+from alpa_comm.train.local_pipeline import reference_step  # noqa: E402
 
 KW = {"layers": 4, "d": 16, "heads": 2, "seq": 8}
 LR = 0.5
@@ -56,13 +57,13 @@ def test_every_schedule_and_strategy_matches_the_single_device_step(cluster, mod
     model = build_model(model_name, 4, **KW)
     runs = [(v, "broadcast") for v in VARIANTS] + [(("eager-1f1b", True, 1), s) for s in ("alpa", "send_recv")]
     for (kind, split, delay), strategy in runs:
-        sched = with_skips(generate(kind, 4, M, split_backward=split, delay_wgrad=delay), model)
+        sched = with_skips(generate(kind, 4, M, split_backward=split, delay_wgrad=delay), model.skips)
         pipe = DistributedPipeline(cluster, model_name, 4, sched, microbatch_size=4, model_kwargs=KW,
                                    strategy=strategy, optimizer="sgd", lr=LR)
         res = _check(pipe, mbs, ref_loss, ref_params)
         assert {r["stage"] for r in res.per_host} == {0, 1, 2, 3}
     # signal moves one byte per transfer: it runs the same schedule without the data
-    sched = with_skips(generate("eager-1f1b", 4, M, split_backward=True, delay_wgrad=1), model)
+    sched = with_skips(generate("eager-1f1b", 4, M, split_backward=True, delay_wgrad=1), model.skips)
     pipe = DistributedPipeline(cluster, model_name, 4, sched, microbatch_size=4, model_kwargs=KW,
                                strategy="signal", optimizer="sgd", lr=LR)
     assert np.isfinite(pipe.step(mbs).loss)
@@ -72,7 +73,7 @@ def test_data_parallel_stages_average_their_gradients(cluster):
     mbs = next(synthetic(3, 4, KW["seq"], seed=2))
     ref_loss, ref_params = _reference("gpt", 2, mbs)
     model = build_model("gpt", 2, **KW)
-    sched = with_skips(generate("1f1b", 2, 3), model)
+    sched = with_skips(generate("1f1b", 2, 3), model.skips)
     pipe = DistributedPipeline(cluster, "gpt", 2, sched, microbatch_size=4, model_kwargs=KW, dp=2,
                                strategy="broadcast", optimizer="sgd", lr=LR)
     res = _check(pipe, mbs, ref_loss, ref_params)
@@ -81,7 +82,7 @@ def test_data_parallel_stages_average_their_gradients(cluster):
 
 def test_bad_pipeline_requests_name_the_value(cluster):
     model = build_model("gpt", 4, **KW)
-    sched = with_skips(generate("1f1b", 4, 2), model)
+    sched = with_skips(generate("1f1b", 4, 2), model.skips)
     with pytest.raises(ValueError, match="need 8 hosts"):
         DistributedPipeline(cluster, "gpt", 4, sched, microbatch_size=4, model_kwargs=KW, dp=2)
     with pytest.raises(ValueError, match="microbatch size 3"):

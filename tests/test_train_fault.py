@@ -9,7 +9,7 @@ import pytest
 
 from alpa_comm.pipeline import generate
 from alpa_comm.runtime.backend import CommunicationError
-from alpa_comm.testing import netns
+from alpa_comm.runtime.emulated import netns
 
 from conftest import emulation_marks
 
@@ -21,7 +21,7 @@ pytest.importorskip("optax")
 from alpa_comm.models import build_model  # noqa: E402
 from alpa_comm.train.data import synthetic  # noqa: E402
 from alpa_comm.train.distributed import DistributedPipeline, PipelineCluster  # noqa: E402
-from alpa_comm.train.local_pipeline import with_skips  # noqa: E402
+from alpa_comm.pipeline.edges import with_skips  # noqa: E402
 
 pytestmark = emulation_marks()
 KW = {"layers": 3, "d": 16, "heads": 2, "seq": 8}
@@ -32,7 +32,7 @@ def test_a_killed_worker_ends_training_with_the_host_named_and_cleans_up():
     with PipelineCluster.emulated(3, 1, nic="400mbit", timeout=15, log=None) as c:
         pids = list(c.network.pids)
         model = build_model("gpt", 3, **KW)
-        pipe = DistributedPipeline(c, "gpt", 3, with_skips(generate("1f1b", 3, 4), model), microbatch_size=4,
+        pipe = DistributedPipeline(c, "gpt", 3, with_skips(generate("1f1b", 3, 4), model.skips), microbatch_size=4,
                                    model_kwargs=KW)
         pipe.step(mbs)  # compiled and running
         victim = ray.get(c.workers[1].pid.remote())

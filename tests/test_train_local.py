@@ -8,7 +8,9 @@ import jax.numpy as jnp  # noqa: E402
 
 from alpa_comm.models import gpt, utransformer  # noqa: E402
 from alpa_comm.pipeline import ScheduleError, generate, validate  # noqa: E402
-from alpa_comm.train.local_pipeline import reference_step, run_schedule, with_skips  # noqa: E402
+from alpa_comm.pipeline.edges import with_skips  # noqa: E402
+from alpa_comm.train.local_pipeline import reference_step, run_schedule  # noqa: E402
+from alpa_comm.train.programs import stage_programs  # noqa: E402
 
 M = 4
 
@@ -35,7 +37,7 @@ def test_every_schedule_matches_the_single_device_step(model_fn, S):
     mbs = microbatches()
     ref_loss, ref_grads = reference_step(model, mbs)
     for kind, split, delay in VARIANTS:
-        sched = with_skips(generate(kind, S, M, split_backward=split, delay_wgrad=delay), model)
+        sched = with_skips(generate(kind, S, M, split_backward=split, delay_wgrad=delay), model.skips)
         validate(sched)
         run = run_schedule(model, sched, mbs)
         assert run.loss == pytest.approx(float(ref_loss), rel=1e-5), (kind, split, delay)
@@ -82,7 +84,7 @@ def test_split_backward_does_no_extra_work():
     x, w = jnp.ones((3, 4)), jnp.ones((4, 5))
     np.testing.assert_array_equal(dense(x, w), x @ w)  # outside a tape: a plain matmul
     m = build_model("utransformer", 2, layers=4, d=32, seq=8)
-    P = m.programs(1)
+    P = stage_programs(m, 1)
     batch = {"tokens": jnp.zeros((2, 8), jnp.int32), "targets": jnp.zeros((2, 8), jnp.int32)}
     inputs = {k: jnp.ones((2, 8, 32)) * 0.1 for k in m.consumes[1]}
     out, state = P.forward(m.params[1], inputs, batch)

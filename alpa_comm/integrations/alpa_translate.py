@@ -23,7 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..cluster import ClusterSpec
+from ..topology import ClusterSpec
 from ..dtypes import dtype_name
 from ..errors import AlpaCommError, InvalidMeshError
 from ..mesh import DeviceMesh

@@ -36,15 +36,6 @@ class PipelineModel:
             cache[i] = jax.jit(self.stages[i])
         return cache[i]
 
-    def programs(self, i: int):
-        """Stage ``i``'s forward/backward programs for the one-process pipeline (cached)."""
-        from ..train.stage_runner import StagePrograms  # noqa: PLC0415
-
-        cache = self.__dict__.setdefault("_programs", {})
-        if i not in cache:
-            cache[i] = StagePrograms(self.stages[i])
-        return cache[i]
-
     @property
     def skips(self) -> list[tuple[int, int]]:
         return sorted({(src, dst) for dst, c in enumerate(self.consumes) for src in c.values() if src != dst - 1})

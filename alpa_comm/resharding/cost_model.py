@@ -16,6 +16,8 @@ global_allgather   2t                  scatter (t) + ring all-gather
                                        the ring stays inside the host)
 broadcast          t + (A-1)t/K        K-chunk pipelined chain
 =================  ==================  ==================================
+
+Each transfer kind (``kinds/``) states its paper formula as ``closed_form``.
 """
 from __future__ import annotations
 
@@ -84,19 +86,3 @@ def auto_chunks(nbytes: int, hop_rates: Sequence[float], lat: float, max_chunks:
     if max_chunks is not None:
         limit = max(1, min(limit, max_chunks))
     return _best_chunks(int(nbytes), tuple(hop_rates), float(lat), limit)
-
-
-def closed_form(strategy: str, t: float, hosts: int, devices: int, chunks: int = 1) -> float:
-    """The paper's formula for one slice sent to ``hosts`` x ``devices`` (ideal links, no latency)."""
-    a, b = hosts, devices
-    if strategy == "send_recv":
-        return a * b * t
-    if strategy == "local_allgather":
-        return a * t
-    if strategy == "global_allgather":
-        n = a * b
-        # With one receiving host the ring never leaves the (ideal) intra-host link.
-        return t + (t * (n - 1) / n if a > 1 else 0.0)
-    if strategy == "broadcast":
-        return t + (a - 1) * t / chunks
-    raise ValueError(f"no closed form for strategy {strategy!r}")

@@ -12,14 +12,15 @@ import math
 from dataclasses import dataclass, field
 from typing import NamedTuple, Sequence
 
-from ..cluster import ClusterSpec
+from ..topology import ClusterSpec
 from ..dtypes import dtype_name, itemsize
 from ..errors import InvalidMeshError, InvalidOptionError, InvalidSpecError
 from ..mesh import DeviceMesh, devices_per_host_needed
 from ..spec import Box, ShardingSpec
 from . import loadbalance as lb
-from .strategies import (ALLGATHER, LOCAL_COPY, SIGNAL_BYTES, STRATEGIES, Job, JobMemo, allgather_job,
-                         alpa_local_allgather_spec, jobs_for_task)
+from .kinds import transfer_kind
+from .strategies import (ALLGATHER, ALPA, STRATEGIES, Job, JobMemo, allgather_job, alpa_local_allgather_spec,
+                         jobs_for_task, lower_bound_payload)
 from .unit_tasks import UnitTask, decompose, device_boxes
 
 SCHEMA_VERSION = 1
@@ -208,24 +209,7 @@ class ReshardingPlan:
 
 def host_flows(t: Transfer, cluster: ClusterSpec) -> list[tuple[int, int, int]]:
     """(sending host, receiving host, bytes) of every NIC crossing of a transfer."""
-    h = cluster.host_of
-    if t.kind == LOCAL_COPY:
-        return []
-    if t.kind in ("send_recv", "local_allgather", "broadcast", "signal"):
-        flows, prev = [], h(t.sender)
-        for r in t.receivers:
-            if h(r) != prev:
-                flows.append((prev, h(r), t.nbytes))
-            prev = h(r)
-        # send_recv / local_allgather: one receiver host; broadcast: a host chain.
-        return flows
-    members = list(t.receivers)
-    n = len(members)
-    ring = [(h(a), h(b)) for a, b in zip(members, members[1:] + members[:1])]
-    flows = [(a, b, t.nbytes * (n - 1) // n) for a, b in ring if a != b]
-    if t.kind == "global_allgather":  # scatter first
-        flows += [(h(t.sender), h(r), t.nbytes // n) for r in members if h(r) != h(t.sender)]
-    return flows
+    return transfer_kind(t.kind).host_flows(t, cluster)
 
 
 # --------------------------------------------------------------------- planning
@@ -372,10 +356,10 @@ def _plan(shape: Sequence[int], dtype, src_mesh, src_spec, dst_mesh, dst_spec, *
 
     final_tasks = decompose(shape, size, src, sspec, dst, dspec)
     sent_spec, gather_dim = dspec, None
-    if strategy == "alpa":
+    if strategy == ALPA:
         sent_spec, gather_dim = alpa_local_allgather_spec(dspec, dst, shape)
     tasks = final_tasks if sent_spec == dspec else decompose(shape, size, src, sspec, dst, sent_spec)
-    per_task = "send_recv" if strategy == "alpa" else strategy
+    per_task = "send_recv" if strategy == ALPA else strategy
 
     memo = JobMemo(cluster)
     jobs: list[Job] = [j for t in tasks for j in jobs_for_task(t, per_task, cluster, chunks, memo)]
@@ -388,7 +372,7 @@ def _plan(shape: Sequence[int], dtype, src_mesh, src_spec, dst_mesh, dst_spec, *
         cluster=cluster, strategy=strategy, loadbalance=loadbalance, loadbalance_used=sched.mode,
         chunks=chunks, sent_spec=sent_spec, unit_tasks=tuple(tasks), transfers=tuple(transfers),
         predicted_seconds=sched.makespan,
-        lower_bound_seconds=lower_bound(final_tasks, cluster, SIGNAL_BYTES if strategy == "signal" else None),
+        lower_bound_seconds=lower_bound(final_tasks, cluster, lower_bound_payload(strategy)),
         search_complete=sched.complete, host_operations=_host_operations(transfers, cluster))
 
 

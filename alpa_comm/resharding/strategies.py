@@ -1,10 +1,10 @@
 """Strategies: how one unit task's bytes reach its destination devices.
 
 A strategy turns a unit task into *jobs*: schedulable pieces of work, each with
-one or more candidate sender hosts. A candidate carries the host-level
-resources the job occupies (NIC send side ``tx``, receive side ``rx``, the
-intra-host link) and its duration from the cost model. Load balancing (see
-``loadbalance``) then picks one candidate per job and an order.
+one or more candidate sender hosts. A candidate carries the host resources the
+job occupies (see ``resources``) and its duration from the cost model; both come
+from the job's transfer kind (``kinds/``, one module per kind). Load balancing
+(see ``loadbalance``) then picks one candidate per job and an order.
 
 Rules shared by every strategy:
 
@@ -24,48 +24,32 @@ from __future__ import annotations
 import math
 from typing import NamedTuple, Sequence
 
-from ..cluster import ClusterSpec
+from ..topology import ClusterSpec
 from ..mesh import DeviceMesh
 from ..spec import ShardingSpec
-from . import cost_model as cm
+from .kinds import PER_TASK_STRATEGIES, Candidate, transfer_kind
+from .kinds.base import group_by_host, ring_allgather_seconds
+from .resources import ring_resources
 from .unit_tasks import UnitTask
 
-STRATEGIES = ("send_recv", "local_allgather", "global_allgather", "broadcast", "alpa", "signal")
-"""Every strategy a plan may use (``alpa`` = Alpa 0.2.3's send/recv + local all-gather)."""
+ALPA = "alpa"
+"""Alpa 0.2.3's baseline: send/recv after its local-allgather rewrite, then all-gathers."""
 
-# Transfer kinds beyond the strategy names: a local copy and Alpa's follow-up all-gather.
+STRATEGIES: tuple[str, ...] = PER_TASK_STRATEGIES + (ALPA,)
+"""Every strategy a plan may use: each per-task transfer kind, and ``alpa``."""
+
 LOCAL_COPY = "local_copy"
 ALLGATHER = "allgather"
-SIGNAL_BYTES = 1
+"""Kinds the planner adds itself: an intra-host copy, and Alpa's follow-up all-gather."""
 
 
-def tx(host: int) -> int:
-    """Resource key: the send side of ``host``'s NIC(s)."""
-    return 3 * host
-
-
-def rx(host: int) -> int:
-    """Resource key: the receive side of ``host``'s NIC(s)."""
-    return 3 * host + 1
-
-
-def intra(host: int) -> int:
-    """Resource key: ``host``'s intra-host link."""
-    return 3 * host + 2
-
-
-def describe_resource(key: int) -> str:
-    host, kind = divmod(key, 3)
-    return f"host{host}.{('tx', 'rx', 'intra')[kind]}"
-
-
-class Candidate(NamedTuple):
-    """One way to run a job: from ``host``, using ``resources`` for ``duration`` seconds."""
-
-    host: int
-    resources: tuple[int, ...]
-    duration: float
-    chunks: int = 1
+def lower_bound_payload(strategy: str) -> int | None:
+    """Bytes per slice the lower bound should count: None (the slice's own) unless the
+    strategy only times the protocol (``signal``: one byte)."""
+    if strategy == ALPA:
+        return None
+    kind = transfer_kind(strategy)
+    return None if kind.carries_data else kind.wire_bytes(1)
 
 
 class Job(NamedTuple):
@@ -84,93 +68,6 @@ class Job(NamedTuple):
     deps: tuple[int, ...] = ()
 
 
-def _group_by_host(devices: Sequence[int], cluster: ClusterSpec) -> dict[int, list[int]]:
-    out: dict[int, list[int]] = {}
-    for d in sorted(devices):
-        out.setdefault(cluster.host_of(d), []).append(d)
-    return dict(sorted(out.items()))
-
-
-def _chain_rates(sender_host: int, groups: dict[int, list[int]], cluster: ClusterSpec) -> list[float]:
-    """Hop rates of a device chain: sender -> host1 devices -> host2 devices -> ..."""
-    rates, prev = [], sender_host
-    for h, devs in groups.items():
-        rates.append(cluster.link_rate(prev, h))
-        rates.extend([cluster.intra_rate] * (len(devs) - 1))
-        prev = h
-    return rates
-
-
-def _ring_rates(groups: dict[int, list[int]], cluster: ClusterSpec) -> list[float]:
-    """Edge rates of a host-major ring over all devices in ``groups``."""
-    hosts = list(groups)
-    rates = []
-    for i, h in enumerate(hosts):
-        rates.extend([cluster.intra_rate] * (len(groups[h]) - 1))
-        nxt = hosts[(i + 1) % len(hosts)]
-        rates.append(cluster.link_rate(h, nxt))
-    return rates
-
-
-def _ring_resources(hosts: Sequence[int]) -> tuple[int, ...]:
-    if len(hosts) == 1:
-        return (intra(hosts[0]),)
-    return tuple(r for h in hosts for r in (tx(h), rx(h)))
-
-
-def transfer_resources(kind: str, sender_host: int | None, receiver_hosts: Sequence[int]) -> tuple[int, ...]:
-    """Host resources a transfer of ``kind`` holds for its whole duration.
-
-    ``receiver_hosts`` are the distinct receiving hosts in chain order. The
-    planner schedules with these and the simulator releases transfers in the
-    plan's order on each of them, so both read the plan the same way.
-    """
-    hosts = list(receiver_hosts)
-    if kind == LOCAL_COPY:
-        return (intra(hosts[0]),)
-    if kind in ("send_recv", "local_allgather"):
-        return (tx(sender_host), rx(hosts[0]))
-    if kind in ("broadcast", "signal"):
-        return (tx(sender_host),) + tuple(rx(h) for h in hosts) + tuple(tx(h) for h in hosts[:-1])
-    if kind == "global_allgather":
-        return (tx(sender_host),) + tuple(dict.fromkeys(_ring_resources(hosts) + tuple(rx(h) for h in hosts)))
-    if kind == ALLGATHER:
-        return _ring_resources(hosts)
-    raise ValueError(f"unknown transfer kind {kind!r}")
-
-
-def _candidate(strategy: str, task: UnitTask, sender: int, groups: dict[int, list[int]],
-               cluster: ClusterSpec, chunks: int | None) -> Candidate:
-    lat = cluster.latency_s
-    hosts = list(groups)
-    receivers = [d for devs in groups.values() for d in devs]
-    n = task.nbytes
-    if strategy == "send_recv":  # one receiver device per job
-        (h,) = hosts
-        return Candidate(sender, transfer_resources(strategy, sender, hosts),
-                         cm.p2p_time(n, cluster.link_rate(sender, h), lat))
-    if strategy == "local_allgather":  # one receiver host per job
-        (h,) = hosts
-        b = len(receivers)
-        send = b * lat + n / cluster.link_rate(sender, h)  # b parts of n/b bytes
-        gather = cm.ring_allgather_time(n, [cluster.intra_rate] * b, lat)
-        return Candidate(sender, transfer_resources(strategy, sender, hosts), send + gather)
-    if strategy in ("broadcast", "signal"):
-        rates = _chain_rates(sender, groups, cluster)
-        if strategy == "signal":
-            n, k = SIGNAL_BYTES, 1
-        else:
-            k = chunks if chunks is not None else cm.auto_chunks(n, rates, lat)
-            k = max(1, min(k, task.num_elements))
-        return Candidate(sender, transfer_resources(strategy, sender, hosts), cm.chain_time(n, rates, k, lat), k)
-    if strategy == "global_allgather":
-        parts = len(receivers)
-        scatter = sum(len(devs) * (lat + n / parts / cluster.link_rate(sender, h)) for h, devs in groups.items())
-        gather = cm.ring_allgather_time(n, _ring_rates(groups, cluster), lat)
-        return Candidate(sender, transfer_resources(strategy, sender, hosts), scatter + gather)
-    raise ValueError(f"no candidate model for strategy {strategy!r}")
-
-
 class JobMemo:
     """Per-plan memo of host groupings and candidates: a large resharding repeats
     the same device sets and host geometry thousands of times."""
@@ -185,14 +82,14 @@ class JobMemo:
     def src_hosts(self, devices: tuple[int, ...]) -> tuple[tuple[int, ...], frozenset]:
         v = self.src.get(devices)
         if v is None:
-            hosts = tuple(_group_by_host(devices, self.cluster))
+            hosts = tuple(group_by_host(devices, self.cluster))
             v = self.src[devices] = (hosts, frozenset(hosts))
         return v
 
     def dst_groups(self, devices: tuple[int, ...]) -> tuple[tuple[int, tuple[int, ...]], ...]:
         v = self.dst.get(devices)
         if v is None:
-            v = self.dst[devices] = tuple((h, tuple(d)) for h, d in _group_by_host(devices, self.cluster).items())
+            v = self.dst[devices] = tuple((h, tuple(d)) for h, d in group_by_host(devices, self.cluster).items())
         return v
 
 
@@ -205,6 +102,7 @@ def jobs_for_task(task: UnitTask, strategy: str, cluster: ClusterSpec, chunks: i
     plan) caches host groupings and candidates.
     """
     memo = memo or JobMemo(cluster)
+    kind = transfer_kind(strategy)
     src_hosts, src_set = memo.src_hosts(task.src_devices)
     groups = memo.dst_groups(task.dst_devices)
     jobs: list[Job] = []
@@ -213,19 +111,13 @@ def jobs_for_task(task: UnitTask, strategy: str, cluster: ClusterSpec, chunks: i
         remote = tuple((h, d) for h, d in groups if h not in src_set)
         for h, devs in groups:
             if h in src_set:
-                dur = len(devs) * cm.p2p_time(task.nbytes, cluster.intra_rate, cluster.latency_s)
-                jobs.append(Job(task.id, LOCAL_COPY, devs, task.nbytes, task.index,
-                                (Candidate(h, transfer_resources(LOCAL_COPY, h, (h,)), dur),)))
+                copy = transfer_kind(LOCAL_COPY).candidate(task.nbytes, task.num_elements, h, {h: list(devs)},
+                                                           cluster, None)
+                jobs.append(Job(task.id, LOCAL_COPY, devs, task.nbytes, task.index, (copy,)))
         if not remote:
             return jobs
-    if strategy == "send_recv":
-        parts = [((h, (d,)),) for h, devs in remote for d in devs]
-    elif strategy == "local_allgather":
-        parts = [(g,) for g in remote]
-    else:
-        parts = [remote]
-    nbytes = SIGNAL_BYTES if strategy == "signal" else task.nbytes
-    for part in parts:
+    nbytes = kind.wire_bytes(task.nbytes)
+    for part in kind.split_receivers(remote):
         geometry = memo.geometry.get(part)
         if geometry is None:
             geometry = memo.geometry[part] = tuple((h, len(d)) for h, d in part)
@@ -233,7 +125,8 @@ def jobs_for_task(task: UnitTask, strategy: str, cluster: ClusterSpec, chunks: i
         cands = memo.cands.get(key)
         if cands is None:  # (num_elements only clamps chunks; equal bytes mean equal elements here)
             g = {h: list(d) for h, d in part}
-            cands = memo.cands[key] = tuple(_candidate(strategy, task, s, g, cluster, chunks) for s in src_hosts)
+            cands = memo.cands[key] = tuple(kind.candidate(task.nbytes, task.num_elements, s, g, cluster, chunks)
+                                            for s in src_hosts)
         receivers = part[0][1] if len(part) == 1 else tuple(d for _, devs in part for d in devs)
         jobs.append(Job(task.id, strategy, receivers, nbytes, task.index, cands))
     return jobs
@@ -242,11 +135,11 @@ def jobs_for_task(task: UnitTask, strategy: str, cluster: ClusterSpec, chunks: i
 def allgather_job(members: Sequence[int], index: tuple, nbytes: int, deps: Sequence[int],
                   cluster: ClusterSpec) -> Job:
     """Alpa's follow-up all-gather: members each hold 1/len(members) of ``index``."""
-    groups = _group_by_host(members, cluster)
+    groups = group_by_host(members, cluster)
     hosts = list(groups)
-    dur = cm.ring_allgather_time(nbytes, _ring_rates(groups, cluster), cluster.latency_s)
     return Job(-1, ALLGATHER, tuple(sorted(members)), nbytes, index,
-               (Candidate(hosts[0], transfer_resources(ALLGATHER, None, hosts), dur),), tuple(deps))
+               (Candidate(hosts[0], ring_resources(hosts), ring_allgather_seconds(nbytes, groups, cluster)),),
+               tuple(deps))
 
 
 # ----------------------------------------------------------------- Alpa's rewrite

@@ -22,18 +22,20 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from ..cluster import ClusterSpec
+from ..topology import ClusterSpec
 from ..dtypes import itemsize
 from ..errors import InvalidOptionError
 from ..mesh import DeviceMesh
 from ..spec import ShardingSpec
 from . import loadbalance as lb
 from .plan import Part, Transfer, _host_operations, lower_bound, resolve_layout
-from .strategies import LOCAL_COPY, Job, JobMemo, _candidate, _group_by_host, jobs_for_task
+from .kinds import PACKABLE_KINDS, PER_TASK_STRATEGIES, transfer_kind
+from .kinds.base import group_by_host
+from .strategies import LOCAL_COPY, Job, JobMemo, jobs_for_task, lower_bound_payload
 from .unit_tasks import UnitTask, decompose
 
-TREE_STRATEGIES = ("send_recv", "local_allgather", "global_allgather", "broadcast", "signal")
-PACKABLE = ("send_recv", "local_allgather", "broadcast")
+TREE_STRATEGIES = PER_TASK_STRATEGIES
+"""Tree plans take every per-task kind (Alpa's rewrite is per array: not here)."""
 AUTO_BUCKET_MIN = 64 << 10
 AUTO_BUCKET_MAX = 64 << 20
 
@@ -188,7 +190,7 @@ def _plan_tree(tree, cluster, strategy, loadbalance, bucket, chunks, seed, dfs_b
     sched = lb.schedule(jobs, loadbalance, seed=seed, dfs_budget_s=dfs_budget_s)
     transfers = _tree_transfers(jobs, job_leaf, members, per_leaf, sched, cluster)
     return TreePlan(leaves, tuple(per_leaf), tuple(transfers), cluster, strategy, sched.mode, bucket,
-                    sched.makespan, lower_bound(all_tasks, cluster, 1 if strategy == "signal" else None),
+                    sched.makespan, lower_bound(all_tasks, cluster, lower_bound_payload(strategy)),
                     _host_operations(transfers, cluster))
 
 
@@ -197,10 +199,10 @@ def _pack(jobs: list[Job], job_leaf: list[int], bucket: int, strategy: str, clus
     groups: dict[tuple, list[int]] = {}
     keep: list[int] = []
     for i, j in enumerate(jobs):
-        if j.kind not in PACKABLE or j.nbytes >= bucket:
+        if j.kind not in PACKABLE_KINDS or j.nbytes >= bucket:
             keep.append(i)
             continue
-        geometry = tuple((h, len(d)) for h, d in _group_by_host(j.receivers, cluster).items())
+        geometry = tuple((h, len(d)) for h, d in group_by_host(j.receivers, cluster).items())
         groups.setdefault((j.kind, tuple(c.host for c in j.candidates), geometry), []).append(i)
     new_jobs: list[Job] = [jobs[i] for i in keep]
     new_leaf: list[int] = [job_leaf[i] for i in keep]
@@ -225,20 +227,14 @@ def _pack(jobs: list[Job], job_leaf: list[int], bucket: int, strategy: str, clus
             total = sum(jobs[i].nbytes for i in b)
             receivers = tuple(sorted({r for i in b for r in jobs[i].receivers},
                                      key=lambda d: (cluster.host_of(d), d)))
-            groups_by_host = _group_by_host(receivers, cluster)
-            cands = tuple(_candidate(kind, _PackedTask(total), s, groups_by_host, cluster, chunks) for s in hosts)
+            groups_by_host = group_by_host(receivers, cluster)
+            # chunks split bytes, so a packed buffer's chunk count may go up to its byte count
+            cands = tuple(transfer_kind(kind).candidate(total, total, s, groups_by_host, cluster, chunks)
+                          for s in hosts)
             members[len(new_jobs)] = [(jobs[i], job_leaf[i]) for i in b]
             new_jobs.append(Job(-2, kind, receivers, total, (), cands))
             new_leaf.append(-1)
     return new_jobs, new_leaf, members
-
-
-class _PackedTask:
-    """What the cost model needs of a packed buffer: its bytes (chunks split bytes, so
-    the chunk count may go up to the byte count)."""
-
-    def __init__(self, nbytes: int):
-        self.nbytes = self.num_elements = nbytes
 
 
 def _tree_transfers(jobs, job_leaf, members, per_leaf, sched: lb.Schedule, cluster: ClusterSpec) -> list[Transfer]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..cluster import ClusterSpec
+from ..topology import ClusterSpec
 from ..errors import InvalidMeshError
 from ..mesh import DeviceMesh
 from ..resharding import plan_resharding
@@ -39,7 +39,7 @@ EMULATED_LATENCY_S = 350e-6
 def launch_emulated(num_hosts: int, nic: str | None, log=sys.stderr, cpu: float | None = None):
     """Namespaces, shaping (and, with ``cpu``, a CPU quota per host) and Ray nodes, with
     a fresh auth token; returns the network (its state file holds the Ray address and token)."""
-    from ..testing import netns, ray_nodes  # noqa: PLC0415
+    from .emulated import netns, ray_nodes  # noqa: PLC0415
 
     network = netns.EmulatedNetwork(num_hosts, nic, cpu=cpu).up()
     try:
@@ -55,7 +55,7 @@ def launch_emulated(num_hosts: int, nic: str | None, log=sys.stderr, cpu: float 
 
 
 def teardown_emulated(network) -> None:
-    from ..testing.ray_nodes import cleanup_tmp  # noqa: PLC0415
+    from .emulated.ray_nodes import cleanup_tmp  # noqa: PLC0415
 
     network.down()
     cleanup_tmp()
@@ -69,7 +69,7 @@ def _restore_env(saved: dict[str, str | None]) -> None:
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
-    from ..testing.ray_nodes import refresh_driver_auth  # noqa: PLC0415
+    from .emulated.ray_nodes import refresh_driver_auth  # noqa: PLC0415
 
     refresh_driver_auth()
 
@@ -136,7 +136,7 @@ class Cluster:
         import ray  # noqa: PLC0415
 
         spec = ClusterSpec(num_hosts=num_hosts, devices_per_host=devices_per_host, **cluster_kw)
-        from ..testing.ray_nodes import host_resource  # noqa: PLC0415
+        from .emulated.ray_nodes import host_resource  # noqa: PLC0415
 
         ray.init(num_cpus=max(2, num_hosts), resources={host_resource(h): 1 for h in range(num_hosts)},
                  include_dashboard=False, log_to_driver=False, configure_logging=False)
@@ -171,7 +171,7 @@ class Cluster:
     def emulated(cls, num_hosts: int, devices_per_host: int, nic: str | None = "400mbit",
                  timeout: float = DEFAULT_TIMEOUT_S, log=sys.stderr, cpu: float | None = None,
                  **cluster_kw) -> "Cluster":
-        """Hosts as network namespaces with ``tc``-shaped NICs (see ``alpa_comm.testing``);
+        """Hosts as network namespaces with ``tc``-shaped NICs (see ``alpa_comm.runtime.emulated``);
         ``cpu`` caps each host at that many cores (hosts then compute side by side at a
         steady rate instead of contending for this machine's cores); ``shutdown``
         removes every namespace, cgroup and process it created."""
@@ -186,7 +186,7 @@ class Cluster:
     def attach_emulated(cls, devices_per_host: int, timeout: float = DEFAULT_TIMEOUT_S, log=sys.stderr,
                         **cluster_kw) -> "Cluster":
         """Drive the emulated cluster started by ``alpa-comm cluster up`` (left running at shutdown)."""
-        from ..testing import netns  # noqa: PLC0415
+        from .emulated import netns  # noqa: PLC0415
 
         network = netns.EmulatedNetwork.load()
         if network is None or "address" not in network.info:
@@ -198,7 +198,7 @@ class Cluster:
                 **cluster_kw) -> "Cluster":
         import ray  # noqa: PLC0415
 
-        from ..testing import netns, ray_nodes  # noqa: PLC0415
+        from .emulated import netns, ray_nodes  # noqa: PLC0415
 
         saved_env = {k: os.environ.get(k) for k in ray_nodes.auth_env("")}
         os.environ.update(ray_nodes.auth_env(network.info["token"]))
@@ -230,8 +230,8 @@ class Cluster:
                owns_ray: bool = True, emulated: bool = False) -> "Cluster":
         import ray  # noqa: PLC0415
 
-        from ..testing.netns import host_ifname  # noqa: PLC0415
-        from ..testing.ray_nodes import host_resource  # noqa: PLC0415
+        from .emulated.netns import host_ifname  # noqa: PLC0415
+        from .emulated.ray_nodes import host_resource  # noqa: PLC0415
 
         actor = ray.remote(cls.worker_class)
         workers = []

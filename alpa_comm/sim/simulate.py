@@ -6,18 +6,9 @@ faithfully: a transfer is released only when every earlier transfer on each of
 its host resources (in plan order) and all its dependencies have finished, so
 a bad order shows up as idle hosts and a longer makespan, never hidden.
 
-How each kind maps to flows (t = bytes / bottleneck rate):
-
-* ``send_recv`` / ``local_copy``: one flow over the sender's NIC send side and
-  the receiver's receive side (intra-host link for a copy).
-* ``broadcast``: the chunk pipeline is one flow that holds every hop of the
-  chain at once (each host forwards chunk k while taking chunk k+1, so in
-  steady state all hops run at the chain's rate); the pipeline fill and the
-  per-chunk latencies, ``chain_time - t``, are a fixed delay before it.
-* ``local_allgather``: the slice to the host, then an intra-host ring
-  all-gather; ``global_allgather``: a scatter (flows per receiving host) then a
-  ring all-gather as one flow over the ring's links; ``allgather`` (Alpa):
-  the ring only; ``signal``: latency only.
+How each kind maps to phases and flows is the kind's own ``phases``
+(``resharding/kinds/``): e.g. a broadcast's chunk pipeline is one flow that
+holds every hop of the chain at once, after a fixed delay for its fill.
 """
 from __future__ import annotations
 
@@ -25,10 +16,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from ..cluster import ClusterSpec
-from ..resharding import cost_model as cm
+from ..topology import ClusterSpec
+from ..resharding.kinds import transfer_kind
 from ..resharding.plan import ReshardingPlan, Transfer
-from ..resharding.strategies import ALLGATHER, LOCAL_COPY, intra, rx, transfer_resources, tx
+from ..resharding.resources import INTRA, RECEIVE, SEND, host_and_side, intra_link, nic_receive, nic_send
 from .network import FluidNetwork
 
 
@@ -63,78 +54,17 @@ def _hosts_in_order(t: Transfer, cluster: ClusterSpec) -> list[int]:
     return list(dict.fromkeys(cluster.host_of(r) for r in t.receivers))
 
 
-def _groups(t: Transfer, cluster: ClusterSpec) -> dict[int, list[int]]:
-    out: dict[int, list[int]] = {}
-    for r in t.receivers:
-        out.setdefault(cluster.host_of(r), []).append(r)
-    return out
-
-
-def _ring_links(hosts: list[int], groups: dict[int, list[int]]) -> tuple[int, ...]:
-    if len(hosts) == 1:
-        return (intra(hosts[0]),)
-    links = []
-    for i, h in enumerate(hosts):
-        nxt = hosts[(i + 1) % len(hosts)]
-        links += [tx(h), rx(nxt)]
-        if len(groups[h]) > 1:
-            links.append(intra(h))
-    return tuple(links)
-
-
 def phases(t: Transfer, cluster: ClusterSpec) -> list[tuple[float, list[tuple[float, tuple[int, ...]]]]]:
-    """[(delay, [(bytes, links), ...]), ...] for one transfer."""
-    lat = cluster.latency_s
-    n = t.nbytes
-    hosts = _hosts_in_order(t, cluster)
-    groups = _groups(t, cluster)
-    s = None if t.sender is None else cluster.host_of(t.sender)
-    if t.kind == LOCAL_COPY:
-        m = len(t.receivers)
-        return [(m * lat, [(m * n, (intra(hosts[0]),))])]
-    if t.kind == "send_recv":
-        (h,) = hosts
-        return [(lat, [(n, (tx(s), rx(h)) if h != s else (intra(h),))])]
-    if t.kind == "local_allgather":
-        (h,) = hosts
-        b = len(t.receivers)
-        out = [(b * lat, [(n, (tx(s), rx(h)))])]
-        if b > 1:
-            out.append(((b - 1) * lat, [((b - 1) * n / b, (intra(h),))]))
-        return out
-    if t.kind in ("broadcast", "signal"):
-        rates, prev = [], s
-        links = [tx(s)]
-        for h in hosts:
-            rates.append(cluster.link_rate(prev, h))
-            rates += [cluster.intra_rate] * (len(groups[h]) - 1)
-            links.append(rx(h))
-            if len(groups[h]) > 1:
-                links.append(intra(h))
-            if h != hosts[-1]:
-                links.append(tx(h))
-            prev = h
-        if t.kind == "signal":
-            return [(cm.chain_time(1, rates, 1, lat), [])]
-        fill = cm.chain_time(n, rates, t.chunks, lat) - n / min(rates)
-        return [(fill, [(n, tuple(links))])]
-    if t.kind == "global_allgather":
-        members = len(t.receivers)
-        scatter = [(n * len(groups[h]) / members, (tx(s), rx(h))) for h in hosts]
-        ring = _ring_links(hosts, groups)
-        return [(members * lat, scatter), ((members - 1) * lat, [((members - 1) * n / members, ring)])]
-    if t.kind == ALLGATHER:
-        members = len(t.receivers)
-        return [((members - 1) * lat, [((members - 1) * n / members, _ring_links(hosts, groups))])]
-    raise ValueError(f"cannot simulate transfer kind {t.kind!r}")
+    """[(delay, [(bytes, links), ...]), ...] for one transfer, from its kind."""
+    return transfer_kind(t.kind).phases(t, cluster)
 
 
 def capacities(cluster: ClusterSpec) -> dict[int, float]:
     cap: dict[int, float] = {}
     for h in range(cluster.num_hosts):
-        cap[tx(h)] = cluster.send_rate(h)
-        cap[rx(h)] = cluster.recv_rate(h)
-        cap[intra(h)] = cluster.intra_rate
+        cap[nic_send(h)] = cluster.send_rate(h)
+        cap[nic_receive(h)] = cluster.recv_rate(h)
+        cap[intra_link(h)] = cluster.intra_rate
     return cap
 
 
@@ -147,7 +77,7 @@ def simulate(plan: ReshardingPlan, cluster: ClusterSpec | None = None) -> SimRes
     queues: dict[int, list[int]] = {}
     for t in transfers:  # transfers are in plan (start) order
         sender_host = None if t.sender is None else cluster.host_of(t.sender)
-        r = transfer_resources(t.kind, sender_host, _hosts_in_order(t, cluster))
+        r = transfer_kind(t.kind).resources(sender_host, _hosts_in_order(t, cluster))
         res_of[t.id] = r
         for key in r:
             queues.setdefault(key, []).append(t.id)
@@ -226,14 +156,14 @@ def simulate(plan: ReshardingPlan, cluster: ClusterSpec | None = None) -> SimRes
     host_recv: dict[int, float] = {}
     busy: dict[int, float] = {}
     for link, b in net.bytes_on.items():
-        h, kind = divmod(link, 3)
-        if kind == 0:
+        h, side = host_and_side(link)
+        if side == SEND:
             host_sent[h] = host_sent.get(h, 0.0) + b
-        elif kind == 1:
+        elif side == RECEIVE:
             host_recv[h] = host_recv.get(h, 0.0) + b
     for link, t in net.busy_time.items():
-        h, kind = divmod(link, 3)
-        if kind < 2:
+        h, side = host_and_side(link)
+        if side != INTRA:
             busy[h] = max(busy.get(h, 0.0), t)
     frac = {h: (b / makespan if makespan > 0 else 0.0) for h, b in busy.items()}
     involved = set(host_sent) | set(host_recv)

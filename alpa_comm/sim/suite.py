@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import suites
-from ..cluster import ClusterSpec
-from ..report import table
+from ..topology import ClusterSpec
+from ..report.tables import table
 from ..resharding import plan_resharding
 from ..resharding.explain import fmt_bytes, fmt_seconds
 from .simulate import effective_gbps, simulate
@@ -104,7 +104,7 @@ def wide_table(rows: list[Row]) -> str:
 
 
 def write_outputs(name: str, rows: list[Row], cluster: ClusterSpec, out_dir: Path) -> dict[str, Path]:
-    from ..plots import suite_bars  # noqa: PLC0415 - matplotlib only when writing
+    from ..report.charts import suite_bars  # noqa: PLC0415 - matplotlib only when writing
 
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = name.replace("-", "_")

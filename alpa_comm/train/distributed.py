@@ -21,7 +21,7 @@ import numpy as np
 
 from ..pipeline.ir import Schedule, ScheduleError
 from ..runtime.cluster import Cluster
-from .edges import Edge, edge_plans, model_edges, stage_hosts
+from ..pipeline.edges import Edge, edge_plans, model_edges, stage_hosts
 from .worker import PipelineWorker
 
 STRATEGIES = ("broadcast", "alpa", "send_recv", "signal")

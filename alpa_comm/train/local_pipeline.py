@@ -12,33 +12,9 @@ from dataclasses import dataclass, field
 import jax
 
 from ..models.base import PipelineModel
-from ..pipeline.ir import Action, Schedule, ScheduleError
+from ..pipeline.ir import Schedule, ScheduleError
+from .programs import stage_programs
 from .stage_runner import StageRunner, consumers_of
-
-
-def with_skips(schedule: Schedule, model: PipelineModel) -> Schedule:
-    """Add SEND/RECV actions (with explicit peers) for the model's non-adjacent edges."""
-    stages = [list(s) for s in schedule.stages]
-    for src, dst in model.skips:
-        for i, peer, kinds in ((src, dst, ("SEND_F", "RECV_B")), (dst, src, ("RECV_F", "SEND_B"))):
-            out = []
-            for a in stages[i]:
-                if a.kind == "F":
-                    if kinds[0] == "RECV_F":
-                        out.append(Action("RECV_F", a.mb, peer))
-                    out.append(a)
-                    if kinds[0] == "SEND_F":
-                        out.append(Action("SEND_F", a.mb, peer))
-                elif a.kind in ("B", "BI"):
-                    if kinds[1] == "RECV_B":
-                        out.append(Action("RECV_B", a.mb, peer))
-                    out.append(a)
-                    if kinds[1] == "SEND_B":
-                        out.append(Action("SEND_B", a.mb, peer))
-                else:
-                    out.append(a)
-            stages[i] = out
-    return Schedule(tuple(tuple(s) for s in stages), schedule.name + (" +skips" if model.skips else ""))
 
 
 @dataclass
@@ -75,7 +51,7 @@ def run_schedule(model: PipelineModel, schedule: Schedule, microbatches: list[di
     if schedule.num_microbatches != M:
         raise ScheduleError(f"the schedule has {schedule.num_microbatches} microbatches, {M} were given")
     mailbox = InProcessMailbox()
-    runners = [StageRunner(i, S, model.programs(i), model.consumes[i], consumers_of(model.consumes, i), mailbox)
+    runners = [StageRunner(i, S, stage_programs(model, i), model.consumes[i], consumers_of(model.consumes, i), mailbox)
                for i in range(S)]
     for i, r in enumerate(runners):
         r.begin(model.params[i], microbatches)

@@ -10,9 +10,7 @@ optimizer update the simulator does not model), and ``Costs`` for
 """
 from __future__ import annotations
 
-import json
 from collections import defaultdict
-from pathlib import Path
 from statistics import median
 
 from ..pipeline.simulate import Costs
@@ -71,38 +69,3 @@ def costs_from(times: dict[str, list[float]], edge_seconds: dict[str, float], nu
         src = int(pair.split("->")[0])
         comm[direction][src] = max(comm[direction][src], sec)
     return Costs(t_fwd=f, t_bwd=b, t_comm=comm["F"], t_bi=bi, t_bw=bw, t_comm_b=comm["B"])
-
-
-def chrome_trace(steps: list[list[dict]]) -> dict:
-    """Chrome/Perfetto trace of the measured steps: per stage (pid), compute, RECV waits
-    and transfers (tids)."""
-    if not steps:
-        return {"traceEvents": []}
-    t_origin = min(t0 for per_host in steps for rec in per_host for _, _, t0, _ in rec["events"])
-    events = []
-    named = set()
-    for per_host in steps:
-        for rec in per_host:
-            pid = rec["host"]
-            if pid not in named:
-                named.add(pid)
-                events.append({"name": "process_name", "ph": "M", "pid": pid,
-                               "args": {"name": f"stage {rec['stage']} (host {rec['host']})"}})
-                for tid, label in ((0, "compute"), (1, "waiting for data"), (2, "transfers")):
-                    events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": label}})
-            for kind, mb, t0, t1 in rec["events"]:
-                tid = 1 if kind.startswith("RECV") else 0  # UNPACK is busy time: on the compute row
-                name = kind if mb < 0 else f"{kind}{mb}"
-                events.append({"name": name, "ph": "X", "pid": pid, "tid": tid, "ts": (t0 - t_origin) * 1e6,
-                               "dur": max(0.0, t1 - t0) * 1e6, "cat": "wait" if tid else "compute"})
-            for edge, mb, t0, t1 in rec["transfers"]:
-                events.append({"name": f"{edge} mb{mb}", "ph": "X", "pid": pid, "tid": 2,
-                               "ts": (t0 - t_origin) * 1e6, "dur": max(0.0, t1 - t0) * 1e6, "cat": "transfer"})
-    return {"traceEvents": events, "displayTimeUnit": "ms"}
-
-
-def write_chrome_trace(steps: list[list[dict]], path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(chrome_trace(steps)))
-    return path

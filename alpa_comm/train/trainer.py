@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InvalidOptionError
+from ..pipeline.edges import with_skips
 from ..pipeline import Costs, generate, validate
 from ..pipeline.ir import Schedule
 from ..pipeline.weight_delay import auto_delay
@@ -71,15 +72,13 @@ class TrainResult:
 
 def build_schedule(cfg: TrainConfig, model, costs: Costs = DEFAULT_COSTS) -> Schedule:
     """The schedule IR for the config, with the model's skip edges added, validated."""
-    from .local_pipeline import with_skips  # noqa: PLC0415
-
     if cfg.schedule not in SCHEDULES:
         raise InvalidOptionError(f"unknown schedule {cfg.schedule!r}; choose one of {', '.join(SCHEDULES)}")
     delay = cfg.delay_wgrad
     if delay == "auto":
         delay = auto_delay(cfg.schedule, cfg.stages, cfg.microbatches, costs)
     sched = with_skips(generate(cfg.schedule, cfg.stages, cfg.microbatches,
-                                split_backward=cfg.split_backward or delay is not None, delay_wgrad=delay), model)
+                                split_backward=cfg.split_backward or delay is not None, delay_wgrad=delay), model.skips)
     validate(sched)
     return sched
 
@@ -156,7 +155,7 @@ def _rate(cfg: TrainConfig, seconds: list[float]) -> float:
 
 def _train_distributed(cfg: TrainConfig, log) -> TrainResult:
     from .distributed import DistributedPipeline, abstract_model  # noqa: PLC0415
-    from .measure import write_chrome_trace  # noqa: PLC0415
+    from ..report.trace import write_chrome_trace  # noqa: PLC0415
 
     model = abstract_model(cfg.model, cfg.stages, cfg.model_kwargs())  # the schedule needs its edges only
     sched = build_schedule(cfg, model)

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import AlpaCommError
+from ...errors import AlpaCommError
 
 PREFIX = "acomm"
 BRIDGE = f"{PREFIX}-br0"

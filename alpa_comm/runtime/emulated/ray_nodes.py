@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..errors import AlpaCommError
+from ...errors import AlpaCommError
 from .netns import LAUNCHER_IP, EmulatedNetwork, host_ip
 
 GCS_PORT = 6390

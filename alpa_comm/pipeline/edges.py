@@ -20,11 +20,13 @@ workers run the same plans every microbatch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
-from ..cluster import ClusterSpec
+from ..topology import ClusterSpec
 from ..mesh import DeviceMesh
 from ..resharding import plan_resharding
 from ..resharding.plan import ReshardingPlan
+from .ir import Action, Schedule
 
 OUT = "out"   # batch over (hosts, devices)
 IN = "in"     # batch over hosts, replicated over a host's devices
@@ -95,3 +97,32 @@ def edge_plans(edges: list[Edge], shapes: dict[tuple[int, str], tuple[int, ...]]
                                            strategy=strategy, loadbalance=loadbalance))
         plans[e] = per_key
     return plans
+
+
+def with_skips(schedule: Schedule, skips: Sequence[tuple[int, int]]) -> Schedule:
+    """Add SEND/RECV actions (with explicit peers) for non-adjacent edges.
+
+    ``skips`` lists (producer stage, consumer stage) pairs, as ``PipelineModel.skips``
+    (U-Transformer skip connections); a schedule generator only knows neighbours.
+    """
+    stages = [list(s) for s in schedule.stages]
+    for src, dst in skips:
+        for i, peer, kinds in ((src, dst, ("SEND_F", "RECV_B")), (dst, src, ("RECV_F", "SEND_B"))):
+            out = []
+            for a in stages[i]:
+                if a.kind == "F":
+                    if kinds[0] == "RECV_F":
+                        out.append(Action("RECV_F", a.mb, peer))
+                    out.append(a)
+                    if kinds[0] == "SEND_F":
+                        out.append(Action("SEND_F", a.mb, peer))
+                elif a.kind in ("B", "BI"):
+                    if kinds[1] == "RECV_B":
+                        out.append(Action("RECV_B", a.mb, peer))
+                    out.append(a)
+                    if kinds[1] == "SEND_B":
+                        out.append(Action("SEND_B", a.mb, peer))
+                else:
+                    out.append(a)
+            stages[i] = out
+    return Schedule(tuple(tuple(s) for s in stages), schedule.name + (" +skips" if skips else ""))

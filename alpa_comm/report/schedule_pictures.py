@@ -1,12 +1,11 @@
 """Pictures of a simulated schedule: ASCII in the terminal, a PNG like the paper's
-Figure 4 (rows = stages, colors = F/B/BI/BW, transfers drawn), Chrome trace JSON."""
+Figure 4 (rows = stages, colors = F/B/BI/BW, transfers drawn). Chrome traces: ``report.trace``."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Sequence
 
-from .simulate import PipelineResult
+from ..pipeline.simulate import PipelineResult
 
 COLORS = {"F": "#4c72b0", "B": "#dd8452", "BI": "#c44e52", "BW": "#8172b3"}
 
@@ -28,30 +27,6 @@ def ascii_timeline(result: PipelineResult, num_stages: int, quantum: float | Non
         rows.append(f"stage {i} |" + "".join(line))
     legend = f"(1 column = {q:g} time units; F forward, B backward, bi input-grad, bw weight-grad, . idle)"
     return "\n".join(rows + [legend])
-
-
-def chrome_trace(result: PipelineResult) -> dict:
-    ev = []
-    for e in result.events:
-        ev.append({"ph": "X", "name": f"{e.kind}{e.mb}", "cat": e.kind, "pid": e.stage, "tid": 0,
-                   "ts": e.start * 1e6, "dur": (e.end - e.start) * 1e6})
-    for t in result.transfers:
-        ev.append({"ph": "X", "name": f"send {t.kind}{t.mb} -> stage {t.dst}", "cat": "transfer", "pid": t.src,
-                   "tid": 1, "ts": t.start * 1e6, "dur": (t.end - t.start) * 1e6})
-    stages = sorted({e.stage for e in result.events})
-    for s in stages:
-        ev.append({"ph": "M", "name": "process_name", "pid": s, "args": {"name": f"stage {s}"}})
-        ev.append({"ph": "M", "name": "thread_name", "pid": s, "tid": 0, "args": {"name": "compute"}})
-        ev.append({"ph": "M", "name": "thread_name", "pid": s, "tid": 1, "args": {"name": "outgoing transfers"}})
-    return {"traceEvents": ev, "displayTimeUnit": "ms"}
-
-
-def write_chrome_trace(result: PipelineResult, path: str | Path) -> Path:
-    path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(chrome_trace(result)))
-    tmp.replace(path)
-    return path
 
 
 def timeline_png(panels: Sequence[tuple[str, PipelineResult, int]], path: str | Path) -> Path:

@@ -1,0 +1,174 @@
+"""What every transfer kind answers, and the host geometry they share.
+
+A *transfer kind* is one way of moving a slice's bytes from a sending device to
+its receiving devices (one point-to-point message, a chunk-pipelined chain, a
+scatter plus ring all-gather, ...). Everything the library knows about a kind
+lives on its ``TransferKind`` subclass, one module each in this package:
+
+* ``candidate``: its duration from the cost model, and the host resources it
+  holds, for the planner's load balancer;
+* ``closed_form``: the paper's formula (ideal links, no latency);
+* ``host_flows`` and ``phases``: the bytes it puts on NICs, and how the flow
+  simulator plays it;
+* ``run``: how a host executes it, written once against the small set of
+  primitives a ``runtime.executor.HostExecutor`` offers (send, receive, wait,
+  read a slice, write a slice). Only NumPy is used here, so planning stays free
+  of jax, ray, torch and cupy; the executor supplies the backend.
+
+Adding a kind is adding one module beside this one: ``kinds/__init__`` finds it.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar, NamedTuple, Sequence
+
+from ...topology import ClusterSpec
+from .. import cost_model
+from ..resources import intra_link, nic_receive, nic_send
+
+if TYPE_CHECKING:  # the executor is the runtime's; kinds only call its primitives
+    from ...runtime.executor import HostExecutor
+    from ..plan import Transfer
+
+Phase = tuple[float, list[tuple[float, tuple[int, ...]]]]
+"""(fixed delay in seconds, [(bytes, resource keys the flow crosses), ...])."""
+
+HostGroups = dict[int, list[int]]
+"""Receiving devices grouped by host, hosts in chain order."""
+
+
+class Candidate(NamedTuple):
+    """One way to run a job: from ``host``, using ``resources`` for ``duration`` seconds."""
+
+    host: int
+    resources: tuple[int, ...]
+    duration: float
+    chunks: int = 1
+
+
+class TransferKind:
+    """Base of every transfer kind; subclasses set the class attributes and override
+    what differs. A subclass with a ``name`` registers itself."""
+
+    name: ClassVar[str] = ""
+    order: ClassVar[int] = 100
+    """Position in listings (strategy choices, tables)."""
+    per_task_strategy: ClassVar[bool] = True
+    """A user may ask ``plan_resharding`` to move every unit task this way."""
+    packable: ClassVar[bool] = False
+    """Jobs of this kind may be coalesced into one flat buffer (tree plans)."""
+    carries_data: ClassVar[bool] = True
+    """False for kinds that only time the protocol (``signal``)."""
+
+    # ------------------------------------------------------------- planning
+    def wire_bytes(self, nbytes: int) -> int:
+        """Bytes one job of ``nbytes`` puts on the wire."""
+        return nbytes
+
+    def split_receivers(self, remote: tuple[tuple[int, tuple[int, ...]], ...]) -> list[tuple]:
+        """How a unit task's remote receivers ((host, devices), ...) split into jobs
+        served by one sender each; by default one job for all of them."""
+        return [remote]
+
+    def resources(self, sender_host: int | None, receiver_hosts: Sequence[int]) -> tuple[int, ...]:
+        """Resource keys a transfer holds for its whole duration (receiving hosts in chain order)."""
+        raise NotImplementedError
+
+    def duration(self, nbytes: int, num_elements: int, sender_host: int, groups: HostGroups,
+                 cluster: ClusterSpec, chunks: int | None) -> tuple[float, int]:
+        """(seconds, chunks) of one job from the cost model."""
+        raise NotImplementedError
+
+    def candidate(self, nbytes: int, num_elements: int, sender_host: int, groups: HostGroups,
+                  cluster: ClusterSpec, chunks: int | None) -> Candidate:
+        seconds, k = self.duration(nbytes, num_elements, sender_host, groups, cluster, chunks)
+        return Candidate(sender_host, self.resources(sender_host, list(groups)), seconds, k)
+
+    def closed_form(self, t: float, hosts: int, devices: int, chunks: int = 1) -> float:
+        """The paper's time for one slice (t = one NIC copy) to ``hosts`` x ``devices``."""
+        raise ValueError(f"no closed form for transfer kind {self.name!r}")
+
+    # ----------------------------------------------------------- simulation
+    def host_flows(self, t: "Transfer", cluster: ClusterSpec) -> list[tuple[int, int, int]]:
+        """(sending host, receiving host, bytes) of every NIC crossing; by default a host
+        chain from the sender through the receivers' hosts."""
+        flows, prev = [], cluster.host_of(t.sender)
+        for r in t.receivers:
+            h = cluster.host_of(r)
+            if h != prev:
+                flows.append((prev, h, t.nbytes))
+            prev = h
+        return flows
+
+    def phases(self, t: "Transfer", cluster: ClusterSpec) -> list[Phase]:
+        """How the flow simulator plays one transfer: phases run one after another."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------- execution
+    def run(self, ex: "HostExecutor", t: "Transfer", tag0: int) -> None:
+        """This host's part of ``t`` (tags ``tag0`` .. ``tag0 + 1023`` are the transfer's)."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<transfer kind {self.name}>"
+
+
+# ------------------------------------------------------------------ geometry
+def group_by_host(devices: Sequence[int], cluster: ClusterSpec) -> HostGroups:
+    """Devices grouped by host, hosts and devices ascending."""
+    out: HostGroups = {}
+    for d in sorted(devices):
+        out.setdefault(cluster.host_of(d), []).append(d)
+    return dict(sorted(out.items()))
+
+
+def groups_in_order(devices: Sequence[int], host_of) -> HostGroups:
+    """Devices grouped by host, hosts in the order the devices list them (chain order)."""
+    out: HostGroups = {}
+    for d in devices:
+        out.setdefault(host_of(d), []).append(d)
+    return out
+
+
+def chain_rates(sender_host: int, groups: HostGroups, cluster: ClusterSpec) -> list[float]:
+    """Hop rates of a device chain: sender -> host1 devices -> host2 devices -> ..."""
+    rates, prev = [], sender_host
+    for h, devs in groups.items():
+        rates.append(cluster.link_rate(prev, h))
+        rates.extend([cluster.intra_rate] * (len(devs) - 1))
+        prev = h
+    return rates
+
+
+def ring_rates(groups: HostGroups, cluster: ClusterSpec) -> list[float]:
+    """Edge rates of a host-major ring over all devices in ``groups``."""
+    hosts = list(groups)
+    rates = []
+    for i, h in enumerate(hosts):
+        rates.extend([cluster.intra_rate] * (len(groups[h]) - 1))
+        rates.append(cluster.link_rate(h, hosts[(i + 1) % len(hosts)]))
+    return rates
+
+
+def ring_links(groups: HostGroups) -> tuple[int, ...]:
+    """Resource keys a device ring crosses (for the simulator's flows)."""
+    hosts = list(groups)
+    if len(hosts) == 1:
+        return (intra_link(hosts[0]),)
+    links = []
+    for i, h in enumerate(hosts):
+        links += [nic_send(h), nic_receive(hosts[(i + 1) % len(hosts)])]
+        if len(groups[h]) > 1:
+            links.append(intra_link(h))
+    return tuple(links)
+
+
+def ring_flows(members: Sequence[int], nbytes: int, cluster: ClusterSpec) -> list[tuple[int, int, int]]:
+    """NIC crossings of a ring all-gather among ``members`` (each ends with all ``nbytes``)."""
+    n = len(members)
+    hosts = [cluster.host_of(m) for m in members]
+    pairs = zip(hosts, hosts[1:] + hosts[:1])
+    return [(a, b, nbytes * (n - 1) // n) for a, b in pairs if a != b]
+
+
+def ring_allgather_seconds(nbytes: int, groups: HostGroups, cluster: ClusterSpec) -> float:
+    return cost_model.ring_allgather_time(nbytes, ring_rates(groups, cluster), cluster.latency_s)

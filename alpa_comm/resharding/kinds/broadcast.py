@@ -1,0 +1,97 @@
+"""``broadcast``: a chunk-pipelined chain through the receiving hosts (paper: t + (A-1)t/K).
+
+Each host forwards chunk k to the next host while it takes chunk k+1, so with
+enough chunks a broadcast to A hosts costs about what one copy costs.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import cost_model
+from ..resources import intra_link, nic_receive, nic_send
+from .base import TransferKind, chain_rates, groups_in_order
+
+
+class Broadcast(TransferKind):
+    name = "broadcast"
+    order = 40
+    packable = True
+
+    def resources(self, sender_host, receiver_hosts):
+        hosts = list(receiver_hosts)
+        return ((nic_send(sender_host),) + tuple(nic_receive(h) for h in hosts)
+                + tuple(nic_send(h) for h in hosts[:-1]))
+
+    def chunks_for(self, nbytes, num_elements, rates, cluster, chunks) -> tuple[int, int]:
+        """(bytes on the wire, chunks): the asked count, else the cost model's best."""
+        k = chunks if chunks is not None else cost_model.auto_chunks(nbytes, rates, cluster.latency_s)
+        return nbytes, max(1, min(k, num_elements))
+
+    def duration(self, nbytes, num_elements, sender_host, groups, cluster, chunks):
+        rates = chain_rates(sender_host, groups, cluster)
+        n, k = self.chunks_for(nbytes, num_elements, rates, cluster, chunks)
+        return cost_model.chain_time(n, rates, k, cluster.latency_s), k
+
+    def closed_form(self, t, hosts, devices, chunks=1):
+        return t + (hosts - 1) * t / chunks
+
+    def chain(self, t, cluster) -> tuple[list[float], tuple[int, ...]]:
+        """Hop rates of the device chain and the resource keys its one flow holds."""
+        groups = groups_in_order(t.receivers, cluster.host_of)
+        s = cluster.host_of(t.sender)
+        rates = chain_rates(s, groups, cluster)
+        links = [nic_send(s)]
+        hosts = list(groups)
+        for h in hosts:
+            links.append(nic_receive(h))
+            if len(groups[h]) > 1:
+                links.append(intra_link(h))
+            if h != hosts[-1]:
+                links.append(nic_send(h))
+        return rates, tuple(links)
+
+    def phases(self, t, cluster):
+        # The chunk pipeline is one flow holding every hop at once (in steady state all
+        # hops run at the chain's rate); fill and per-chunk latencies are a fixed delay.
+        rates, links = self.chain(t, cluster)
+        n = t.nbytes
+        fill = cost_model.chain_time(n, rates, t.chunks, cluster.latency_s) - n / min(rates)
+        return [(fill, [(n, links)])]
+
+    def run(self, ex, t, tag0):
+        sender_host = ex.host_of(t.sender)
+        chain = [sender_host] + [h for h in dict.fromkeys(ex.host_of(r) for r in t.receivers) if h != sender_host]
+        if ex.host not in chain:
+            return
+        p = chain.index(ex.host)
+        signal = not self.carries_data
+        nbytes = 1 if signal else t.nbytes
+        k = 1 if signal else max(1, min(t.chunks, nbytes))
+        bounds = np.linspace(0, nbytes, k + 1).astype(np.int64)
+        if p == 0:
+            flat = np.zeros(1, np.uint8) if signal else ex.source(t)
+            ex.wait([ex.isend(flat[bounds[c]:bounds[c + 1]], chain[1], tag0 + c) for c in range(k)])
+            return
+        mine = [] if signal or t.parts else ex.local_receivers(t)
+        targets = [ex.flat_target(r, t.index) for r in mine]
+        # Receive straight into the first local device when its part of the buffer is
+        # contiguous, and copy each chunk on to the other local devices as it arrives,
+        # so the intra-host copies overlap the network instead of following it.
+        direct = bool(targets) and targets[0] is not None
+        flat = targets[0] if direct else np.empty(nbytes, np.uint8)
+        recvs = [ex.irecv(flat[bounds[c]:bounds[c + 1]], chain[p - 1], tag0 + c) for c in range(k)]
+        sends = []
+        for c in range(k):
+            recvs[c].wait(ex.wait_s)
+            lo, hi = bounds[c], bounds[c + 1]
+            if p + 1 < len(chain):
+                sends.append(ex.isend(flat[lo:hi], chain[p + 1], tag0 + c))
+            for tgt in targets:
+                if tgt is not None and tgt is not flat:
+                    tgt[lo:hi] = flat[lo:hi]
+        ex.wait(sends)
+        if t.parts and not signal:
+            ex.deliver(t, flat)
+        for r, tgt in zip(mine, targets):
+            if tgt is None:
+                ex.write(r, t.index, flat)

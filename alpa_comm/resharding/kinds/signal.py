@@ -1,0 +1,31 @@
+"""``signal``: the broadcast protocol with one byte per unit task.
+
+It moves no data; it times the protocol itself (messages, ordering, waits), which
+is the upper bound of what any plan with these unit tasks can reach.
+"""
+from __future__ import annotations
+
+from .. import cost_model
+from .broadcast import Broadcast
+
+SIGNAL_BYTES = 1
+
+
+class Signal(Broadcast):
+    name = "signal"
+    order = 60
+    packable = False
+    carries_data = False
+
+    def wire_bytes(self, nbytes):
+        return SIGNAL_BYTES
+
+    def chunks_for(self, nbytes, num_elements, rates, cluster, chunks):
+        return SIGNAL_BYTES, 1
+
+    def closed_form(self, t, hosts, devices, chunks=1):
+        raise ValueError("signal moves one byte per task: it has no closed form in t")
+
+    def phases(self, t, cluster):
+        rates, _ = self.chain(t, cluster)
+        return [(cost_model.chain_time(SIGNAL_BYTES, rates, 1, cluster.latency_s), [])]
