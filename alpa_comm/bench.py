@@ -24,25 +24,18 @@ import numpy as np
 from . import suites
 from .topology import ClusterSpec
 from .errors import InvalidOptionError
-from .mesh import DeviceMesh
+from .placement import Placement, Resharding
 from .report.tables import table
 from .resharding import plan_resharding
 from .resharding.explain import fmt_seconds
-from .resharding.unit_tasks import device_boxes
+from .resharding.strategies import carries_data
 from .runtime.executor import view
 from .sim import simulate
-from .spec import ShardingSpec
 
-BENCH_METHODS = (
-    suites.METHOD_BY_NAME["alpa_send_recv"],
-    suites.METHOD_BY_NAME["alpa"],
-    suites.METHOD_BY_NAME["broadcast_naive"],
-    suites.METHOD_BY_NAME["broadcast_size"],
-    suites.METHOD_BY_NAME["broadcast"],
-    suites.METHOD_BY_NAME["signal"],
-)
-BALANCE_METHODS = suites.BALANCE_METHODS
-SUITE_NAMES = ("1-to-m", "n-to-m", "balance")
+SIMULATION_ONLY = ("local_allgather", "global_allgather")
+"""Methods compared in simulation only: on an emulated cluster they cost minutes a case
+and the paper already shows them far behind."""
+SUITE_NAMES = tuple(suites.SUITES)
 WEIGHT_SYNC_METHODS = ("per_array", "tree_joint", "tree_packed")
 
 
@@ -75,10 +68,12 @@ def _digest(a: np.ndarray) -> str:
 
 
 def suite_cases(name: str, size_mb: float):
-    if name == "1-to-m":
-        return suites.one_to_m(int(size_mb * (1 << 20)))
-    last = max(2, int(size_mb * (1 << 20) / (1024 * 1024 * 4)) // 2 * 2)  # case 9 splits the last dim in 2
-    return suites.n_to_m(last)
+    """A suite's cases with tensors of about ``size_mb`` MiB."""
+    return suites.suite_cases(name, suites.n_to_m_last_dim(size_mb), size_mb)
+
+
+def bench_methods(name: str):
+    return tuple(m for m in suites.suite(name).methods if m.name not in SIMULATION_ONLY)
 
 
 def calibrate(cluster, size_mb: float, repeat: int, progress=sys.stderr) -> tuple[ClusterSpec, float]:
@@ -113,9 +108,9 @@ def run_case(cluster, calibrated: ClusterSpec, suite: str, case, methods, repeat
         plan = plan_resharding(case.shape, case.dtype, case.src_mesh, case.src_spec, case.dst_mesh, case.dst_spec,
                                cluster=calibrated, strategy=m.strategy, loadbalance=m.loadbalance, seed=seed)
         expected = None
-        if m.strategy != "signal":
-            expected = {d: _digest(view(x, full, box)) for d, box in device_boxes(x.shape, plan.dst_mesh,
-                                                                                 plan.dst_spec).items()}
+        if carries_data(m.strategy):
+            expected = {d: _digest(view(x, full, box))
+                        for d, box in plan.resharding.dst.device_boxes(x.shape).items()}
         times = []
         for i in range(repeat + 1):
             if progress:
@@ -157,15 +152,16 @@ class Progress:
 
 def check(cluster_spec: ClusterSpec, suite_names, size_mb: float) -> list:
     """Plan every case and method once up front, so bad input fails before anything runs."""
-    work = [(s, c, BALANCE_METHODS if s == "balance" else BENCH_METHODS) for s in suite_names
+    work = [(s, c, bench_methods(s)) for s in suite_names
             if s != "weight-sync" for c in suite_cases(s, size_mb)]
     if "weight-sync" in suite_names:
         if cluster_spec.num_hosts < 3:
             raise InvalidOptionError(f"the weight-sync suite needs 3 hosts, the cluster has {cluster_spec.num_hosts}")
-        from .resharding.tree import LeafLayout, plan_resharding_tree, tree_flatten  # noqa: PLC0415
+        from .resharding.tree import plan_resharding_tree, tree_flatten  # noqa: PLC0415
 
         for tree in weight_sync_trees().values():
-            plan_resharding_tree({p: LeafLayout(x.shape, "float32", WEIGHT_SYNC_SRC, x.train, WEIGHT_SYNC_DST, x.infer)
+            plan_resharding_tree({p: Resharding.between(x.shape, "float32", WEIGHT_SYNC_SRC, x.train, WEIGHT_SYNC_DST,
+                                                        x.infer)
                                   for p, x in tree_flatten(tree)}, cluster=cluster_spec, loadbalance="naive")
     for _, c, methods in work:
         for m in methods:
@@ -209,7 +205,7 @@ def results_table(results: list[Result]) -> str:
         s = sp[(r.suite, r.case, r.method)]
         spread = f"{min(r.seconds):.3f}-{max(r.seconds):.3f}"
         rows.append([r.suite, r.case, r.method, fmt_seconds(r.median_seconds), spread, f"{r.gbps:.3f}",
-                     f"{r.median_seconds / r.lower_bound_seconds:.2f}" if r.strategy != "signal" else "-",
+                     f"{r.median_seconds / r.lower_bound_seconds:.2f}" if carries_data(r.strategy) else "-",
                      f"{s.get('alpa', s.get('per_array', float('nan'))):.2f}x", fmt_seconds(r.predicted_seconds),
                      "yes" if r.verified else ("n/a" if r.verified is None else "NO")])
     return table(["suite", "case", "method", "median", "spread (s)", "effective Gbit/s", "x lower bound",
@@ -340,7 +336,7 @@ WEIGHT_SYNC_SRC, WEIGHT_SYNC_DST = "2x4@0,1", "1x4@2"
 def run_weight_sync(cluster, calibrated: ClusterSpec, repeat: int, progress=None, seed: int = 0) -> list[Result]:
     """Per-array resharding vs one joint tree plan vs the joint plan with coalescing,
     side by side on the same cluster, every leaf verified."""
-    from .resharding.tree import LeafLayout, Placement, plan_resharding_tree, tree_flatten, tree_unflatten  # noqa: PLC0415
+    from .resharding.tree import plan_resharding_tree, tree_flatten, tree_unflatten  # noqa: PLC0415
 
     out = []
     rng = np.random.default_rng(seed)
@@ -351,11 +347,11 @@ def run_weight_sync(cluster, calibrated: ClusterSpec, repeat: int, progress=None
         xs = [rng.standard_normal(p.shape).astype(np.float32) for p in params]
         arrays = tree_unflatten(tree, [cluster.put(x, WEIGHT_SYNC_SRC, p.train) for x, p in zip(xs, params)])
         placements = tree_unflatten(tree, [Placement(WEIGHT_SYNC_DST, p.infer) for p in params])
-        layouts = tree_unflatten(tree, [LeafLayout(p.shape, "float32", WEIGHT_SYNC_SRC, p.train, WEIGHT_SYNC_DST,
-                                                   p.infer) for p in params])
-        dst_mesh = DeviceMesh.parse(WEIGHT_SYNC_DST, calibrated.devices_per_host)
+        layouts = tree_unflatten(tree, [Resharding.between(p.shape, "float32", WEIGHT_SYNC_SRC, p.train,
+                                                           WEIGHT_SYNC_DST, p.infer) for p in params])
         expected = [{d: _digest(view(x, tuple((0, n) for n in p.shape), b))
-                     for d, b in device_boxes(p.shape, dst_mesh, ShardingSpec.parse(p.infer)).items()}
+                     for d, b in Placement(WEIGHT_SYNC_DST, p.infer).resolved(calibrated.devices_per_host)
+                     .device_boxes(p.shape).items()}
                     for x, p in zip(xs, params)]
         src_list = [a for _, a in tree_flatten(arrays)]
         nbytes = sum(x.nbytes for x in xs)

@@ -8,18 +8,31 @@ destination meshes at the next free host, so the n-to-m suite needs 5 hosts of
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
+
+from .errors import InvalidOptionError
+from .placement import Resharding
 
 
 @dataclass(frozen=True)
 class Case:
+    """One benchmark case: a named resharding (meshes and specs as text)."""
+
     suite: str
     name: str
-    shape: tuple[int, ...]
-    src_mesh: str
-    src_spec: str
-    dst_mesh: str
-    dst_spec: str
-    dtype: str = "float32"
+    resharding: Resharding
+
+    @classmethod
+    def of(cls, suite: str, name: str, shape, src_mesh: str, src_spec: str, dst_mesh: str, dst_spec: str,
+           dtype: str = "float32") -> "Case":
+        return cls(suite, name, Resharding.between(shape, dtype, src_mesh, src_spec, dst_mesh, dst_spec))
+
+    shape = property(lambda self: self.resharding.shape)
+    dtype = property(lambda self: self.resharding.dtype)
+    src_mesh = property(lambda self: self.resharding.src_mesh)
+    src_spec = property(lambda self: self.resharding.src_spec)
+    dst_mesh = property(lambda self: self.resharding.dst_mesh)
+    dst_spec = property(lambda self: self.resharding.dst_spec)
 
 
 @dataclass(frozen=True)
@@ -78,7 +91,7 @@ def n_to_m(last_dim: int = 512) -> list[Case]:
     for name, shape, sm, ss, dm, ds in rows:
         sh = int(sm.split("x")[0])
         dh = int(dm.split("x")[0])
-        out.append(Case("n-to-m", name, shape, f"{sm}@{_host_list(0, sh)}", ss,
+        out.append(Case.of("n-to-m", name, shape, f"{sm}@{_host_list(0, sh)}", ss,
                         f"{dm}@{_host_list(sh, dh)}", ds))
     return out
 
@@ -88,9 +101,45 @@ def one_to_m(nbytes: int = 1 << 30) -> list[Case]:
     n = nbytes // 4
     out = []
     for hosts, devices in ((1, 1), (1, 2), (1, 3), (1, 4), (2, 2), (3, 2), (4, 2)):
-        out.append(Case("1-to-m", f"{hosts}x{devices}", (n,), "1x1@0", "R",
+        out.append(Case.of("1-to-m", f"{hosts}x{devices}", (n,), "1x1@0", "R",
                         f"{hosts}x{devices}@{_host_list(1, hosts)}", "R"))
     return out
 
 
-SUITES = {"n-to-m": n_to_m, "1-to-m": one_to_m}
+def n_to_m_last_dim(size_mb: float) -> int:
+    """The last dim that makes the n-to-m tensor about ``size_mb`` MiB (even: case 9
+    splits it in two)."""
+    return max(2, int(size_mb * (1 << 20) / (1024 * 1024 * 4)) // 2 * 2)
+
+
+@dataclass(frozen=True)
+class Suite:
+    """A reference suite: its cases (sized by the n-to-m last dim or the 1-to-m MiB)
+    and the methods compared on them."""
+
+    name: str
+    summary: str
+    cases: Callable[[int, float], list[Case]]  # (last_dim, size_mb) -> cases
+    methods: tuple[Method, ...]
+
+
+SUITES: dict[str, Suite] = {s.name: s for s in (
+    Suite("1-to-m", "one device to a replicated mesh (the paper's Figure 6)",
+          lambda last_dim, size_mb: one_to_m(int(size_mb * (1 << 20))), METHODS),
+    Suite("n-to-m", "Alpa's many-to-many cases (the paper's Figure 5)",
+          lambda last_dim, size_mb: n_to_m(last_dim), METHODS),
+    Suite("balance", "load-balancing ablation on the n-to-m cases (the paper's Figure 8)",
+          lambda last_dim, size_mb: n_to_m(last_dim), BALANCE_METHODS),
+)}
+"""Every reference suite by name: plan, simulate and bench all read it."""
+
+
+def suite(name: str) -> Suite:
+    try:
+        return SUITES[name]
+    except KeyError:
+        raise InvalidOptionError(f"unknown suite {name!r}; choose one of {', '.join(SUITES)}") from None
+
+
+def suite_cases(name: str, last_dim: int = 512, size_mb: float = 1024) -> list[Case]:
+    return suite(name).cases(last_dim, size_mb)

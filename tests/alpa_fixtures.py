@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from alpa_comm.mesh import DeviceMesh
-from alpa_comm.resharding.unit_tasks import device_boxes
+from alpa_comm.placement import device_boxes
 from alpa_comm.spec import ShardingSpec
 
 

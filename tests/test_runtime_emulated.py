@@ -44,7 +44,7 @@ def run_case(cluster, case, strategy, seed=0):
     b = cluster.reshard(a, case.dst_mesh, case.dst_spec, strategy=strategy)
     if strategy != "signal":
         full = tuple((0, n) for n in x.shape)
-        from alpa_comm.resharding.unit_tasks import device_boxes
+        from alpa_comm.placement import device_boxes
         from alpa_comm.runtime.executor import view
         shards = b.shards()
         for d, box in device_boxes(x.shape, b.mesh, b.spec).items():
@@ -68,7 +68,7 @@ def test_reference_cases_every_strategy_bit_exact(cluster, case):
        st.sampled_from(["2x2@2,3", "3x2@2,3,4", "1x2@4"]))
 def test_random_cases_bit_exact(cluster, src_spec, dst_spec, strategy, src_mesh, dst_mesh):
     from alpa_comm.suites import Case
-    run_case(cluster, Case("random", "h", (96, 48), src_mesh, src_spec, dst_mesh, dst_spec), strategy)
+    run_case(cluster, Case.of("random", "h", (96, 48), src_mesh, src_spec, dst_mesh, dst_spec), strategy)
 
 
 def test_second_up_fails_clearly(cluster):

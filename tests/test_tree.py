@@ -83,7 +83,7 @@ def test_flatten_round_trip_and_errors():
     paths = [p for p, _ in tree_flatten(tree)]
     assert paths == ["/a/x", "/b/0", "/b/1"]
     assert tree_unflatten(tree, [10, 20, 30]) == {"b": [20, 30], "a": {"x": 10}}
-    with pytest.raises(InvalidOptionError, match="must be a LeafLayout"):
+    with pytest.raises(InvalidOptionError, match="must be a Resharding"):
         plan_resharding_tree({"w": 3}, cluster=CLUSTER)
     with pytest.raises(InvalidOptionError, match="'alpa'"):
         plan_resharding_tree(transformer(1), cluster=CLUSTER, strategy="alpa")

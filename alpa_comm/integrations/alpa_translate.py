@@ -28,8 +28,8 @@ from ..dtypes import dtype_name
 from ..errors import AlpaCommError, InvalidMeshError
 from ..mesh import DeviceMesh
 from ..pipeline import Costs, Schedule, simulate_schedule
+from ..placement import Resharding
 from ..resharding.plan import ReshardingPlan
-from ..resharding.tree import Leaf
 from ..resharding.strategies import ALLGATHER
 from ..spec import Box, ShardingSpec
 
@@ -90,10 +90,18 @@ class DeviceStrings:
 
 # ------------------------------------------------------------ task specs
 @dataclass(frozen=True)
-class PlanInputs(Leaf):
+class PlanInputs:
     """One Alpa resharding task as the planner's inputs, with the device-string map."""
 
+    resharding: Resharding
     strings: DeviceStrings
+
+    shape = property(lambda self: self.resharding.shape)
+    dtype = property(lambda self: self.resharding.dtype)
+    src_mesh = property(lambda self: self.resharding.src_mesh)
+    src_spec = property(lambda self: self.resharding.src_spec)
+    dst_mesh = property(lambda self: self.resharding.dst_mesh)
+    dst_spec = property(lambda self: self.resharding.dst_spec)
 
     def cluster(self, nic_gbps: float = 10.0, **kw) -> ClusterSpec:
         return ClusterSpec(num_hosts=len(self.strings.host_ips), devices_per_host=self.strings.devices_per_host,
@@ -114,11 +122,12 @@ def inputs_from_task_spec(spec) -> PlanInputs:
     replaces Alpa's strategy generation."""
     strings = DeviceStrings.for_meshes(spec.src.device_mesh, spec.dst.device_mesh)
     src_shape, dst_shape = _logical_shape(spec.src), _logical_shape(spec.dst)
-    return PlanInputs("alpa task", tuple(int(n) for n in spec.src.aval.shape), dtype_name(np.dtype(spec.src.aval.dtype)),
-                      strings.mesh(spec.src.device_mesh, src_shape),
-                      ShardingSpec.from_alpa(spec.src.sharding_spec, src_shape),
-                      strings.mesh(spec.dst.device_mesh, dst_shape),
-                      ShardingSpec.from_alpa(spec.dst.sharding_spec, dst_shape), strings)
+    move = Resharding.between(tuple(int(n) for n in spec.src.aval.shape), dtype_name(np.dtype(spec.src.aval.dtype)),
+                              strings.mesh(spec.src.device_mesh, src_shape),
+                              ShardingSpec.from_alpa(spec.src.sharding_spec, src_shape),
+                              strings.mesh(spec.dst.device_mesh, dst_shape),
+                              ShardingSpec.from_alpa(spec.dst.sharding_spec, dst_shape))
+    return PlanInputs(move, strings)
 
 
 def tileslice_box(tileslice) -> Box:

@@ -26,7 +26,7 @@ from ..topology import ClusterSpec
 from ..mesh import DeviceMesh
 from ..resharding import plan_resharding
 from ..resharding.plan import ReshardingPlan
-from .ir import Action, Schedule
+from .ir import Action, ActionKind, Schedule
 
 OUT = "out"   # batch over (hosts, devices)
 IN = "in"     # batch over hosts, replicated over a host's devices
@@ -104,25 +104,27 @@ def with_skips(schedule: Schedule, skips: Sequence[tuple[int, int]]) -> Schedule
 
     ``skips`` lists (producer stage, consumer stage) pairs, as ``PipelineModel.skips``
     (U-Transformer skip connections); a schedule generator only knows neighbours.
+    The producer sends after each forward and receives the gradient before each
+    backward; the consumer mirrors it.
     """
     stages = [list(s) for s in schedule.stages]
     for src, dst in skips:
-        for i, peer, kinds in ((src, dst, ("SEND_F", "RECV_B")), (dst, src, ("RECV_F", "SEND_B"))):
+        for stage, peer, producer in ((src, dst, True), (dst, src, False)):
             out = []
-            for a in stages[i]:
-                if a.kind == "F":
-                    if kinds[0] == "RECV_F":
-                        out.append(Action("RECV_F", a.mb, peer))
+            for a in stages[stage]:
+                if a.kind is ActionKind.F:
+                    if not producer:
+                        out.append(Action(ActionKind.RECV_F, a.mb, peer))
                     out.append(a)
-                    if kinds[0] == "SEND_F":
-                        out.append(Action("SEND_F", a.mb, peer))
-                elif a.kind in ("B", "BI"):
-                    if kinds[1] == "RECV_B":
-                        out.append(Action("RECV_B", a.mb, peer))
+                    if producer:
+                        out.append(Action(ActionKind.SEND_F, a.mb, peer))
+                elif a.kind in (ActionKind.B, ActionKind.BI):
+                    if producer:
+                        out.append(Action(ActionKind.RECV_B, a.mb, peer))
                     out.append(a)
-                    if kinds[1] == "SEND_B":
-                        out.append(Action("SEND_B", a.mb, peer))
+                    if not producer:
+                        out.append(Action(ActionKind.SEND_B, a.mb, peer))
                 else:
                     out.append(a)
-            stages[i] = out
+            stages[stage] = out
     return Schedule(tuple(tuple(s) for s in stages), schedule.name + (" +skips" if skips else ""))

@@ -20,22 +20,42 @@ for the next incoming transfer.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, NamedTuple, Sequence
 
 from ..errors import InvalidOptionError
-from .ir import Action, Schedule
+from .ir import Action, ActionKind, Schedule
 
-SCHEDULES = ("gpipe", "1f1b", "eager-1f1b")
+
+class ScheduleKind(NamedTuple):
+    """A schedule family: its name, its warm-up rule (forwards stage ``i`` of ``S`` runs
+    before its first backward, given ``M`` microbatches) and one line for listings."""
+
+    name: str
+    warmup: Callable[[int, int, int], int]
+    summary: str
+
+
+SCHEDULE_KINDS: dict[str, ScheduleKind] = {k.name: k for k in (
+    ScheduleKind("gpipe", lambda S, M, i: M, "all forwards, then all backwards"),
+    ScheduleKind("1f1b", lambda S, M, i: min(M, S - i), "at most S - i microbatches in flight"),
+    ScheduleKind("eager-1f1b", lambda S, M, i: min(M, 2 * (S - i) - 1),
+                 "forwards run early so transfers overlap compute (the paper's schedule)"),
+)}
+"""Every schedule the generators, the trainer and the CLI know, by name."""
+
+SCHEDULES: tuple[str, ...] = tuple(SCHEDULE_KINDS)
+
+
+def schedule_kind(name: str) -> ScheduleKind:
+    """The schedule family called ``name``; an unknown name lists the known ones."""
+    try:
+        return SCHEDULE_KINDS[name]
+    except KeyError:
+        raise InvalidOptionError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULES)}") from None
 
 
 def warmup(kind: str, num_stages: int, num_microbatches: int, stage: int) -> int:
-    if kind == "gpipe":
-        return num_microbatches
-    if kind == "1f1b":
-        return min(num_microbatches, num_stages - stage)
-    if kind == "eager-1f1b":
-        return min(num_microbatches, 2 * (num_stages - stage) - 1)
-    raise InvalidOptionError(f"unknown schedule {kind!r}; choose one of {', '.join(SCHEDULES)}")
+    return schedule_kind(kind).warmup(num_stages, num_microbatches, stage)
 
 
 def compute_order(kind: str, num_stages: int, num_microbatches: int, stage: int) -> list[tuple[str, int]]:
@@ -65,6 +85,7 @@ def generate(kind: str, num_stages: int, num_microbatches: int, *, split_backwar
              delay_wgrad: int | Sequence[int] | None = None) -> Schedule:
     """Build a schedule. ``delay_wgrad`` needs ``split_backward``; for a delay chosen by
     the cost model use ``weight_delay.auto_delay_schedule``."""
+    schedule_kind(kind)  # an unknown name fails before any other check
     for name, v in (("stages", num_stages), ("microbatches", num_microbatches)):
         if not isinstance(v, int) or v <= 0:
             raise InvalidOptionError(f"number of {name} must be a positive integer, got {v!r}")
@@ -81,27 +102,27 @@ def generate(kind: str, num_stages: int, num_microbatches: int, *, split_backwar
             for p in pending:
                 p[1] -= 1
             while pending and pending[0][1] < 0:
-                out.append(Action("BW", pending.pop(0)[0]))
+                out.append(Action(ActionKind.BW, pending.pop(0)[0]))
 
         for op, m in compute_order(kind, S, num_microbatches, i):
             if op == "F":
                 if i > 0:
-                    out.append(Action("RECV_F", m))
-                out.append(Action("F", m))
+                    out.append(Action(ActionKind.RECV_F, m))
+                out.append(Action(ActionKind.F, m))
                 if i < S - 1:
-                    out.append(Action("SEND_F", m))
+                    out.append(Action(ActionKind.SEND_F, m))
                 after_compute()
                 continue
             if i < S - 1:
-                out.append(Action("RECV_B", m))
-            out.append(Action("BI" if split_backward else "B", m))
+                out.append(Action(ActionKind.RECV_B, m))
+            out.append(Action(ActionKind.BI if split_backward else ActionKind.B, m))
             if i > 0:
-                out.append(Action("SEND_B", m))
+                out.append(Action(ActionKind.SEND_B, m))
             if split_backward:
                 pending.append([m, delays[i]])
                 pending.sort(key=lambda p: p[1])
             after_compute()
-        out.extend(Action("BW", p[0]) for p in pending)
+        out.extend(Action(ActionKind.BW, p[0]) for p in pending)
         stages.append(tuple(out))
     suffix = ""
     if split_backward:

@@ -20,14 +20,56 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from enum import Enum
 from typing import Iterable
 
 from ..errors import AlpaCommError
 
-COMPUTE = ("F", "B", "BI", "BW")
-COMM = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
+class ActionKind(str, Enum):
+    """What an action does. A ``str`` enum: it compares, hashes and serializes as its
+    text (``ActionKind.F == "F"``), so schedules written as text need no translation."""
+
+    F = "F"
+    B = "B"
+    BI = "BI"
+    BW = "BW"
+    SEND_F = "SEND_F"
+    RECV_F = "RECV_F"
+    SEND_B = "SEND_B"
+    RECV_B = "RECV_B"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+    @property
+    def is_compute(self) -> bool:
+        return not self.is_comm
+
+    @property
+    def is_comm(self) -> bool:
+        return self.is_send or self.is_recv
+
+    @property
+    def is_send(self) -> bool:
+        return self.value.startswith("SEND_")
+
+    @property
+    def is_recv(self) -> bool:
+        return self.value.startswith("RECV_")
+
+    @property
+    def is_backward(self) -> bool:
+        """Backward compute or gradient traffic (as opposed to forward activations)."""
+        return self in (ActionKind.B, ActionKind.BI, ActionKind.BW) or self.value.endswith("_B")
+
+
+COMPUTE = tuple(k.value for k in ActionKind if k.is_compute)
+COMM = tuple(k.value for k in ActionKind if k.is_comm)
 KINDS = COMPUTE + COMM
-_ACTION = re.compile(r"^(SEND_F|RECV_F|SEND_B|RECV_B|BI|BW|F|B)(\d+)(?:@(\d+))?$")
+_ACTION = re.compile(r"^(" + "|".join(sorted(KINDS, key=len, reverse=True)) + r")(\d+)(?:@(\d+))?$")
 _LINE = re.compile(r"^\s*stage\s+(\d+)\s*:(.*)$")
 
 
@@ -37,16 +79,23 @@ class ScheduleError(AlpaCommError, ValueError):
 
 @dataclass(frozen=True)
 class Action:
-    kind: str
+    kind: ActionKind
     mb: int
     peer: int | None = None  # explicit peer stage of a SEND/RECV (None: adjacent)
+
+    def __post_init__(self):
+        if not isinstance(self.kind, ActionKind):
+            try:
+                object.__setattr__(self, "kind", ActionKind(self.kind))
+            except ValueError:
+                raise ScheduleError(f"unknown action kind {self.kind!r}; known: {', '.join(KINDS)}") from None
 
     def __str__(self) -> str:
         return f"{self.kind}{self.mb}" + ("" if self.peer is None else f"@{self.peer}")
 
     @property
     def is_compute(self) -> bool:
-        return self.kind in COMPUTE
+        return self.kind.is_compute
 
     @classmethod
     def parse(cls, token: str, where: str = "") -> "Action":

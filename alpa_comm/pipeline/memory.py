@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .ir import Schedule
+from .ir import ActionKind, Schedule
 
 DEFAULT_WGRAD_FRACTION = 0.5
 
@@ -27,14 +27,14 @@ def memory(schedule: Schedule, wgrad_fraction: float = DEFAULT_WGRAD_FRACTION) -
     for acts in schedule.stages:
         live, pending, peak, peak_pending, prof = 0.0, 0, 0.0, 0, []
         for a in acts:
-            if a.kind == "F":
+            if a.kind is ActionKind.F:
                 live += 1
-            elif a.kind == "B":
+            elif a.kind is ActionKind.B:
                 live -= 1
-            elif a.kind == "BI":
+            elif a.kind is ActionKind.BI:
                 live -= 1 - wgrad_fraction
                 pending += 1
-            elif a.kind == "BW":
+            elif a.kind is ActionKind.BW:
                 live -= wgrad_fraction
                 pending -= 1
             peak = max(peak, live)

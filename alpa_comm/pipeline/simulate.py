@@ -110,7 +110,7 @@ def simulate_schedule(schedule: Schedule, costs: Costs = Costs(), signal: bool =
                     events.append(Event(i, a.kind, a.mb, t[i], t[i] + d))
                     t[i] += d
                     busy[i] += d
-                elif a.kind.startswith("SEND"):
+                elif a.kind.is_send:
                     peer = schedule.peer(i, a)
                     direction = a.kind[-1]
                     link = (i, peer)

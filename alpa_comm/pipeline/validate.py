@@ -23,7 +23,7 @@ def validate(schedule: Schedule) -> None:
         comm: list[tuple[int, object, int]] = []        # (index, action, peer) of every comm action
         seen_comm: dict[tuple, int] = {}
         for idx, a in enumerate(acts):
-            if a.kind in ("SEND_F", "RECV_F", "SEND_B", "RECV_B"):
+            if a.kind.is_comm:
                 peer = schedule.peer(i, a)
                 if not 0 <= peer < S or peer == i:
                     raise ScheduleError(f"{_where(i, idx, a)}: peer stage {peer} does not exist")
@@ -33,8 +33,8 @@ def validate(schedule: Schedule) -> None:
                 seen_comm[(a.kind, a.mb, peer)] = idx
                 comm.append((idx, a, peer))
                 direction = a.kind.split("_")[1]
-                key = (direction, a.mb, i, peer) if a.kind.startswith("SEND") else (direction, a.mb, peer, i)
-                (sends if a.kind.startswith("SEND") else recvs)[key] = (i, idx)
+                key = (direction, a.mb, i, peer) if a.kind.is_send else (direction, a.mb, peer, i)
+                (sends if a.kind.is_send else recvs)[key] = (i, idx)
                 if a.peer is not None:
                     continue
             elif (a.kind, a.mb) in seen:
@@ -69,7 +69,7 @@ def validate(schedule: Schedule) -> None:
                 (seen.get(("B", a.mb)) if ("B", a.mb) in seen else seen.get(("BI", a.mb)))
             if anchor is None:
                 continue
-            before = a.kind.startswith("RECV")
+            before = a.kind.is_recv
             if (before and idx > anchor) or (not before and idx < anchor):
                 raise ScheduleError(f"{_where(i, idx, a)}: must come {'before' if before else 'after'} {acts[anchor]}")
     for key, (i, idx) in sends.items():

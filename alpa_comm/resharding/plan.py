@@ -12,16 +12,17 @@ import math
 from dataclasses import dataclass, field
 from typing import NamedTuple, Sequence
 
-from ..topology import ClusterSpec
-from ..dtypes import dtype_name, itemsize
-from ..errors import InvalidMeshError, InvalidOptionError, InvalidSpecError
+from ..dtypes import itemsize
+from ..errors import InvalidOptionError
 from ..mesh import DeviceMesh, devices_per_host_needed
+from ..placement import Placement, Resharding
 from ..spec import Box, ShardingSpec
+from ..topology import ClusterSpec
 from . import loadbalance as lb
 from .kinds import transfer_kind
 from .strategies import (ALLGATHER, ALPA, STRATEGIES, Job, JobMemo, allgather_job, alpa_local_allgather_spec,
                          jobs_for_task, lower_bound_payload)
-from .unit_tasks import UnitTask, decompose, device_boxes
+from .unit_tasks import UnitTask, decompose
 
 SCHEMA_VERSION = 1
 
@@ -95,15 +96,35 @@ class Transfer(NamedTuple):
 
 
 @dataclass(frozen=True)
-class ReshardingPlan:
-    """Everything an executor needs to run one cross-mesh resharding."""
+class Leaf:
+    """One array of a plan: its path in the tree (``"/"`` for a single array), its
+    resolved move, and the spec the network delivers when it differs from the
+    destination's (Alpa's local-allgather rewrite)."""
 
-    shape: tuple[int, ...]
-    dtype: str
-    src_mesh: DeviceMesh
-    src_spec: ShardingSpec
-    dst_mesh: DeviceMesh
-    dst_spec: ShardingSpec
+    path: str
+    resharding: Resharding
+    sent_spec: ShardingSpec | None = None
+
+    shape = property(lambda self: self.resharding.shape)
+    dtype = property(lambda self: self.resharding.dtype)
+    src_mesh = property(lambda self: self.resharding.src_mesh)
+    src_spec = property(lambda self: self.resharding.src_spec)
+    dst_mesh = property(lambda self: self.resharding.dst_mesh)
+    dst_spec = property(lambda self: self.resharding.dst_spec)
+    nbytes = property(lambda self: self.resharding.nbytes)
+
+    @property
+    def sent(self) -> Placement:
+        """Where the network's bytes land: the destination, or Alpa's rewritten layout."""
+        return Placement(self.dst_mesh, self.sent_spec or self.dst_spec)
+
+
+@dataclass(frozen=True)
+class ReshardingPlan:
+    """Everything an executor needs to run one cross-mesh resharding (a one-leaf plan:
+    ``leaves`` and ``tasks_per_leaf`` read as for a tree plan)."""
+
+    resharding: Resharding    # resolved: meshes and specs are objects
     cluster: ClusterSpec
     strategy: str
     loadbalance: str          # as asked
@@ -116,6 +137,21 @@ class ReshardingPlan:
     lower_bound_seconds: float
     search_complete: bool = True
     host_operations: dict[int, tuple[int, ...]] = field(default_factory=dict)
+
+    shape = property(lambda self: self.resharding.shape)
+    dtype = property(lambda self: self.resharding.dtype)
+    src_mesh = property(lambda self: self.resharding.src_mesh)
+    src_spec = property(lambda self: self.resharding.src_spec)
+    dst_mesh = property(lambda self: self.resharding.dst_mesh)
+    dst_spec = property(lambda self: self.resharding.dst_spec)
+
+    @property
+    def leaves(self) -> tuple[Leaf, ...]:
+        return (Leaf("/", self.resharding, self.sent_spec if self.sent_spec != self.dst_spec else None),)
+
+    @property
+    def tasks_per_leaf(self) -> tuple[tuple[UnitTask, ...], ...]:
+        return (self.unit_tasks,)
 
     # ------------------------------------------------------------------ views
     @property
@@ -182,9 +218,9 @@ class ReshardingPlan:
         if d.get("schema_version") != SCHEMA_VERSION:
             raise InvalidOptionError(f"plan JSON schema_version {d.get('schema_version')!r} is not {SCHEMA_VERSION}")
         return cls(
-            shape=tuple(d["shape"]), dtype=d["dtype"],
-            src_mesh=DeviceMesh.from_dict(d["src_mesh"]), src_spec=ShardingSpec.parse(d["src_spec"]),
-            dst_mesh=DeviceMesh.from_dict(d["dst_mesh"]), dst_spec=ShardingSpec.parse(d["dst_spec"]),
+            resharding=Resharding.between(
+                tuple(d["shape"]), d["dtype"], DeviceMesh.from_dict(d["src_mesh"]), ShardingSpec.parse(d["src_spec"]),
+                DeviceMesh.from_dict(d["dst_mesh"]), ShardingSpec.parse(d["dst_spec"])),
             cluster=ClusterSpec.from_dict(d["cluster"]), strategy=d["strategy"],
             loadbalance=d["loadbalance"], loadbalance_used=d["loadbalance_used"], chunks=d["chunks"],
             sent_spec=ShardingSpec.parse(d["sent_spec"]),
@@ -213,16 +249,6 @@ def host_flows(t: Transfer, cluster: ClusterSpec) -> list[tuple[int, int, int]]:
 
 
 # --------------------------------------------------------------------- planning
-def _positive_shape(shape) -> tuple[int, ...]:
-    try:
-        out = tuple(int(s) for s in shape)
-    except (TypeError, ValueError):
-        raise InvalidSpecError(f"shape must be a sequence of positive integers, got {shape!r}") from None
-    if any(s <= 0 for s in out) or any(float(s) != s for s in shape):
-        raise InvalidSpecError(f"shape must be positive integers, got {tuple(shape)}")
-    return out
-
-
 def smallest_cluster(src_mesh, dst_mesh, **kw) -> ClusterSpec:
     """The smallest cluster holding both meshes (text like ``'2x4@0,1'`` or ``DeviceMesh``).
 
@@ -235,38 +261,6 @@ def smallest_cluster(src_mesh, dst_mesh, **kw) -> ClusterSpec:
         dph = max(m.devices_per_host if isinstance(m, DeviceMesh) else devices_per_host_needed(m) for m in meshes)
     hosts = max(max(DeviceMesh.parse(m, dph).hosts) for m in meshes) + 1
     return ClusterSpec(num_hosts=kw.pop("num_hosts", None) or hosts, devices_per_host=dph, **kw)
-
-
-def _check_fits(mesh: DeviceMesh, cluster: ClusterSpec, role: str) -> None:
-    if mesh.devices_per_host != cluster.devices_per_host:
-        raise InvalidMeshError(f"{role} mesh {mesh.label()} assumes {mesh.devices_per_host} devices per host, "
-                               f"the cluster has {cluster.devices_per_host}")
-    bad = [d for d in mesh.devices if d >= cluster.num_devices]
-    if bad:
-        raise InvalidMeshError(f"{role} mesh {mesh.label()} uses device(s) {bad[:4]} on host(s) "
-                               f"{sorted({cluster.host_of(d) for d in bad})[:4]}, but the cluster has only "
-                               f"hosts 0..{cluster.num_hosts - 1}")
-
-
-def resolve_layout(shape, dtype, src_mesh, src_spec, dst_mesh, dst_spec, cluster: ClusterSpec, where: str = ""):
-    """Parse and check one array's move on ``cluster`` before any planning:
-    (shape, dtype name, source mesh, source spec, destination mesh, destination spec).
-    ``where`` prefixes error messages (a tree leaf's path)."""
-    prefix = f"{where}: " if where else ""
-    shape = _positive_shape(shape)
-    dt = dtype_name(dtype)
-    src = DeviceMesh.parse(src_mesh, cluster.devices_per_host)
-    dst = DeviceMesh.parse(dst_mesh, cluster.devices_per_host)
-    _check_fits(src, cluster, f"{prefix}source")
-    _check_fits(dst, cluster, f"{prefix}destination")
-    shared = src.overlaps(dst)
-    if shared:
-        raise InvalidMeshError(f"{prefix}source mesh {src.label()} and destination mesh {dst.label()} share "
-                               f"device(s) {sorted(shared)[:8]}; cross-mesh resharding needs disjoint meshes")
-    sspec, dspec = ShardingSpec.parse(src_spec), ShardingSpec.parse(dst_spec)
-    sspec.validate(shape, src.shape)
-    dspec.validate(shape, dst.shape)
-    return shape, dt, src, sspec, dst, dspec
 
 
 def lower_bound(tasks: Sequence[UnitTask], cluster: ClusterSpec, payload: int | None = None) -> float:
@@ -351,8 +345,9 @@ def _plan(shape: Sequence[int], dtype, src_mesh, src_spec, dst_mesh, dst_spec, *
         raise InvalidOptionError(f"chunks must be a positive integer or None (auto), got {chunks!r}")
     if cluster is None:
         cluster = smallest_cluster(src_mesh, dst_mesh)
-    shape, dt, src, sspec, dst, dspec = resolve_layout(shape, dtype, src_mesh, src_spec, dst_mesh, dst_spec, cluster)
-    size = itemsize(dt)
+    move = Resharding.between(shape, dtype, src_mesh, src_spec, dst_mesh, dst_spec).resolve(cluster)
+    shape, src, sspec, dst, dspec = move.shape, move.src_mesh, move.src_spec, move.dst_mesh, move.dst_spec
+    size = itemsize(move.dtype)
 
     final_tasks = decompose(shape, size, src, sspec, dst, dspec)
     sent_spec, gather_dim = dspec, None
@@ -368,8 +363,7 @@ def _plan(shape: Sequence[int], dtype, src_mesh, src_spec, dst_mesh, dst_spec, *
     sched = lb.schedule(jobs, loadbalance, seed=seed, dfs_budget_s=dfs_budget_s)
     transfers = _transfers(jobs, tasks, sched, cluster)
     return ReshardingPlan(
-        shape=shape, dtype=dt, src_mesh=src, src_spec=sspec, dst_mesh=dst, dst_spec=dspec,
-        cluster=cluster, strategy=strategy, loadbalance=loadbalance, loadbalance_used=sched.mode,
+        resharding=move, cluster=cluster, strategy=strategy, loadbalance=loadbalance, loadbalance_used=sched.mode,
         chunks=chunks, sent_spec=sent_spec, unit_tasks=tuple(tasks), transfers=tuple(transfers),
         predicted_seconds=sched.makespan,
         lower_bound_seconds=lower_bound(final_tasks, cluster, lower_bound_payload(strategy)),
@@ -379,7 +373,7 @@ def _plan(shape: Sequence[int], dtype, src_mesh, src_spec, dst_mesh, dst_spec, *
 def _alpa_allgathers(jobs: Sequence[Job], shape, size, dst: DeviceMesh, dspec: ShardingSpec, gather_dim: int,
                      cluster: ClusterSpec) -> list[Job]:
     """One all-gather per group of destination devices that differ only along ``gather_dim``."""
-    boxes = device_boxes(shape, dst, dspec)
+    boxes = Placement(dst, dspec).device_boxes(shape)
     groups: dict[tuple, list[int]] = {}
     for coord, dev in dst.coords():
         key = tuple(c for m, c in enumerate(coord) if m != gather_dim)

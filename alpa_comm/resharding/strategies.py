@@ -43,6 +43,11 @@ ALLGATHER = "allgather"
 """Kinds the planner adds itself: an intra-host copy, and Alpa's follow-up all-gather."""
 
 
+def carries_data(strategy: str) -> bool:
+    """Whether a plan with ``strategy`` delivers the array's data (``signal`` does not)."""
+    return strategy == ALPA or transfer_kind(strategy).carries_data
+
+
 def lower_bound_payload(strategy: str) -> int | None:
     """Bytes per slice the lower bound should count: None (the slice's own) unless the
     strategy only times the protocol (``signal``: one byte)."""

@@ -18,17 +18,15 @@ effect of packing is predicted, and the simulator sees it too.
 from __future__ import annotations
 
 import gc
-import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from ..topology import ClusterSpec
 from ..dtypes import itemsize
 from ..errors import InvalidOptionError
-from ..mesh import DeviceMesh
-from ..spec import ShardingSpec
+from ..placement import Placement, Resharding  # noqa: F401 - Placement: where tree leaves go, re-exported
 from . import loadbalance as lb
-from .plan import Part, Transfer, _host_operations, lower_bound, resolve_layout
+from .plan import Leaf, Part, Transfer, _host_operations, lower_bound
 from .kinds import PACKABLE_KINDS, PER_TASK_STRATEGIES, transfer_kind
 from .kinds.base import group_by_host
 from .strategies import LOCAL_COPY, Job, JobMemo, jobs_for_task, lower_bound_payload
@@ -40,43 +38,15 @@ AUTO_BUCKET_MIN = 64 << 10
 AUTO_BUCKET_MAX = 64 << 20
 
 
-@dataclass(frozen=True)
-class LeafLayout:
-    """Where one array lives before and after: shape, dtype, meshes and specs (objects or text)."""
-
-    shape: tuple
-    dtype: Any
-    src_mesh: Any
-    src_spec: Any
-    dst_mesh: Any
-    dst_spec: Any
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where a leaf should go: a mesh and a spec (objects or text), e.g. Placement("1x4@2", "RS1")."""
-
-    mesh: Any
-    spec: Any
-
-
-@dataclass(frozen=True)
-class Leaf:
-    path: str
-    shape: tuple[int, ...]
-    dtype: str
-    src_mesh: DeviceMesh
-    src_spec: ShardingSpec
-    dst_mesh: DeviceMesh
-    dst_spec: ShardingSpec
-
-    @property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * itemsize(self.dtype)
+LeafLayout = Resharding.between
+"""A tree leaf's move from six values (``Resharding.between``; kept for older code)."""
 
 
 @dataclass(frozen=True)
 class TreePlan:
+    """One jointly balanced plan for many arrays; reads like a ``ReshardingPlan`` with
+    several ``leaves`` (transfers name their leaf)."""
+
     leaves: tuple[Leaf, ...]
     unit_tasks: tuple[tuple[UnitTask, ...], ...]  # per leaf, task ids local to the leaf
     transfers: tuple[Transfer, ...]
@@ -91,6 +61,10 @@ class TreePlan:
     @property
     def nbytes(self) -> int:
         return sum(leaf.nbytes for leaf in self.leaves)
+
+    @property
+    def tasks_per_leaf(self) -> tuple[tuple[UnitTask, ...], ...]:
+        return self.unit_tasks
 
     @property
     def messages(self) -> int:
@@ -134,7 +108,7 @@ def auto_bucket_bytes(cluster: ClusterSpec) -> int:
 def plan_resharding_tree(tree, *, cluster: ClusterSpec, strategy: str = "broadcast", loadbalance: str = "auto",
                          bucket_bytes: int | str | None = "auto", chunks: int | None = None, seed: int = 0,
                          dfs_budget_s: float = lb.DEFAULT_DFS_BUDGET_S) -> TreePlan:
-    """One plan for a pytree whose leaves are ``LeafLayout``s.
+    """One plan for a pytree whose leaves are ``Resharding`` records.
 
     ``bucket_bytes``: ``"auto"`` (from latency and bandwidth), a byte count, or
     None/0 to plan jointly without packing.
@@ -159,11 +133,11 @@ def plan_resharding_tree(tree, *, cluster: ClusterSpec, strategy: str = "broadca
             gc.enable()
 
 
-def _leaf(path: str, layout, cluster: ClusterSpec) -> Leaf:
-    if not isinstance(layout, LeafLayout):
-        raise InvalidOptionError(f"tree leaf {path} must be a LeafLayout, got {type(layout).__name__}")
-    return Leaf(path, *resolve_layout(layout.shape, layout.dtype, layout.src_mesh, layout.src_spec, layout.dst_mesh,
-                                      layout.dst_spec, cluster, where=path))
+def _leaf(path: str, move, cluster: ClusterSpec) -> Leaf:
+    if not isinstance(move, Resharding):
+        raise InvalidOptionError(f"tree leaf {path} must be a Resharding (Resharding.between(...)), "
+                                 f"got {type(move).__name__}")
+    return Leaf(path, move.resolve(cluster, where=path))
 
 
 def _plan_tree(tree, cluster, strategy, loadbalance, bucket, chunks, seed, dfs_budget_s) -> TreePlan:

@@ -53,11 +53,6 @@ def _devices_by_parts(mesh: DeviceMesh, spec: ShardingSpec) -> dict[tuple[int, .
     return out
 
 
-def device_boxes(shape: Sequence[int], mesh: DeviceMesh, spec: ShardingSpec) -> dict[int, Box]:
-    """Index box each device of ``mesh`` holds under ``spec``."""
-    return {dev: spec.box(coord, shape, mesh.shape) for coord, dev in mesh.coords()}
-
-
 def decompose(shape: Sequence[int], itemsize: int, src_mesh: DeviceMesh, src_spec: ShardingSpec,
               dst_mesh: DeviceMesh, dst_spec: ShardingSpec) -> list[UnitTask]:
     """Unit tasks of resharding ``shape`` from (src_mesh, src_spec) to (dst_mesh, dst_spec).

@@ -12,8 +12,7 @@ from __future__ import annotations
 import math
 
 from ..errors import AlpaCommError
-from .strategies import ALLGATHER
-from .unit_tasks import device_boxes
+from .strategies import ALLGATHER, carries_data
 
 
 class PlanError(AlpaCommError):
@@ -34,12 +33,12 @@ def _volume(box) -> int:
 
 def verify_plan(plan) -> None:
     """Raise ``PlanError`` naming the first transfer or device that goes wrong."""
-    src_boxes = device_boxes(plan.shape, plan.src_mesh, plan.src_spec)
-    need = device_boxes(plan.shape, plan.dst_mesh, plan.dst_spec)
+    src_boxes = plan.resharding.src.device_boxes(plan.shape)
+    need = plan.resharding.dst.device_boxes(plan.shape)
     received: dict[int, list] = {d: [] for d in need}
     holds: dict[int, list] = {d: [b] for d, b in src_boxes.items()}
     done: set[int] = set()
-    signal = plan.strategy == "signal"
+    signal = not carries_data(plan.strategy)
     for t in plan.transfers:
         missing = [d for d in t.deps if d not in done]
         if missing:
@@ -78,8 +77,8 @@ def verify_plan(plan) -> None:
 
 def verify_tree_plan(plan) -> None:
     """``verify_plan`` for a ``TreePlan``: every leaf, packed parts unpacked."""
-    src = [device_boxes(leaf.shape, leaf.src_mesh, leaf.src_spec) for leaf in plan.leaves]
-    need = [device_boxes(leaf.shape, leaf.dst_mesh, leaf.dst_spec) for leaf in plan.leaves]
+    src = [leaf.resharding.src.device_boxes(leaf.shape) for leaf in plan.leaves]
+    need = [leaf.resharding.dst.device_boxes(leaf.shape) for leaf in plan.leaves]
     received: list[dict[int, list]] = [{d: [] for d in n} for n in need]
     for t in plan.transfers:
         deliveries = [(p.leaf, p.sender, p.receivers, p.index) for p in t.parts] or [(t.leaf, t.sender, t.receivers,
@@ -94,7 +93,7 @@ def verify_tree_plan(plan) -> None:
                 if any(_overlap(prior, index) for prior in received[leaf][r]):
                     raise PlanError(f"{where}: device {r} receives {index} twice")
                 received[leaf][r].append(index)
-    if plan.strategy == "signal":
+    if not carries_data(plan.strategy):
         return
     for leaf, n in enumerate(need):
         for d, box in n.items():

@@ -26,7 +26,9 @@ from ..errors import InvalidMeshError
 from ..mesh import DeviceMesh
 from ..resharding import plan_resharding
 from ..resharding.plan import ReshardingPlan
-from ..resharding.unit_tasks import device_boxes
+from ..placement import Placement, Resharding
+from ..resharding.host_job import HostJob
+from ..resharding.strategies import carries_data
 from ..spec import ShardingSpec
 from .backend import DEFAULT_TIMEOUT_S, CommunicationError
 from .executor import numpy_dtype, view
@@ -95,6 +97,10 @@ class DistributedArray:
     def __repr__(self) -> str:
         return f"DistributedArray({'x'.join(map(str, self.shape))} {self.dtype}, {self.spec} on {self.mesh.label()})"
 
+    @property
+    def placement(self) -> Placement:
+        return Placement(self.mesh, self.spec)
+
     def shards(self) -> dict[int, np.ndarray]:
         """Every device's buffer, fetched to the driver."""
         if not self.has_data:
@@ -106,7 +112,7 @@ class DistributedArray:
         """The whole tensor, assembled on the driver from one replica of every shard."""
         out = np.empty(self.shape, numpy_dtype(self.dtype))
         full = tuple((0, n) for n in self.shape)
-        boxes = device_boxes(self.shape, self.mesh, self.spec)
+        boxes = self.placement.device_boxes(self.shape)
         for d, buf in self.shards().items():
             view(out, full, boxes[d])[...] = buf
         return out
@@ -316,7 +322,7 @@ class Cluster:
         dtype = dtype_name(array.dtype)
         full = tuple((0, n) for n in array.shape)
         per_host: dict[int, dict[int, np.ndarray]] = {}
-        for d, box in device_boxes(array.shape, m, s).items():
+        for d, box in Placement(m, s).device_boxes(array.shape).items():
             per_host.setdefault(m.host_of(d), {})[d] = np.ascontiguousarray(view(array, full, box))
         array_id = uuid.uuid4().hex
         self._wait([(self.workers[h].put_shards.remote(array_id, shards), h) for h, shards in per_host.items()],
@@ -344,7 +350,7 @@ class Cluster:
         if tuple(plan.shape) != array.shape or plan.dtype != array.dtype:
             raise ValueError(f"plan is for {plan.shape} {plan.dtype}, the array is {array.shape} {array.dtype}")
         dst_id = uuid.uuid4().hex
-        refs = [(w.execute.remote(self._job(plan, h), [array.id], [dst_id], self.timeout), h) for h, w in
+        refs = [(w.execute.remote(HostJob.for_host(plan, h), [array.id], [dst_id], self.timeout), h) for h, w in
                 enumerate(self.workers)]
         # Hosts bound each wait themselves; the driver allows the plan's predicted time
         # three times over on top, so a long resharding is not cut short.
@@ -354,29 +360,12 @@ class Cluster:
         end = max(r["end"] for r in results)
         self.last = ReshardStats(end - start, plan, {r["host"]: r for r in results})
         return DistributedArray(self, dst_id, array.shape, array.dtype, plan.dst_mesh, plan.dst_spec,
-                                has_data=plan.strategy != "signal")
-
-    @staticmethod
-    def _job(plan, host: int) -> dict:
-        """What one host needs of a plan (a ``ReshardingPlan`` or a tree plan): every
-        leaf's layout and this host's transfers."""
-        if hasattr(plan, "leaves"):
-            leaves = [{"shape": list(lf.shape), "dtype": lf.dtype, "src_mesh": lf.src_mesh.to_dict(),
-                       "src_spec": str(lf.src_spec), "dst_mesh": lf.dst_mesh.to_dict(), "dst_spec": str(lf.dst_spec)}
-                      for lf in plan.leaves]
-        else:
-            d = plan.to_dict()
-            leaves = [{k: d[k] for k in ("shape", "dtype", "src_mesh", "src_spec", "dst_mesh", "dst_spec",
-                                         "sent_spec")}]
-        spec = plan.cluster
-        return {"leaves": leaves,
-                "transfers": [plan.transfers[i].to_dict() for i in plan.host_operations.get(host, ())],
-                "min_rate": min(min(spec.send_rate(h), spec.recv_rate(h)) for h in range(spec.num_hosts))}
+                                has_data=carries_data(plan.strategy))
 
     def plan_tree(self, arrays, placements, strategy: str = "broadcast", loadbalance: str = "auto",
                   bucket_bytes="auto", chunks: int | None = None, seed: int = 0):
         """The tree plan ``reshard_tree`` would run (validates everything, moves nothing)."""
-        from ..resharding.tree import LeafLayout, Placement, plan_resharding_tree, tree_flatten  # noqa: PLC0415
+        from ..resharding.tree import plan_resharding_tree, tree_flatten  # noqa: PLC0415
 
         src = tree_flatten(arrays)
         dst = tree_flatten(placements)
@@ -388,7 +377,7 @@ class Cluster:
             if not isinstance(a, DistributedArray) or not isinstance(pl, Placement):
                 raise ValueError(f"{path}: expected a DistributedArray and a Placement, got "
                                  f"{type(a).__name__} and {type(pl).__name__}")
-            layouts[path] = LeafLayout(a.shape, a.dtype, a.mesh, a.spec, self._mesh(pl.mesh), pl.spec)
+            layouts[path] = Resharding(a.shape, a.dtype, a.placement, Placement(self._mesh(pl.mesh), pl.spec))
         return plan_resharding_tree(layouts, cluster=self.spec, strategy=strategy, loadbalance=loadbalance,
                                     bucket_bytes=bucket_bytes, chunks=chunks, seed=seed)
 
@@ -402,14 +391,14 @@ class Cluster:
         plan = self.plan_tree(arrays, placements, strategy, loadbalance, bucket_bytes, chunks, seed)
         srcs = [a for _, a in tree_flatten(arrays)]
         dst_ids = [uuid.uuid4().hex for _ in srcs]
-        refs = [(w.execute.remote(self._job(plan, h), [a.id for a in srcs], dst_ids, self.timeout), h)
+        refs = [(w.execute.remote(HostJob.for_host(plan, h), [a.id for a in srcs], dst_ids, self.timeout), h)
                 for h, w in enumerate(self.workers)]
         results = self._wait(refs, f"resharding a tree of {len(srcs)} arrays",
                              timeout=2 * self.timeout + 10 + 3 * plan.predicted_seconds)
         start, end = min(r["start"] for r in results), max(r["end"] for r in results)
         self.last = ReshardStats(end - start, plan, {r["host"]: r for r in results})
         out = [DistributedArray(self, i, lf.shape, lf.dtype, lf.dst_mesh, lf.dst_spec,
-                                has_data=plan.strategy != "signal") for i, lf in zip(dst_ids, plan.leaves)]
+                                has_data=carries_data(plan.strategy)) for i, lf in zip(dst_ids, plan.leaves)]
         return tree_unflatten(arrays, out)
 
     def _fetch(self, array: DistributedArray) -> dict[int, np.ndarray]:

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..errors import InvalidOptionError
 from ..resharding.kinds import transfer_kind
-from ..resharding.plan import Transfer
+from ..resharding.plan import Leaf, Transfer
 from ..spec import Box
 from .backend import DEFAULT_TIMEOUT_S, Backend, CommunicationError
 
@@ -55,12 +55,28 @@ def shape_of(index: Box) -> tuple[int, ...]:
 
 @dataclass
 class Layout:
-    """Where every device's data sits in the global tensor."""
+    """Where every device's data sits in the global tensor (one leaf of a plan)."""
 
     dtype: np.dtype
     src_boxes: dict[int, Box]
     dst_boxes: dict[int, Box]
     sent_boxes: dict[int, Box]  # what the network delivers (differs from dst only for Alpa's rewrite)
+
+    @classmethod
+    def of(cls, leaf: Leaf) -> "Layout":
+        dst = leaf.resharding.dst.device_boxes(leaf.shape)
+        sent = dst if leaf.sent_spec is None else leaf.sent.device_boxes(leaf.shape)
+        return cls(numpy_dtype(leaf.dtype), leaf.resharding.src.device_boxes(leaf.shape), dst, sent)
+
+    def empty_destinations(self, is_local: Callable[[int], bool], zeros: bool = False) -> dict[int, np.ndarray]:
+        """Fresh buffers for the destination devices ``is_local`` accepts."""
+        new = np.zeros if zeros else np.empty
+        return {d: new(shape_of(box), self.dtype) for d, box in self.dst_boxes.items() if is_local(d)}
+
+    def source_shards(self, array: np.ndarray, is_local: Callable[[int], bool]) -> dict[int, np.ndarray]:
+        """The source devices' shards of a whole ``array``, for the devices ``is_local`` accepts."""
+        full = tuple((0, n) for n in array.shape)
+        return {d: np.ascontiguousarray(view(array, full, box)) for d, box in self.src_boxes.items() if is_local(d)}
 
 
 @dataclass

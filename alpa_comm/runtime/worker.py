@@ -13,35 +13,15 @@ import time
 
 import numpy as np
 
-from ..mesh import DeviceMesh
-from ..resharding.plan import Transfer
-from ..resharding.unit_tasks import device_boxes
-from ..spec import ShardingSpec
+from ..resharding.host_job import HostJob
 from .backend import DEFAULT_TIMEOUT_S, CommunicationError, GlooBackend
-from .executor import HostExecutor, Layout, numpy_dtype
+from .executor import HostExecutor, Layout
 
 
 def free_port(addr: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((addr, 0))
         return s.getsockname()[1]
-
-
-def job_layouts(job: dict, host: int, devices_per_host: int):
-    """Every leaf's ``Layout`` of a job (see ``Cluster._job``) and this host's empty
-    destination buffers per leaf."""
-    layouts, dst = [], []
-    for leaf in job["leaves"]:
-        shape = tuple(leaf["shape"])
-        dst_mesh = DeviceMesh.from_dict(leaf["dst_mesh"])
-        lay = Layout(numpy_dtype(leaf["dtype"]),
-                     device_boxes(shape, DeviceMesh.from_dict(leaf["src_mesh"]), ShardingSpec.parse(leaf["src_spec"])),
-                     device_boxes(shape, dst_mesh, ShardingSpec.parse(leaf["dst_spec"])),
-                     device_boxes(shape, dst_mesh, ShardingSpec.parse(leaf.get("sent_spec", leaf["dst_spec"]))))
-        layouts.append(lay)
-        dst.append({d: np.empty(tuple(b - a for a, b in box), lay.dtype)
-                    for d, box in lay.dst_boxes.items() if d // devices_per_host == host})
-    return layouts, dst
 
 
 class HostWorker:
@@ -88,22 +68,20 @@ class HostWorker:
         self.arrays.pop(array_id, None)
 
     # ------------------------------------------------------------- resharding
-    def execute(self, job: dict, src_ids: list[str], dst_ids: list[str], timeout: float = DEFAULT_TIMEOUT_S,
+    def execute(self, job: HostJob, src_ids: list[str], dst_ids: list[str], timeout: float = DEFAULT_TIMEOUT_S,
                 barrier: bool = True) -> dict:
-        """Run this host's transfers of one plan over one or more arrays (a tree plan).
-        ``job`` carries each leaf's layout and this host's transfers (see
-        ``Cluster._job``). Returns wall-clock start/end and per-transfer timings."""
+        """Run this host's share of one plan over one or more arrays (a tree plan: one
+        per leaf). Returns wall-clock start/end and per-transfer timings."""
         if self.backend is None:
             raise CommunicationError(f"host {self.host}: not connected to the other hosts")
-        dph = self.devices_per_host
-        layouts, dst = job_layouts(job, self.host, dph)
+        layouts = [Layout.of(leaf) for leaf in job.leaves]
+        dst = [lay.empty_destinations(job.is_local) for lay in layouts]
         src = [self.arrays.get(i, {}) for i in src_ids]
-        transfers = [Transfer.from_dict(t) for t in job["transfers"]]
         if barrier:
             self.backend.barrier(timeout)
         start = time.time()
-        timings = HostExecutor(self.host, layouts, src, dst, self.backend, lambda d: d // dph, timeout,
-                               job.get("min_rate")).run(transfers)
+        timings = HostExecutor(self.host, layouts, src, dst, self.backend, job.host_of, timeout,
+                               job.min_rate).run(job.transfers)
         end = time.time()
         for i, leaf_dst in zip(dst_ids, dst):
             if leaf_dst:

@@ -10,10 +10,9 @@ from .. import suites
 from ..topology import ClusterSpec
 from ..report.tables import table
 from ..resharding import plan_resharding
+from ..resharding.strategies import carries_data
 from ..resharding.explain import fmt_bytes, fmt_seconds
 from .simulate import effective_gbps, simulate
-
-BALANCE_METHODS = suites.BALANCE_METHODS
 
 
 @dataclass
@@ -33,22 +32,10 @@ class Row:
         return effective_gbps(self.nbytes, self.seconds)
 
 
-def suite_cases(name: str, last_dim: int = 512, size_mb: float = 1024):
-    if name in ("n-to-m", "balance"):
-        return suites.n_to_m(last_dim)
-    if name == "1-to-m":
-        return suites.one_to_m(int(size_mb * (1 << 20)))
-    raise ValueError(f"unknown suite {name!r}; choose 1-to-m, n-to-m or balance")
-
-
-def suite_methods(name: str):
-    return BALANCE_METHODS if name == "balance" else suites.METHODS
-
-
 def run_suite(name: str, cluster: ClusterSpec, last_dim: int = 512, size_mb: float = 1024, seed: int = 0,
               progress=sys.stderr) -> list[Row]:
-    cases = suite_cases(name, last_dim, size_mb)
-    methods = suite_methods(name)
+    cases = suites.suite_cases(name, last_dim, size_mb)
+    methods = suites.suite(name).methods
     rows = []
     for i, case in enumerate(cases):
         if progress:
@@ -58,7 +45,7 @@ def run_suite(name: str, cluster: ClusterSpec, last_dim: int = 512, size_mb: flo
                                    case.dst_spec, cluster=cluster, strategy=m.strategy, loadbalance=m.loadbalance,
                                    seed=seed)
             res = simulate(plan)
-            bound = plan.lower_bound_seconds if m.strategy != "signal" else None
+            bound = plan.lower_bound_seconds if carries_data(m.strategy) else None
             rows.append(Row(name, case.name, m.name, res.makespan, plan.predicted_seconds, bound or 0.0,
                             plan.nbytes, res.host_sent, res.host_received))
     # the signal rows get the real data's bound for their ratio

@@ -19,12 +19,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import InvalidOptionError
+from ..pipeline.edges import Edge, edge_plans, model_edges, stage_hosts
 from ..pipeline.ir import Schedule, ScheduleError
 from ..runtime.cluster import Cluster
-from ..pipeline.edges import Edge, edge_plans, model_edges, stage_hosts
+from ..resharding.host_job import HostJob
+from ..resharding.strategies import STRATEGIES
+from .stage_setup import StageSetup
 from .worker import PipelineWorker
 
-STRATEGIES = ("broadcast", "alpa", "send_recv", "signal")
 
 
 class PipelineCluster(Cluster):
@@ -82,7 +85,7 @@ class DistributedPipeline:
                  model_kwargs: dict | None = None, dp: int = 1, strategy: str = "broadcast",
                  loadbalance: str = "auto", optimizer: str = "sgd", lr: float = 0.1):
         if strategy not in STRATEGIES:
-            raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+            raise InvalidOptionError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
         if dp < 1:
             raise ValueError(f"dp must be >= 1, got {dp}")
         need = num_stages * dp
@@ -108,15 +111,15 @@ class DistributedPipeline:
         refs = []
         for s in range(num_stages):
             for r, h in enumerate(stage_hosts(s, dp)):
-                jobs = {e.name: [Cluster._job(p, h) for p in self.plans[e]] for e in self.edges
+                jobs = {e.name: [HostJob.for_host(p, h) for p in self.plans[e]] for e in self.edges
                         if h in stage_hosts(e.src, dp) or h in stage_hosts(e.dst, dp)}
-                cfg = {"stage": s, "replica": r, "dp": dp, "num_stages": num_stages, "model": model,
-                       "model_kwargs": self.model_kwargs, "schedule": schedule.to_json(), "jobs": jobs,
-                       "edge_index": edge_index, "edge_keys": edge_keys, "timeout": cluster.timeout,
-                       "strategy": strategy, "optimizer": optimizer, "lr": lr,
-                       "input_shapes": {key: (microbatch_size // dp,) + tuple(self.shapes[(src, key)][1:])
-                                        for key, src in self.model.consumes[s].items()},
-                       "batch_shape": (microbatch_size // dp, seq)}
+                cfg = StageSetup(
+                    stage=s, replica=r, dp=dp, num_stages=num_stages, model=model, model_kwargs=self.model_kwargs,
+                    schedule=schedule, jobs=jobs, edge_index=edge_index, edge_keys=edge_keys,
+                    timeout=cluster.timeout, strategy=strategy, optimizer=optimizer, lr=lr,
+                    input_shapes={key: (microbatch_size // dp,) + tuple(self.shapes[(src, key)][1:])
+                                  for key, src in self.model.consumes[s].items()},
+                    batch_shape=(microbatch_size // dp, seq))
                 refs.append((cluster.workers[h].setup_stage.remote(cfg), h))
         # set-up compiles the stage's programs (minutes on a slow host the first time)
         self.setup = cluster._wait(refs, "setting up its pipeline stage (compiling)",

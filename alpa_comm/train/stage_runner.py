@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from ..models.dense import WeightTape, weight_grads
-from ..pipeline.ir import Action, ScheduleError
+from ..pipeline.ir import Action, ActionKind, ScheduleError
 
 
 class Mailbox(Protocol):
@@ -158,11 +158,11 @@ class StageRunner:
         """Run one action; False only in poll mode when a RECV's data is not there yet."""
         m = a.mb
         t0 = time.time()
-        if a.kind == "F":
+        if a.kind is ActionKind.F:
             self._forward(m)
-        elif a.kind in ("B", "BI"):
+        elif a.kind in (ActionKind.B, ActionKind.BI):
             ct = self._cotangent(m)
-            if a.kind == "B":
+            if a.kind is ActionKind.B:
                 gp, gx = self.p.backward(self.vjps.pop(m), ct)
                 self._accumulate(gp)
                 self._free(m)
@@ -173,21 +173,21 @@ class StageRunner:
                 self._track(m, wstate, "BI")
             self.gx[m] = gx
             self._wait(gx)
-        elif a.kind == "BW":
+        elif a.kind is ActionKind.BW:
             if m not in self.wstates:
                 raise ScheduleError(f"stage {self.stage}: BW{m} before BI{m}")
             self._accumulate(self.p.backward_weight(self.wstates.pop(m)))
             self._wait(self.grads)
             self._free(m)
-        elif a.kind == "SEND_F":
+        elif a.kind is ActionKind.SEND_F:
             self.mailbox.send("F", self.stage, peer, m,
                               {k: self.outputs[m][k] for k in self.consumers.get(peer, [])})
-        elif a.kind == "SEND_B":
+        elif a.kind is ActionKind.SEND_B:
             if m not in self.gx:
                 raise ScheduleError(f"stage {self.stage}: SEND_B{m} before the backward of microbatch {m}")
             self.mailbox.send("B", self.stage, peer, m,
                               {k: self.gx[m][k] for k, src in self.consumes.items() if src == peer})
-        elif a.kind in ("RECV_F", "RECV_B"):
+        elif a.kind.is_recv:
             got = self.mailbox.recv(a.kind[-1], peer, self.stage, m, block)
             if got is None:
                 return False

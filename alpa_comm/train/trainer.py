@@ -18,12 +18,11 @@ import numpy as np
 
 from ..errors import InvalidOptionError
 from ..pipeline.edges import with_skips
-from ..pipeline import Costs, generate, validate
+from ..pipeline import SCHEDULES, Costs, generate, validate
 from ..pipeline.ir import Schedule
 from ..pipeline.weight_delay import auto_delay
 from .data import batches, stdlib_corpus, synthetic
 
-SCHEDULES = ("gpipe", "1f1b", "eager-1f1b")
 # Relative costs for --delay-wgrad auto before anything is measured: backward twice
 # the forward, a transfer half of it (the regime where delaying pays; see docs/schedules.md).
 DEFAULT_COSTS = Costs(1.0, 2.0, 0.5)

@@ -20,10 +20,9 @@ from typing import Callable
 
 import numpy as np
 
-from ..resharding.plan import Transfer
+from ..resharding.host_job import HostJob
 from ..runtime.backend import Backend, CommunicationError
-from ..runtime.executor import TAGS_PER_TRANSFER, HostExecutor, shape_of
-from ..runtime.worker import job_layouts
+from ..runtime.executor import TAGS_PER_TRANSFER, HostExecutor, Layout
 
 MAX_TRANSFERS_PER_PLAN = 128
 TAG_STRIDE = MAX_TRANSFERS_PER_PLAN * TAGS_PER_TRANSFER
@@ -41,10 +40,10 @@ def tag_slot(edge_index: int, key_index: int, mb: int, num_microbatches: int) ->
 
 
 class ReshardMailbox:
-    """``jobs``: edge name ("F:0->1") -> this host's job per key (``Cluster._job``);
+    """``jobs``: edge name ("F:0->1") -> this host's job per key (``HostJob.for_host``);
     ``edge_index``: edge name -> a small integer (same on every host)."""
 
-    def __init__(self, host: int, backend: Backend, jobs: dict[str, list[dict]], edge_index: dict[str, int],
+    def __init__(self, host: int, backend: Backend, jobs: dict[str, list[HostJob]], edge_index: dict[str, int],
                  keys: dict[str, list[str]], devices_per_host: int, num_microbatches: int, timeout: float,
                  to_buffers: Callable, from_buffers: Callable, zeros: bool = False):
         self.host, self.backend, self.jobs, self.edge_index, self.keys = host, backend, jobs, edge_index, keys
@@ -52,12 +51,11 @@ class ReshardMailbox:
         self.to_buffers, self.from_buffers = to_buffers, from_buffers
         for name, per_key in jobs.items():
             for job in per_key:
-                if len(job["transfers"]) and max(t["id"] for t in job["transfers"]) >= MAX_TRANSFERS_PER_PLAN:
+                if job.transfers and max(t.id for t in job.transfers) >= MAX_TRANSFERS_PER_PLAN:
                     raise CommunicationError(f"edge {name}: its plan has more than {MAX_TRANSFERS_PER_PLAN} transfers")
-        # Layouts and transfers are the same every microbatch: parsed once per (edge, key).
-        self.parsed = {name: [(job_layouts(job, host, devices_per_host)[0],
-                               [Transfer.from_dict(t) for t in job["transfers"]]) for job in per_key]
-                       for name, per_key in jobs.items()}
+        # Layouts are the same every microbatch: built once per (edge, key).
+        self.layouts = {name: [[Layout.of(leaf) for leaf in job.leaves] for job in per_key]
+                        for name, per_key in jobs.items()}
         n_threads = max(4, 2 * num_microbatches * max(1, len(jobs)))
         self.pool = ThreadPoolExecutor(max_workers=n_threads, thread_name_prefix=f"comm-h{host}")
         self.pending: dict[tuple, Future] = {}
@@ -70,14 +68,13 @@ class ReshardMailbox:
         """This host's part of every key's plan of edge ``name`` for microbatch ``mb``."""
         out = []
         start = time.time()
-        new = np.zeros if self.zeros else np.empty  # 'signal' delivers no data: compute on finite zeros
-        for k, (job, (layouts, transfers)) in enumerate(zip(self.jobs[name], self.parsed[name])):
-            lay = layouts[0]
-            dst = {d: new(shape_of(box), lay.dtype) for d, box in lay.dst_boxes.items() if d // self.dph == self.host}
+        for k, (job, layouts) in enumerate(zip(self.jobs[name], self.layouts[name])):
+            # 'signal' delivers no data: the stages then compute on finite zeros
+            dst = layouts[0].empty_destinations(job.is_local, zeros=self.zeros)
             src = [srcs[k]] if srcs is not None else [{}]
             tag = tag_slot(self.edge_index[name], k, mb, self.M) * TAG_STRIDE
-            HostExecutor(self.host, layouts, src, [dst], self.backend, lambda d: d // self.dph, self.timeout,
-                         job.get("min_rate"), tag_base=tag).run(transfers)
+            HostExecutor(self.host, layouts, src, [dst], self.backend, job.host_of, self.timeout,
+                         job.min_rate, tag_base=tag).run(job.transfers)
             out.append(dst)
         if srcs is not None:  # the sender's view: from data ready to the last byte out
             self.events.append((name, mb, start, time.time()))
@@ -86,10 +83,10 @@ class ReshardMailbox:
     def zero_sources(self, name: str) -> list[dict]:
         """Zero-filled source buffers of this host for every key of edge ``name`` (timing runs)."""
         out = []
-        for layouts, _ in self.parsed[name]:
+        for job, layouts in zip(self.jobs[name], self.layouts[name]):
             lay = layouts[0]
-            out.append({d: np.zeros(shape_of(box), lay.dtype)
-                        for d, box in lay.src_boxes.items() if d // self.dph == self.host})
+            out.append({d: np.zeros(tuple(b - a for a, b in box), lay.dtype)
+                        for d, box in lay.src_boxes.items() if job.is_local(d)})
         return out
 
     def _send_task(self, name: str, mb: int, arrays: dict) -> None:

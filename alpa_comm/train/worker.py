@@ -23,6 +23,7 @@ import numpy as np
 
 from ..runtime.allreduce import allreduce_mean
 from ..runtime.worker import HostWorker
+from .stage_setup import StageSetup
 from .transport import ALLREDUCE_TAG_BASE, ReshardMailbox
 
 
@@ -66,20 +67,19 @@ class PipelineWorker(HostWorker):
         self._updates: dict = {}  # (optimizer, lr) -> (optax transformation, compiled update)
 
     # ---------------------------------------------------------------- set-up
-    def setup_stage(self, cfg: dict) -> dict:
+    def setup_stage(self, cfg: StageSetup) -> dict:
         """Build this host's stage replica: model (rebuilt from its arguments, same
         weights as the driver's), programs, optimizer and mailbox."""
         import jax  # noqa: PLC0415
         from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: PLC0415
 
         from ..models import build_model  # noqa: PLC0415
-        from ..pipeline.ir import Schedule  # noqa: PLC0415
         from .stage_runner import StagePrograms, StageRunner, consumers_of  # noqa: PLC0415
 
         if self.mailbox is not None:
             self.mailbox.close()
         self.cfg = cfg
-        self.stage, self.replica, self.dp = cfg["stage"], cfg["replica"], cfg["dp"]
+        self.stage, self.replica, self.dp = cfg.stage, cfg.replica, cfg.dp
         k = self.devices_per_host
         self.devices = jax.local_devices()[:k]
         if len(self.devices) < k:
@@ -89,7 +89,7 @@ class PipelineWorker(HostWorker):
         self.replicated = NamedSharding(mesh, PartitionSpec())
         # Programs are compiled once per model and stage and kept across set-ups, so
         # trying several schedules or strategies on one cluster costs no recompilation.
-        key = (cfg["model"], json.dumps(cfg["model_kwargs"], sort_keys=True), cfg["num_stages"], self.stage)
+        key = (cfg.model, json.dumps(cfg.model_kwargs, sort_keys=True), cfg.num_stages, self.stage)
         built = self._built
         if key not in built:
             split = self.split
@@ -98,25 +98,25 @@ class PipelineWorker(HostWorker):
                 return jax.tree_util.tree_map(
                     lambda x: jax.lax.with_sharding_constraint(x, split) if x.ndim >= 1 else x, tree)
 
-            model = build_model(cfg["model"], cfg["num_stages"], **cfg["model_kwargs"])
+            model = build_model(cfg.model, cfg.num_stages, **cfg.model_kwargs)
             built[key] = (model, StagePrograms(model.stages[self.stage], pin))
         model, programs = built[key]
-        self.schedule = Schedule.from_json(cfg["schedule"])
+        self.schedule = cfg.schedule
         self.actions = self.schedule.stages[self.stage]
         self.params = jax.device_put(model.params[self.stage], self.replicated)
-        key = (cfg["optimizer"], cfg["lr"])
+        key = (cfg.optimizer, cfg.lr)
         if key not in self._updates:  # compiled once per optimizer, across set-ups
             self._updates[key] = make_optimizer(*key)
         opt, self.update = self._updates[key]
         self.opt_state = jax.device_put(opt.init(self.params), self.replicated)
-        self.mailbox = ReshardMailbox(self.host, self.backend, cfg["jobs"], cfg["edge_index"], cfg["edge_keys"], k,
-                                      self.schedule.num_microbatches, cfg["timeout"], self._to_buffers,
-                                      self._from_buffers, zeros=cfg["strategy"] == "signal")
-        self.runner = StageRunner(self.stage, cfg["num_stages"], programs,
+        self.mailbox = ReshardMailbox(self.host, self.backend, cfg.jobs, cfg.edge_index, cfg.edge_keys, k,
+                                      self.schedule.num_microbatches, cfg.timeout, self._to_buffers,
+                                      self._from_buffers, zeros=not cfg.moves_data)
+        self.runner = StageRunner(self.stage, cfg.num_stages, programs,
                                   model.consumes[self.stage], consumers_of(model.consumes, self.stage), self.mailbox,
                                   sync=True)
         t0 = time.time()
-        self._warm_up(cfg["input_shapes"], cfg["batch_shape"])
+        self._warm_up(cfg.input_shapes, cfg.batch_shape)
         return {"host": self.host, "stage": self.stage, "devices": [str(d) for d in self.devices],
                 "compile_s": time.time() - t0}
 
@@ -174,7 +174,7 @@ class PipelineWorker(HostWorker):
         self.mailbox.events = []
         peer = self.schedule.peer
         for a in self.actions:
-            if a.kind.startswith("RECV"):
+            if a.kind.is_recv:
                 self.mailbox.post(a.kind[-1], peer(self.stage, a), self.stage, a.mb)
         for a in self.actions:
             self.runner.run(a, peer(self.stage, a), block=True)
@@ -186,7 +186,7 @@ class PipelineWorker(HostWorker):
             leaves, tree = jax.tree_util.tree_flatten(grads)
             local = [np.asarray(x.addressable_shards[0].data) for x in leaves]
             hosts = list(range(self.stage * self.dp, self.stage * self.dp + self.dp))
-            mean = allreduce_mean(self.backend, local, hosts, ALLREDUCE_TAG_BASE, timeout=self.cfg["timeout"])
+            mean = allreduce_mean(self.backend, local, hosts, ALLREDUCE_TAG_BASE, timeout=self.cfg.timeout)
             grads = jax.device_put(jax.tree_util.tree_unflatten(tree, mean), self.replicated)
         self.params, self.opt_state = self.update(self.params, self.opt_state, grads)
         jax.block_until_ready(self.params)
@@ -206,7 +206,7 @@ class PipelineWorker(HostWorker):
         the gloo group calls this together, so hosts off the edge only take the barrier."""
         out = []
         for r in range(repeats):
-            self.backend.barrier(self.cfg["timeout"])
+            self.backend.barrier(self.cfg.timeout)
             if self.mailbox is None or edge not in self.mailbox.jobs:
                 continue
             srcs = self.mailbox.zero_sources(edge)
