@@ -15,7 +15,6 @@ import hashlib
 import json
 import statistics
 import sys
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from . import suites
 from .topology import ClusterSpec
 from .errors import InvalidOptionError
 from .placement import Placement, Resharding
+from .report.progress import Progress
 from .report.tables import table
 from .resharding import plan_resharding
 from .resharding.explain import fmt_seconds
@@ -133,23 +133,6 @@ def run_case(cluster, calibrated: ClusterSpec, suite: str, case, methods, repeat
     return out
 
 
-class Progress:
-    """One line redrawn in place: a bar, the step, elapsed time."""
-
-    def __init__(self, total: int, stream=sys.stderr):
-        self.total, self.done, self.stream, self.t0 = total, 0, stream, time.monotonic()
-
-    def __call__(self, what: str) -> None:
-        self.done += 1
-        frac = min(1.0, self.done / max(1, self.total))
-        bar = "#" * int(30 * frac) + "-" * (30 - int(30 * frac))
-        self.stream.write(f"\r[{bar}] {100 * frac:5.1f} % {time.monotonic() - self.t0:6.0f} s  {what[:70]:<70}")
-        self.stream.flush()
-
-    def close(self) -> None:
-        self.stream.write("\n")
-
-
 def check(cluster_spec: ClusterSpec, suite_names, size_mb: float) -> list:
     """Plan every case and method once up front, so bad input fails before anything runs."""
     work = [(s, c, bench_methods(s)) for s in suite_names
@@ -177,7 +160,7 @@ def run(cluster, suite_names, size_mb: float, repeat: int, progress_stream=sys.s
     calibrated, t_copy = calibrate(cluster, size_mb, repeat, progress_stream)
     total = sum(len(ms) * (repeat + 1) for _, _, ms in plan_)
     total += len(weight_sync_trees()) * len(WEIGHT_SYNC_METHODS) * (repeat + 1) if weight_sync else 0
-    bar = Progress(total, progress_stream) if progress_stream else None
+    bar = Progress(total, "bench", progress_stream, unit="run") if progress_stream else None
     results = []
     for suite, case, methods in plan_:
         results += run_case(cluster, calibrated, suite, case, methods, repeat, progress=bar)

@@ -46,7 +46,7 @@ def test_a_corrupted_shard_fails_loudly(cluster, monkeypatch):
     monkeypatch.setattr(cluster, "checksums", corrupt)
     case = bench.suite_cases("1-to-m", 0.0625)[1]
     with pytest.raises(bench.VerificationError, match="received wrong data"):
-        bench.run_case(cluster, cluster.spec, "1-to-m", case, bench.BENCH_METHODS[:1], repeat=1)
+        bench.run_case(cluster, cluster.spec, "1-to-m", case, bench.bench_methods("1-to-m")[:1], repeat=1)
 
 
 def test_bad_options_fail_before_starting(capsys):

@@ -75,3 +75,28 @@ def gantt_png(result: SimResult, path: str | Path, title: str = "") -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def loss_png(losses, path: str | Path, title: str, window: int = 10) -> Path:
+    """A training loss curve, with its running mean over ``window`` steps."""
+    import matplotlib  # noqa: PLC0415 - optional dependency
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415
+
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    steps = np.arange(1, len(losses) + 1)
+    ax.plot(steps, losses, lw=0.8, alpha=0.5, label="loss")
+    if len(losses) >= window:
+        smooth = np.convolve(losses, np.ones(window) / window, mode="valid")
+        ax.plot(steps[window - 1:], smooth, lw=1.6, label=f"mean of {window}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (nats per byte)")
+    ax.set_title(title, fontsize=8)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 from ..topology import ClusterSpec
 from ..dtypes import itemsize
 from ..errors import InvalidOptionError
-from ..placement import Placement, Resharding  # noqa: F401 - Placement: where tree leaves go, re-exported
+from ..placement import Placement, Resharding
 from . import loadbalance as lb
 from .plan import Leaf, Part, Transfer, _host_operations, lower_bound
 from .kinds import PACKABLE_KINDS, PER_TASK_STRATEGIES, transfer_kind
@@ -238,3 +238,7 @@ def _tree_transfers(jobs, job_leaf, members, per_leaf, sched: lb.Schedule, clust
         out.append(Transfer(len(out), job.task, job.kind, sender, job.receivers, job.index, job.nbytes, cand.chunks,
                             sched.starts[j], cand.duration, (), leaf))
     return out
+
+
+__all__ = ["LeafLayout", "Placement", "Resharding", "TreePlan", "auto_bucket_bytes", "plan_resharding_tree",
+           "tree_flatten", "tree_unflatten"]

@@ -12,9 +12,6 @@ the middle of a transfer raises ``CommunicationError`` naming the host.
 """
 from __future__ import annotations
 
-import os
-import secrets
-import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -30,50 +27,11 @@ from ..placement import Placement, Resharding
 from ..resharding.host_job import HostJob
 from ..resharding.strategies import carries_data
 from ..spec import ShardingSpec
-from .backend import DEFAULT_TIMEOUT_S, CommunicationError
+from .backend import CommunicationError
 from .executor import numpy_dtype, view
+from .emulated.launch import restore_env, teardown_emulated
+from .launch import ClusterLaunchers
 from .worker import HostWorker
-
-
-EMULATED_LATENCY_S = 350e-6
-
-
-def launch_emulated(num_hosts: int, nic: str | None, log=sys.stderr, cpu: float | None = None):
-    """Namespaces, shaping (and, with ``cpu``, a CPU quota per host) and Ray nodes, with
-    a fresh auth token; returns the network (its state file holds the Ray address and token)."""
-    from .emulated import netns, ray_nodes  # noqa: PLC0415
-
-    network = netns.EmulatedNetwork(num_hosts, nic, cpu=cpu).up()
-    try:
-        token = secrets.token_hex(32)
-        network.remember(token=token)
-        address = ray_nodes.start_ray(network, token, log=log)
-        ray_nodes.track_descendants(network)
-        network.remember(address=address)
-        return network
-    except BaseException:
-        teardown_emulated(network)
-        raise
-
-
-def teardown_emulated(network) -> None:
-    from .emulated.ray_nodes import cleanup_tmp  # noqa: PLC0415
-
-    network.down()
-    cleanup_tmp()
-
-
-def _restore_env(saved: dict[str, str | None]) -> None:
-    if not saved:
-        return
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-    from .emulated.ray_nodes import refresh_driver_auth  # noqa: PLC0415
-
-    refresh_driver_auth()
 
 
 @dataclass
@@ -121,8 +79,9 @@ class DistributedArray:
         self.cluster._delete(self)
 
 
-class Cluster:
-    """A Ray cluster with one ``HostWorker`` per host. Use ``local``, ``connect`` or ``emulated``."""
+class Cluster(ClusterLaunchers):
+    """A Ray cluster with one ``HostWorker`` per host. Start one with ``open``, ``local``,
+    ``connect`` or ``emulated`` (``launch.ClusterLaunchers``)."""
 
     worker_class = HostWorker  # subclasses put richer workers on the hosts (pipeline stages)
 
@@ -133,132 +92,6 @@ class Cluster:
         self._saved_env: dict[str, str | None] = {}
         self.broken: str | None = None
         self.closed = False
-
-    # ------------------------------------------------------------ constructors
-    @classmethod
-    def local(cls, num_hosts: int, devices_per_host: int, timeout: float = DEFAULT_TIMEOUT_S,
-              **cluster_kw) -> "Cluster":
-        """A Ray cluster on this machine, every host a worker process; no NIC shaping."""
-        import ray  # noqa: PLC0415
-
-        spec = ClusterSpec(num_hosts=num_hosts, devices_per_host=devices_per_host, **cluster_kw)
-        from .emulated.ray_nodes import host_resource  # noqa: PLC0415
-
-        ray.init(num_cpus=max(2, num_hosts), resources={host_resource(h): 1 for h in range(num_hosts)},
-                 include_dashboard=False, log_to_driver=False, configure_logging=False)
-        try:
-            return cls._start(spec, timeout, ifname="lo", network=None)
-        except BaseException:
-            ray.shutdown()
-            raise
-
-    @classmethod
-    def connect(cls, address: str, devices_per_host: int, timeout: float = DEFAULT_TIMEOUT_S,
-                **cluster_kw) -> "Cluster":
-        """An existing Ray cluster: one host per node (nodes ordered by IP), pinned by node id."""
-        import ray  # noqa: PLC0415
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: PLC0415
-
-        ray.init(address=address, log_to_driver=False)
-        nodes = sorted((n for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU", 0) > 0),
-                       key=lambda n: tuple(int(x) for x in n["NodeManagerAddress"].split(".")))
-        if not nodes:
-            ray.shutdown()
-            raise InvalidMeshError(f"the Ray cluster at {address} has no live node with CPUs")
-        spec = ClusterSpec(num_hosts=len(nodes), devices_per_host=devices_per_host, **cluster_kw)
-        strategies = [NodeAffinitySchedulingStrategy(n["NodeID"], soft=False) for n in nodes]
-        try:
-            return cls._start(spec, timeout, ifname=None, network=None, strategies=strategies, owns_ray=False)
-        except BaseException:
-            ray.shutdown()
-            raise
-
-    @classmethod
-    def emulated(cls, num_hosts: int, devices_per_host: int, nic: str | None = "400mbit",
-                 timeout: float = DEFAULT_TIMEOUT_S, log=sys.stderr, cpu: float | None = None,
-                 **cluster_kw) -> "Cluster":
-        """Hosts as network namespaces with ``tc``-shaped NICs (see ``alpa_comm.runtime.emulated``);
-        ``cpu`` caps each host at that many cores (hosts then compute side by side at a
-        steady rate instead of contending for this machine's cores); ``shutdown``
-        removes every namespace, cgroup and process it created."""
-        network = launch_emulated(num_hosts, nic, log, cpu)
-        try:
-            return cls._attach(network, devices_per_host, timeout, log, owns_network=True, **cluster_kw)
-        except BaseException:
-            teardown_emulated(network)
-            raise
-
-    @classmethod
-    def attach_emulated(cls, devices_per_host: int, timeout: float = DEFAULT_TIMEOUT_S, log=sys.stderr,
-                        **cluster_kw) -> "Cluster":
-        """Drive the emulated cluster started by ``alpa-comm cluster up`` (left running at shutdown)."""
-        from .emulated import netns  # noqa: PLC0415
-
-        network = netns.EmulatedNetwork.load()
-        if network is None or "address" not in network.info:
-            raise CommunicationError("no emulated cluster is up; run 'alpa-comm cluster up' first")
-        return cls._attach(network, devices_per_host, timeout, log, owns_network=False, **cluster_kw)
-
-    @classmethod
-    def _attach(cls, network, devices_per_host: int, timeout: float, log, owns_network: bool,
-                **cluster_kw) -> "Cluster":
-        import ray  # noqa: PLC0415
-
-        from .emulated import netns, ray_nodes  # noqa: PLC0415
-
-        saved_env = {k: os.environ.get(k) for k in ray_nodes.auth_env("")}
-        os.environ.update(ray_nodes.auth_env(network.info["token"]))
-        ray_nodes.refresh_driver_auth()
-        try:
-            ray.init(address=network.info["address"], _node_ip_address=netns.LAUNCHER_IP, log_to_driver=False,
-                     configure_logging=False)
-            ray_nodes.wait_for_hosts(network.num_hosts)
-            if network.rate is not None:
-                cluster_kw.setdefault("nic_send_gbps", netns.rate_gbps(network.rate))
-            # gloo over veth costs about 0.35 ms per message here (measured with
-            # benchmarks/runtime_1_to_m.py); it sets the broadcast chunk count the planner picks.
-            cluster_kw.setdefault("latency_s", EMULATED_LATENCY_S)
-            spec = ClusterSpec(num_hosts=network.num_hosts, devices_per_host=devices_per_host, **cluster_kw)
-            cluster = cls._start(spec, timeout, ifname=None, network=network if owns_network else None,
-                                 emulated=True)
-            cluster._saved_env = saved_env
-            if log:
-                print(f"alpa-comm: emulated cluster ready: {spec.describe()}", file=log, flush=True)
-            return cluster
-        except BaseException:
-            if ray.is_initialized():
-                ray.shutdown()
-            _restore_env(saved_env)
-            raise
-
-    @classmethod
-    def _start(cls, spec: ClusterSpec, timeout: float, ifname, network, strategies=None,
-               owns_ray: bool = True, emulated: bool = False) -> "Cluster":
-        import ray  # noqa: PLC0415
-
-        from .emulated.netns import host_ifname  # noqa: PLC0415
-        from .emulated.ray_nodes import host_resource  # noqa: PLC0415
-
-        actor = ray.remote(cls.worker_class)
-        workers = []
-        for h in range(spec.num_hosts):
-            opts = {"num_cpus": 0, "max_concurrency": 1}
-            if strategies:
-                opts["scheduling_strategy"] = strategies[h]
-            else:
-                opts["resources"] = {host_resource(h): 1}
-            name = ifname if ifname is not None else (host_ifname(h) if emulated else None)
-            workers.append(actor.options(**opts).remote(h, spec.num_hosts, spec.devices_per_host, name))
-        cluster = cls(spec, workers, timeout, network, owns_ray)
-        try:
-            cluster._wait([(w.ping.remote(), h) for h, w in enumerate(workers)], "starting its worker", timeout=max(120.0, timeout))
-            addr, port = ray.get(workers[0].address.remote(), timeout=timeout)
-            cluster._wait([(w.connect.remote(addr, port, timeout), h) for h, w in enumerate(workers)],
-                          "joining the gloo group")
-        except BaseException:
-            cluster.shutdown()
-            raise
-        return cluster
 
     # --------------------------------------------------------------- waiting
     def _wait(self, refs: list[tuple], what: str, timeout: float | None = None) -> list:
@@ -442,7 +275,7 @@ class Cluster:
         finally:
             if self.network is not None:
                 teardown_emulated(self.network)
-            _restore_env(self._saved_env)
+            restore_env(self._saved_env)
 
     def __enter__(self) -> "Cluster":
         return self

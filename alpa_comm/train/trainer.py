@@ -14,11 +14,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from ..errors import InvalidOptionError
-from ..pipeline.edges import with_skips
 from ..pipeline import SCHEDULES, Costs, generate, validate
+from ..pipeline.edges import with_skips
 from ..pipeline.ir import Schedule
 from ..pipeline.weight_delay import auto_delay
 from .data import batches, stdlib_corpus, synthetic
@@ -92,23 +90,11 @@ def data_stream(cfg: TrainConfig):
 
 
 def open_cluster(cfg: TrainConfig, log=sys.stderr):
+    """The cluster ``cfg.cluster`` names, with one host per stage replica."""
     from .distributed import PipelineCluster  # noqa: PLC0415
 
-    hosts = cfg.stages * cfg.dp
-    if cfg.cluster == "emulated":
-        return PipelineCluster.emulated(hosts, cfg.devices_per_host, nic=None if cfg.nic == "none" else cfg.nic,
-                                        timeout=cfg.timeout, log=log, cpu=cfg.host_cpus)
-    if cfg.cluster == "local":
-        return PipelineCluster.local(hosts, cfg.devices_per_host, timeout=cfg.timeout)
-    address = cfg.cluster[len("ray://"):] if cfg.cluster.startswith("ray://") else cfg.cluster
-    if ":" not in address:
-        raise InvalidOptionError(f"unknown cluster {cfg.cluster!r}; use inprocess, local, emulated or ray://HOST:PORT")
-    return PipelineCluster.connect(address, cfg.devices_per_host, timeout=cfg.timeout)
-
-
-def _progress(step: int, total: int, loss: float, rate: float, log) -> None:
-    if log:
-        print(f"\rstep {step}/{total}  loss {loss:.4f}  {rate:.1f} samples/s", end="", file=log, flush=True)
+    return PipelineCluster.open(cfg.cluster, cfg.stages * cfg.dp, cfg.devices_per_host, nic=cfg.nic,
+                                timeout=cfg.timeout, cpu=cfg.host_cpus, log=log)
 
 
 def train(cfg: TrainConfig, log=sys.stderr) -> TrainResult:
@@ -134,16 +120,26 @@ def _train_inprocess(cfg: TrainConfig, log) -> TrainResult:
     state = opt.init(model.params)
     data = data_stream(cfg)
     losses, seconds = [], []
-    for step in range(1, cfg.steps + 1):
-        t0 = time.perf_counter()
-        run = run_schedule(model, sched, [{k: jnp.asarray(v) for k, v in mb.items()} for mb in next(data)])
-        model.params, state = update(model.params, state, run.grads)
-        seconds.append(time.perf_counter() - t0)
-        losses.append(run.loss)
-        _progress(step, cfg.steps, run.loss, step * cfg.microbatches * cfg.microbatch_size / sum(seconds), log)
-    if log:
-        print(file=log)
+    with _bar(cfg, log) as bar:
+        for _ in range(cfg.steps):
+            t0 = time.perf_counter()
+            run = run_schedule(model, sched, [{k: jnp.asarray(v) for k, v in mb.items()} for mb in next(data)])
+            model.params, state = update(model.params, state, run.grads)
+            seconds.append(time.perf_counter() - t0)
+            losses.append(run.loss)
+            bar.step(_status(cfg, run.loss, seconds))
     return TrainResult(losses, seconds, sched, _rate(cfg, seconds))
+
+
+def _bar(cfg: TrainConfig, log):
+    """Progress over the training steps (silent when ``log`` is None)."""
+    from ..report.progress import Progress  # noqa: PLC0415
+
+    return Progress(cfg.steps, "train", log, enabled=bool(log))
+
+
+def _status(cfg: TrainConfig, loss: float, seconds: list[float]) -> str:
+    return f"loss {loss:.4f}  {_rate(cfg, seconds):.1f} samples/s"
 
 
 def _rate(cfg: TrainConfig, seconds: list[float]) -> float:
@@ -167,14 +163,13 @@ def _train_distributed(cfg: TrainConfig, log) -> TrainResult:
         pipe = DistributedPipeline(cluster, cfg.model, cfg.stages, sched, microbatch_size=cfg.microbatch_size,
                                    model_kwargs=cfg.model_kwargs(), dp=cfg.dp, strategy=cfg.strategy,
                                    optimizer=cfg.optimizer, lr=cfg.lr)
-        for step in range(1, cfg.steps + 1):
-            res = pipe.step(next(data))
-            losses.append(res.loss)
-            seconds.append(res.seconds)
-            records.append(res.per_host)
-            _progress(step, cfg.steps, res.loss, _rate(cfg, seconds), log)
-        if log:
-            print(file=log)
+        with _bar(cfg, log) as bar:
+            for _ in range(cfg.steps):
+                res = pipe.step(next(data))
+                losses.append(res.loss)
+                seconds.append(res.seconds)
+                records.append(res.per_host)
+                bar.step(_status(cfg, res.loss, seconds))
     if cfg.trace:
         # the last steps (after compilation), so the trace shows the steady state
         write_chrome_trace(records[-min(3, len(records)):], cfg.trace)
@@ -191,24 +186,8 @@ def write_loss(result: TrainResult, cfg: TrainConfig, out: str | Path) -> list[P
             "strategy": cfg.strategy, "cluster": cfg.cluster, "optimizer": cfg.optimizer, "lr": cfg.lr,
             "samples_per_second": result.samples_per_second, "loss": result.losses}
     (out / "loss.json").write_text(json.dumps(meta, indent=1))
-    import matplotlib  # noqa: PLC0415
+    from ..report.charts import loss_png  # noqa: PLC0415
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
-    fig, ax = plt.subplots(figsize=(6, 3.2))
-    steps = np.arange(1, len(result.losses) + 1)
-    ax.plot(steps, result.losses, lw=0.8, alpha=0.5, label="loss")
-    if len(result.losses) >= 10:
-        w = 10
-        smooth = np.convolve(result.losses, np.ones(w) / w, mode="valid")
-        ax.plot(steps[w - 1:], smooth, lw=1.6, label=f"mean of {w}")
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss (nats per byte)")
-    ax.set_title(f"{cfg.model}, {cfg.stages} stages x dp {cfg.dp}, {result.schedule.name}, {cfg.strategy}, "
-                 f"{cfg.cluster}", fontsize=8)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "loss.png", dpi=120)
-    plt.close(fig)
+    loss_png(result.losses, out / "loss.png", f"{cfg.model}, {cfg.stages} stages x dp {cfg.dp}, "
+                                              f"{result.schedule.name}, {cfg.strategy}, {cfg.cluster}")
     return [out / "loss.json", out / "loss.png"]

@@ -1,0 +1,146 @@
+"""Commands that run on a live cluster: ``alpa-comm cluster`` (the emulated one),
+``alpa-comm bench`` (every method side by side, measured) and ``alpa-comm train``."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import AlpaCommError
+from ..topology import ClusterSpec
+from .options import add_live_cluster_args, add_schedule_args, add_strategy_arg
+
+
+def register(sub) -> None:
+    _register_bench(sub)
+    _register_train(sub)
+    p = sub.add_parser("cluster", help="start, inspect or remove the emulated multi-host cluster (root, iproute2)",
+                       description="An emulated cluster on this machine: one network namespace per host on a "
+                                   "bridge, tc-shaped NICs, one Ray node per host. 'down' removes everything "
+                                   "it created, also after a crash.")
+    p.add_argument("action", choices=["up", "down", "status"])
+    p.add_argument("--hosts", type=int, default=5, help="number of hosts (default 5)")
+    p.add_argument("--nic", default="400mbit", help="NIC rate per host and direction, e.g. 400mbit, 1gbit, none")
+    p.add_argument("--host-cpus", type=float, default=None, help="cap each host at this many CPU cores")
+    p.set_defaults(func=cmd_cluster)
+
+
+def _register_bench(sub) -> None:
+    from .. import suites  # noqa: PLC0415
+
+    p = sub.add_parser("bench", help="measure every method side by side on a real (emulated) cluster",
+                       description="The microbenchmark against baseline Alpa: every method of every case in the "
+                                   "same run on the same cluster, warm-up + repeated timed runs, every run "
+                                   "verified by per-device checksums; table, results.json and PNGs.")
+    p.add_argument("--suite", default="n-to-m", choices=[*suites.SUITES, "weight-sync", "all"],
+                   help=f"all = {', '.join(suites.SUITES)}; weight-sync = per-array vs coalesced pytree resharding")
+    add_live_cluster_args(p, "emulated", "emulated (root + iproute2), local, or ray://ADDR of a running Ray cluster",
+                          hosts_default=5, devices_default=4)
+    p.add_argument("--size-mb", type=float, default=64, help="tensor size in MiB (default 64)")
+    p.add_argument("--repeat", type=int, default=3, help="timed runs per method after one warm-up (default 3)")
+    p.add_argument("--timeout", type=float, default=30, help="per-wait timeout, seconds (default 30)")
+    p.add_argument("--out", default="out/bench", help="directory for results.json, results.md and PNGs")
+    p.set_defaults(func=cmd_bench)
+
+
+def _register_train(sub) -> None:
+    p = sub.add_parser("train", help="train GPT or U-Transformer through a pipeline schedule, stages on hosts",
+                       description="Pipeline training on JAX: each stage on its own host (mesh of local "
+                                   "devices), the schedule IR executed by the host workers, activations and "
+                                   "gradients moved by cross-mesh resharding; data: Python's standard library "
+                                   "as bytes. Prints progress; --out writes the loss curve, --trace a Chrome trace.")
+    p.add_argument("--model", choices=["gpt", "utransformer"], default="gpt")
+    p.add_argument("--stages", type=int, default=4)
+    p.add_argument("--layers", type=int, default=4, help="transformer layers (U-Transformer: 2L, L = layers/2)")
+    p.add_argument("--width", type=int, default=64, help="model width d (default 64)")
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--seq", type=int, default=32, help="sequence length in bytes (default 32)")
+    p.add_argument("--microbatches", type=int, default=4)
+    p.add_argument("--microbatch-size", type=int, default=4, help="rows per microbatch (all dp replicas together)")
+    add_schedule_args(p, "delay weight gradients: 'auto', N, or one N per stage (implies --split-backward)")
+    add_strategy_arg(p, "; signal: one byte, the no-communication bound")
+    p.add_argument("--dp", type=int, default=1, help="data-parallel hosts per stage (default 1)")
+    add_live_cluster_args(p, "local", "inprocess (one process), local (Ray on this machine), emulated (root: "
+                                      "shaped NICs) or ray://ADDR", hosts_default=None, devices_default=2)
+    p.add_argument("--host-cpus", type=float, default=None,
+                   help="emulated: cap each host at this many CPU cores (stages then compute side by side "
+                        "at a steady rate, as separate machines would)")
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--optimizer", default="adam", choices=["adam", "sgd"])
+    p.add_argument("--lr", type=float, default=3e-3, help="learning rate (default 3e-3)")
+    p.add_argument("--data", default="corpus", choices=["corpus", "synthetic"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds any transfer may wait (default 60)")
+    p.add_argument("--trace", help="write a Chrome trace of the last steps here")
+    p.add_argument("--out", help="write loss.json and loss.png here")
+    p.set_defaults(func=cmd_train)
+
+
+def cmd_cluster(args) -> int:
+    from ..runtime.emulated import netns  # noqa: PLC0415
+
+    if args.action == "up":
+        from ..runtime.emulated.launch import launch_emulated  # noqa: PLC0415
+
+        network = launch_emulated(args.hosts, None if args.nic == "none" else args.nic, cpu=args.host_cpus)
+        print(f"emulated cluster up: {args.hosts} hosts ({', '.join(netns.host_ip(h) for h in range(args.hosts))}), "
+              f"NIC {args.nic}, Ray at {network.info['address']}")
+        print("drive it from Python with Cluster.attach_emulated(devices_per_host=...); "
+              "tear it down with 'alpa-comm cluster down'")
+        return 0
+    network = netns.EmulatedNetwork.load()
+    leftovers = netns.existing_namespaces()
+    if args.action == "status":
+        if network is None and not leftovers:
+            print("no emulated cluster is up")
+            return 0
+        status = network.status() if network else {"namespaces": leftovers, "note": "state file missing"}
+        print(json.dumps(status, indent=1))
+        return 0
+    from ..runtime.emulated.launch import teardown_emulated  # noqa: PLC0415
+
+    if network is None and not leftovers:
+        print("no emulated cluster is up; nothing to do")
+        return 0
+    teardown_emulated(network or netns.EmulatedNetwork(len(leftovers), None))
+    print("emulated cluster removed (namespaces, links, processes)")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from .. import bench  # noqa: PLC0415
+    from ..runtime import Cluster  # noqa: PLC0415
+
+    names = bench.SUITE_NAMES if args.suite == "all" else (args.suite,)
+    if args.repeat < 1 or args.size_mb <= 0:
+        raise AlpaCommError(f"--repeat must be >= 1 and --size-mb > 0, got {args.repeat} and {args.size_mb}")
+    if args.cluster in ("emulated", "local"):  # a connected cluster is checked once its size is known
+        bench.check(ClusterSpec(num_hosts=args.hosts, devices_per_host=args.devices_per_host), names, args.size_mb)
+    with Cluster.open(args.cluster, args.hosts, args.devices_per_host, args.nic, args.timeout) as cluster:
+        calibrated, t_copy, results = bench.run(cluster, names, args.size_mb, args.repeat)
+        desc = {"kind": args.cluster, "description": cluster.spec.describe(), "nic": args.nic,
+                "hosts": cluster.spec.num_hosts, "devices_per_host": cluster.spec.devices_per_host,
+                "calibrated_nic_gbps": calibrated.nic_send_gbps, "one_copy_seconds": t_copy,
+                "size_mb": args.size_mb, "repeat": args.repeat}
+    print(f"\nalpa-comm bench on {desc['description']} ({args.cluster}); one {args.size_mb:g} MiB copy "
+          f"between two hosts: {t_copy:.3f} s = {calibrated.nic_send_gbps:.3f} Gbit/s (simulator calibrated to it)\n")
+    print(bench.results_table(results))
+    print()
+    print(bench.acceptance_table(results))
+    paths = bench.write(results, desc, Path(args.out))
+    print("\nwrote " + ", ".join(str(p) for p in paths.values()))
+    return 0
+
+
+def cmd_train(args) -> int:
+    from ..train.trainer import TrainConfig, train, write_loss  # noqa: PLC0415
+
+    cfg = TrainConfig(**{k: getattr(args, k) for k in TrainConfig.__dataclass_fields__ if hasattr(args, k)})
+    result = train(cfg)
+    timed = result.step_seconds[1:] or result.step_seconds
+    print(f"{cfg.model}, {cfg.stages} stages x dp {cfg.dp}, {result.schedule.name}, {cfg.strategy} on {cfg.cluster}: "
+          f"loss {result.losses[0]:.4f} -> {result.losses[-1]:.4f} over {cfg.steps} steps; "
+          f"{sum(timed) / len(timed):.3f} s/step after the first, {result.samples_per_second:.1f} samples/s")
+    if args.out:
+        for path in write_loss(result, cfg, args.out):
+            print(f"wrote {path}")
+    return 0

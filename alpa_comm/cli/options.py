@@ -1,0 +1,131 @@
+"""Argument groups and values shared by the ``alpa-comm`` commands, and the objects
+built from them. Choices come from the core's registries (transfer kinds,
+load balancers, schedules, suites), so a new kind or schedule shows up here
+without an edit."""
+from __future__ import annotations
+
+import argparse
+
+from .. import suites
+from ..errors import AlpaCommError
+from ..pipeline import SCHEDULE_KINDS
+from ..resharding import LOADBALANCE_MODES, STRATEGIES, plan_resharding
+from ..resharding.plan import smallest_cluster
+from ..topology import ClusterSpec
+
+
+# ------------------------------------------------------------------ value types
+def shape_value(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.replace("x", ",").split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"shape must be comma-separated integers, got {text!r}") from None
+
+
+def chunks_value(text: str):
+    if text == "auto":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"chunks must be a positive integer or 'auto', got {text!r}") from None
+
+
+def delay_value(text: str):
+    if text == "auto":
+        return "auto"
+    try:
+        values = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--delay-wgrad takes 'auto', an integer or one per stage, got {text!r}") \
+            from None
+    return values[0] if len(values) == 1 else values
+
+
+# --------------------------------------------------------------- argument groups
+def add_cluster_model_args(p: argparse.ArgumentParser) -> None:
+    """The modelled cluster of ``plan`` and ``simulate``."""
+    g = p.add_argument_group("cluster (defaults: the smallest that holds both meshes)")
+    g.add_argument("--hosts", type=int, help="number of hosts")
+    g.add_argument("--devices-per-host", type=int, help="devices per host")
+    g.add_argument("--nic-gbps", type=float, default=10.0, help="NIC bandwidth per host, Gbit/s (default 10)")
+    g.add_argument("--intra-gbps", type=float, default=1200.0,
+                   help="intra-host link bandwidth, Gbit/s (default 1200, NVLink-class)")
+    g.add_argument("--latency-us", type=float, default=20.0, help="per-message latency, microseconds (default 20)")
+
+
+def add_strategy_arg(p: argparse.ArgumentParser, help_suffix: str = "") -> None:
+    p.add_argument("--strategy", default="broadcast", choices=STRATEGIES,
+                   help="how slices move between meshes (default broadcast)" + help_suffix)
+
+
+def add_schedule_args(p: argparse.ArgumentParser, delay_help: str) -> None:
+    p.add_argument("--schedule", default="eager-1f1b", choices=list(SCHEDULE_KINDS),
+                   help="; ".join(f"{k.name}: {k.summary}" for k in SCHEDULE_KINDS.values())
+                   + " (default eager-1f1b)")
+    p.add_argument("--split-backward", action="store_true",
+                   help="split B into BI (input grad) and BW (weight grad)")
+    p.add_argument("--delay-wgrad", type=delay_value, default=None, help=delay_help)
+
+
+def add_resharding_args(p: argparse.ArgumentParser) -> None:
+    """One resharding (or a reference suite) and how to plan it."""
+    p.add_argument("--shape", type=shape_value, help="tensor shape, e.g. 1024,1024,16")
+    p.add_argument("--dtype", default="float32", help="element type (default float32)")
+    p.add_argument("--src-mesh", help="source mesh SHAPE@HOSTS, e.g. 2x4@0,1")
+    p.add_argument("--src-spec", help="source sharding spec, e.g. S0RR")
+    p.add_argument("--dst-mesh", help="destination mesh, e.g. 2x4@2,3")
+    p.add_argument("--dst-spec", help="destination sharding spec, e.g. S01RR")
+    add_strategy_arg(p)
+    p.add_argument("--loadbalance", default="auto", choices=LOADBALANCE_MODES,
+                   help="sender choice and ordering (default auto: dfs when small, else greedy)")
+    p.add_argument("--chunks", type=chunks_value, default=None, help="broadcast chunks per slice, or 'auto' (default)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the randomized greedy search")
+    p.add_argument("--suite", choices=list(suites.SUITES),
+                   help="a reference suite with every method side by side instead of one resharding: "
+                        + "; ".join(f"{s.name}: {s.summary}" for s in suites.SUITES.values()))
+    p.add_argument("--last-dim", type=int, default=512, help="n-to-m suites: last tensor dim (paper: 512)")
+    p.add_argument("--size-mb", type=float, default=1024, help="1-to-m suite: vector size in MiB (paper: 1024)")
+    add_cluster_model_args(p)
+
+
+def add_live_cluster_args(p: argparse.ArgumentParser, default: str, kinds: str, hosts_default: int | None,
+                          devices_default: int) -> None:
+    """A cluster that runs things: emulated, local or an existing Ray cluster."""
+    p.add_argument("--cluster", default=default, help=f"{kinds} (default {default})")
+    if hosts_default is not None:
+        p.add_argument("--hosts", type=int, default=hosts_default,
+                       help=f"hosts of an emulated or local cluster (default {hosts_default})")
+    p.add_argument("--devices-per-host", type=int, default=devices_default,
+                   help=f"devices per host (default {devices_default})")
+    p.add_argument("--nic", default="400mbit", help="emulated NIC rate per host and direction, e.g. 400mbit, "
+                                                     "1gbit, none (default 400mbit)")
+
+
+# ------------------------------------------------------------- built objects
+def cluster_from_args(args, src_mesh=None, dst_mesh=None, hosts=None, dph=None) -> ClusterSpec:
+    kw = dict(nic_send_gbps=args.nic_gbps, intra_host_gbps=args.intra_gbps, latency_s=args.latency_us * 1e-6)
+    if args.hosts or hosts:
+        kw["num_hosts"] = args.hosts or hosts
+    if args.devices_per_host or dph:
+        kw["devices_per_host"] = args.devices_per_host or dph
+    if src_mesh is None:
+        return ClusterSpec(**kw)
+    return smallest_cluster(src_mesh, dst_mesh, **kw)
+
+
+def suite_cluster(args) -> ClusterSpec:
+    """The modelled cluster of a reference suite (the paper's 5 hosts x 4 devices by default)."""
+    return cluster_from_args(args, hosts=suites.SUITE_HOSTS, dph=suites.SUITE_DEVICES_PER_HOST)
+
+
+def plan_from_args(args):
+    """The single resharding the options describe (plan and simulate share it)."""
+    missing = [o for o in ("shape", "src_mesh", "src_spec", "dst_mesh", "dst_spec") if getattr(args, o) is None]
+    if missing:
+        raise AlpaCommError("missing option(s): " + ", ".join("--" + m.replace("_", "-") for m in missing)
+                            + " (or use --suite)")
+    cluster = cluster_from_args(args, args.src_mesh, args.dst_mesh)
+    return plan_resharding(args.shape, args.dtype, args.src_mesh, args.src_spec, args.dst_mesh, args.dst_spec,
+                           cluster=cluster, strategy=args.strategy, loadbalance=args.loadbalance,
+                           chunks=args.chunks, seed=args.seed)

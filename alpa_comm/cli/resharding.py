@@ -1,0 +1,125 @@
+"""``alpa-comm plan`` and ``alpa-comm simulate``: one resharding or a reference suite,
+planned (cost model) or played on the flow-level network simulator."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from .. import suites
+from ..report.tables import table
+from ..resharding import plan_resharding
+from ..resharding.explain import fmt_bytes, fmt_seconds
+from ..resharding.strategies import carries_data
+from .options import add_resharding_args, plan_from_args, suite_cluster
+
+
+def register(sub) -> None:
+    p = sub.add_parser("plan", help="plan one cross-mesh resharding (or a reference suite) and explain it",
+                       description="Plan a cross-mesh resharding: unit tasks, strategy, sender choice and order, "
+                                   "predicted time vs the physical lower bound.")
+    add_resharding_args(p)
+    p.add_argument("--json", action="store_true", help="print the plan as JSON (docs/plan-json.md)")
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("simulate", help="simulate a resharding (or a reference suite) on a flow-level network model",
+                       description="Plan, then execute the plan on a flow-level network simulator (max-min fair "
+                                   "NIC sharing, the plan's per-host order): makespan, per-host bytes and busy "
+                                   "time, timeline. --suite runs every method side by side on the paper's testbed.")
+    add_resharding_args(p)
+    p.add_argument("--out", help="suite mode: directory for the markdown table, JSON and PNG")
+    p.add_argument("--trace", help="single case: write a Chrome trace JSON here")
+    p.add_argument("--png", help="single case: write a Gantt chart PNG here")
+    p.set_defaults(func=cmd_simulate)
+
+
+def cmd_plan(args) -> int:
+    if args.suite:
+        return _plan_suite(args)
+    plan = plan_from_args(args)
+    print(plan.to_json(indent=1) if args.json else plan.explain())
+    return 0
+
+
+def _plan_suite(args) -> int:
+    cluster = suite_cluster(args)
+    suite = suites.suite(args.suite)
+    cases = suite.cases(args.last_dim, args.size_mb)
+    results = []
+    t0 = time.monotonic()
+    for i, case in enumerate(cases):
+        print(f"[{i + 1}/{len(cases)}] planning case {case.name} ...", file=sys.stderr, flush=True)
+        row = {m.name: plan_resharding(case.shape, case.dtype, case.src_mesh, case.src_spec, case.dst_mesh,
+                                       case.dst_spec, cluster=cluster, strategy=m.strategy,
+                                       loadbalance=m.loadbalance, chunks=args.chunks, seed=args.seed)
+               for m in suite.methods}
+        results.append((case, row))
+    print(f"planned {len(cases)} cases x {len(suite.methods)} methods in {time.monotonic() - t0:.1f} s",
+          file=sys.stderr)
+    if args.json:
+        out = [{"suite": case.suite, "case": case.name, "method": name, "predicted_seconds": plan.predicted_seconds,
+                "lower_bound_seconds": _bound(row)}
+               for case, row in results for name, plan in row.items()]
+        print(json.dumps(out, indent=1))
+        return 0
+    print(f"Suite {args.suite} on {cluster.describe()}")
+    print("Each cell: predicted time, and in brackets its ratio to the physical lower bound.\n")
+    headers = ["case", "src -> dst", "size", "lower bound"] + [m.name for m in suite.methods]
+    rows = []
+    for case, row in results:
+        any_plan = next(iter(row.values()))
+        bound = _bound(row)
+        cells = [case.name, f"{case.src_spec}@{case.src_mesh.split('@')[0]} -> "
+                            f"{case.dst_spec}@{case.dst_mesh.split('@')[0]}",
+                 fmt_bytes(any_plan.nbytes), fmt_seconds(bound)]
+        cells += [f"{fmt_seconds(p.predicted_seconds)} ({p.predicted_seconds / bound:.2f})" for p in row.values()]
+        rows.append(cells)
+    print(table(headers, rows))
+    print("\nMethods: " + "; ".join(f"{m.name} = {m.note}" for m in suite.methods))
+    return 0
+
+
+def _bound(row: dict) -> float:
+    """The case's physical lower bound: the same for every method that moves data."""
+    return next(p for p in row.values() if carries_data(p.strategy)).lower_bound_seconds
+
+
+def cmd_simulate(args) -> int:
+    from ..sim import simulate  # noqa: PLC0415
+    from ..sim.simulate import effective_gbps  # noqa: PLC0415
+
+    if args.suite:
+        from ..report.suite_results import suite_table, wide_table, write_suite_outputs  # noqa: PLC0415
+        from ..sim.suite import run_suite  # noqa: PLC0415
+
+        cluster = suite_cluster(args)
+        t0 = time.monotonic()
+        rows = run_suite(args.suite, cluster, args.last_dim, args.size_mb, args.seed,
+                         progress=lambda line: print(line, file=sys.stderr, flush=True))
+        print(f"simulated in {time.monotonic() - t0:.1f} s", file=sys.stderr)
+        print(f"Simulated {args.suite} suite on {cluster.describe()}\n")
+        print(wide_table(rows))
+        print()
+        print(suite_table(rows))
+        if args.out:
+            paths = write_suite_outputs(args.suite, rows, cluster, Path(args.out))
+            print("\nwrote " + ", ".join(str(p) for p in paths.values()))
+        return 0
+    plan = plan_from_args(args)
+    res = simulate(plan)
+    print(plan.explain(max_transfers=0))
+    print(f"\n  simulated: {fmt_seconds(res.makespan)}  ({effective_gbps(plan.nbytes, res.makespan):.2f} Gbit/s "
+          f"effective, {res.makespan / plan.lower_bound_seconds:.2f}x the lower bound)\n")
+    rows = [[h, fmt_bytes(res.host_sent.get(h, 0)), fmt_bytes(res.host_received.get(h, 0)),
+             f"{100 * res.host_busy_fraction.get(h, 0):.0f} %"] for h in sorted(res.host_busy_fraction)]
+    print(table(["host", "NIC sent", "NIC received", "NIC busy"], rows, markdown=False))
+    if args.trace:
+        from ..report.trace import write_chrome_trace  # noqa: PLC0415
+
+        print(f"\nChrome trace: {write_chrome_trace(res, args.trace)} (open in https://ui.perfetto.dev)")
+    if args.png:
+        from ..report.charts import gantt_png  # noqa: PLC0415
+
+        print(f"Gantt chart: {gantt_png(res, args.png)}")
+    return 0
