@@ -358,7 +358,8 @@ def run_weight_sync(cluster, calibrated: ClusterSpec, repeat: int, progress=None
                     tplan = plan_resharding_tree(layouts, cluster=calibrated, bucket_bytes=bucket)
                     res_tree = cluster.reshard_tree(arrays, placements, bucket_bytes=bucket)
                     results = [a for _, a in tree_flatten(res_tree)]
-                    seconds, predicted, bound = cluster.last.seconds, simulate(tplan).makespan, tplan.lower_bound_seconds
+                    seconds, predicted = cluster.last.seconds, simulate(tplan).makespan
+                    bound = tplan.lower_bound_seconds
                     messages = tplan.messages
                 for path, r, exp in zip(leaf_paths, results, expected):
                     got = cluster.checksums(r)

@@ -96,22 +96,10 @@ class Resharding:
         """The six values as one record (meshes and specs as objects or text)."""
         return cls(tuple(shape), dtype, Placement(src_mesh, src_spec), Placement(dst_mesh, dst_spec))
 
-    # The six values by name, as plans and leaves have always offered them.
-    @property
-    def src_mesh(self):
-        return self.src.mesh
-
-    @property
-    def src_spec(self):
-        return self.src.spec
-
-    @property
-    def dst_mesh(self):
-        return self.dst.mesh
-
-    @property
-    def dst_spec(self):
-        return self.dst.spec
+    src_mesh = property(lambda self: self.src.mesh)
+    src_spec = property(lambda self: self.src.spec)
+    dst_mesh = property(lambda self: self.dst.mesh)
+    dst_spec = property(lambda self: self.dst.spec)
 
     @property
     def nbytes(self) -> int:
@@ -142,3 +130,19 @@ class Resharding:
     @classmethod
     def from_dict(cls, d: dict) -> "Resharding":
         return cls(tuple(d["shape"]), d["dtype"], Placement.from_dict(d["src"]), Placement.from_dict(d["dst"]))
+
+
+class ReshardingFields:
+    """The move's values by name (``shape``, ``src_mesh``, ...) for a record that holds
+    a ``resharding``: plans, tree leaves, suite cases and the Alpa adapter's inputs
+    read alike without repeating the six fields."""
+
+    resharding: Resharding
+
+    shape = property(lambda self: self.resharding.shape)
+    dtype = property(lambda self: self.resharding.dtype)
+    src_mesh = property(lambda self: self.resharding.src_mesh)
+    src_spec = property(lambda self: self.resharding.src_spec)
+    dst_mesh = property(lambda self: self.resharding.dst_mesh)
+    dst_spec = property(lambda self: self.resharding.dst_spec)
+    nbytes = property(lambda self: self.resharding.nbytes)

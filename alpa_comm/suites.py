@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .errors import InvalidOptionError
-from .placement import Resharding
+from .placement import Resharding, ReshardingFields
 
 
 @dataclass(frozen=True)
-class Case:
+class Case(ReshardingFields):
     """One benchmark case: a named resharding (meshes and specs as text)."""
 
     suite: str
@@ -27,12 +27,6 @@ class Case:
            dtype: str = "float32") -> "Case":
         return cls(suite, name, Resharding.between(shape, dtype, src_mesh, src_spec, dst_mesh, dst_spec))
 
-    shape = property(lambda self: self.resharding.shape)
-    dtype = property(lambda self: self.resharding.dtype)
-    src_mesh = property(lambda self: self.resharding.src_mesh)
-    src_spec = property(lambda self: self.resharding.src_spec)
-    dst_mesh = property(lambda self: self.resharding.dst_mesh)
-    dst_spec = property(lambda self: self.resharding.dst_spec)
 
 
 @dataclass(frozen=True)

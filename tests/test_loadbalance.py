@@ -40,7 +40,7 @@ def brute_force(jobs):
 def test_dfs_finds_the_brute_force_optimum(jobs):
     if len(jobs) > 6:
         jobs = jobs[:6]  # keep brute force fast; 7-job instances are covered below
-    seq, complete = lb.dfs(jobs, budget_s=5.0)
+    seq, complete = lb.depth_first_search(jobs, budget_s=5.0)
     assert complete
     assert lb.evaluate(jobs, seq)[2] == pytest.approx(brute_force(jobs))
 
@@ -54,7 +54,7 @@ def test_dfs_on_seven_jobs():
             r = rng.randint(3, 5)
             d = float(rng.randint(1, 4))
             jobs.append(Job(0, "send_recv", (r,), 1, (), tuple(Candidate(h, (tx(h), rx(r)), d) for h in sorted(s))))
-        seq, complete = lb.dfs(jobs, budget_s=10.0)
+        seq, complete = lb.depth_first_search(jobs, budget_s=10.0)
         assert complete
         assert lb.evaluate(jobs, seq)[2] == pytest.approx(brute_force(jobs))
 
@@ -62,7 +62,7 @@ def test_dfs_on_seven_jobs():
 def test_dfs_returns_a_valid_plan_when_out_of_budget():
     jobs = [Job(0, "send_recv", (3,), 1, (), (Candidate(0, (tx(0), rx(3)), 1.0), Candidate(1, (tx(1), rx(3)), 1.0)))
             for _ in range(40)]
-    seq, complete = lb.dfs(jobs, budget_s=0.0)
+    seq, complete = lb.depth_first_search(jobs, budget_s=0.0)
     assert sorted(j for j, _ in seq) == list(range(40))
 
 
@@ -91,4 +91,4 @@ def test_greedy_is_seeded():
 
 def test_unknown_mode():
     with pytest.raises(InvalidOptionError, match="'fastest'"):
-        lb.schedule([], "fastest")
+        lb.balance([], "fastest")

@@ -69,7 +69,8 @@ def cmd_schedule(args) -> int:
     print(f"{label}: S={S}, M={M}, t_fwd={args.t_fwd:g}, t_bwd={args.t_bwd:g}, t_comm={args.t_comm:g}")
     print(ascii_timeline(res, S))
     mem = memory(sched)
-    print(f"\niteration time {res.iteration_time:g}   signal bound {bound:g}   throughput {bound / res.iteration_time:.3f}"
+    print(f"\niteration time {res.iteration_time:g}   signal bound {bound:g}   "
+          f"throughput {bound / res.iteration_time:.3f}"
           f" of the bound   bubble {100 * res.bubble_fraction:.1f} %")
     print("peak live activations per stage (microbatch units): " + " ".join(f"{m.peak_activations:g}" for m in mem))
     if any(m.peak_pending_wgrad for m in mem):

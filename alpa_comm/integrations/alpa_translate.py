@@ -28,7 +28,7 @@ from ..dtypes import dtype_name
 from ..errors import AlpaCommError, InvalidMeshError
 from ..mesh import DeviceMesh
 from ..pipeline import Costs, Schedule, simulate_schedule
-from ..placement import Resharding
+from ..placement import Resharding, ReshardingFields
 from ..resharding.plan import ReshardingPlan
 from ..resharding.strategies import ALLGATHER
 from ..spec import Box, ShardingSpec
@@ -90,18 +90,12 @@ class DeviceStrings:
 
 # ------------------------------------------------------------ task specs
 @dataclass(frozen=True)
-class PlanInputs:
+class PlanInputs(ReshardingFields):
     """One Alpa resharding task as the planner's inputs, with the device-string map."""
 
     resharding: Resharding
     strings: DeviceStrings
 
-    shape = property(lambda self: self.resharding.shape)
-    dtype = property(lambda self: self.resharding.dtype)
-    src_mesh = property(lambda self: self.resharding.src_mesh)
-    src_spec = property(lambda self: self.resharding.src_spec)
-    dst_mesh = property(lambda self: self.resharding.dst_mesh)
-    dst_spec = property(lambda self: self.resharding.dst_spec)
 
     def cluster(self, nic_gbps: float = 10.0, **kw) -> ClusterSpec:
         return ClusterSpec(num_hosts=len(self.strings.host_ips), devices_per_host=self.strings.devices_per_host,

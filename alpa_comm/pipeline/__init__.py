@@ -6,5 +6,6 @@ from .simulate import Costs, PipelineResult, simulate_schedule
 from .validate import validate
 from .weight_delay import auto_delay, auto_delay_schedule
 
-__all__ = ["Action", "ActionKind", "Costs", "PipelineResult", "SCHEDULE_KINDS", "SCHEDULES", "Schedule", "ScheduleError", "auto_delay",
-           "auto_delay_schedule", "compute_order", "generate", "memory", "schedule_kind", "simulate_schedule", "validate", "warmup"]
+__all__ = ["Action", "ActionKind", "Costs", "PipelineResult", "SCHEDULE_KINDS", "SCHEDULES", "Schedule",
+           "ScheduleError", "auto_delay", "auto_delay_schedule", "compute_order", "generate", "memory",
+           "schedule_kind", "simulate_schedule", "validate", "warmup"]

@@ -64,7 +64,7 @@ def gantt_png(result: SimResult, path: str | Path, title: str = "") -> Path:
                     label=e.kind if e.kind not in used else None)
             used.add(e.kind)
     ax.set_yticks([row[h] + 0.21 for h in hosts])
-    ax.set_yticklabels([f"host {h}\n(tx / rx)" for h in hosts], fontsize=7)
+    ax.set_yticklabels([f"host {h}\n(send / receive)" for h in hosts], fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("seconds")
     ax.set_title(title or f"simulated timeline, makespan {result.makespan:.3f} s", fontsize=9)

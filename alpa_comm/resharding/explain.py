@@ -28,11 +28,13 @@ def explain_plan(plan, max_transfers: int = 12) -> str:
     lines.append(f"Resharding {shape} {plan.dtype} ({fmt_bytes(plan.nbytes)})")
     lines.append(f"  from {plan.src_spec} on {plan.src_mesh.label()}  to  {plan.dst_spec} on {plan.dst_mesh.label()}")
     lines.append(f"  cluster: {plan.cluster.describe()}")
-    lb = plan.loadbalance if plan.loadbalance == plan.loadbalance_used else f"{plan.loadbalance} -> {plan.loadbalance_used}"
-    lines.append(f"  strategy: {plan.strategy}, loadbalance: {lb}"
+    balancer = (plan.loadbalance if plan.loadbalance == plan.loadbalance_used
+                else f"{plan.loadbalance} -> {plan.loadbalance_used}")
+    lines.append(f"  strategy: {plan.strategy}, loadbalance: {balancer}"
                  + ("" if plan.search_complete else " (search budget ran out; best found)"))
     if plan.sent_spec != plan.dst_spec:
-        lines.append(f"  Alpa local-allgather rewrite: network delivers {plan.sent_spec}, then all-gather -> {plan.dst_spec}")
+        lines.append(f"  Alpa local-allgather rewrite: network delivers {plan.sent_spec}, "
+                     f"then all-gather -> {plan.dst_spec}")
     kinds = Counter(t.kind for t in plan.transfers)
     lines.append(f"  unit tasks: {len(plan.unit_tasks)}; transfers: {len(plan.transfers)} ("
                  + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())) + ")")

@@ -21,17 +21,17 @@ class HostJob:
 
     host: int
     devices_per_host: int
+    min_rate: float
     leaves: tuple[Leaf, ...]
     transfers: tuple[Transfer, ...]
-    min_rate: float
 
     @classmethod
     def for_host(cls, plan, host: int) -> "HostJob":
         """``host``'s share of ``plan`` (a ``ReshardingPlan`` or a ``TreePlan``)."""
         spec = plan.cluster
-        return cls(host, spec.devices_per_host, tuple(plan.leaves),
-                   tuple(plan.transfers[i] for i in plan.host_operations.get(host, ())),
-                   min(min(spec.send_rate(h), spec.recv_rate(h)) for h in range(spec.num_hosts)))
+        return cls(host, spec.devices_per_host,
+                   min(min(spec.send_rate(h), spec.recv_rate(h)) for h in range(spec.num_hosts)),
+                   tuple(plan.leaves), tuple(plan.transfers[i] for i in plan.host_operations.get(host, ())))
 
     def host_of(self, device: int) -> int:
         return device // self.devices_per_host

@@ -5,7 +5,7 @@ earliest time all resources of its chosen candidate are free (the per-host
 order is the order of the sequence) and its dependencies are done; the goal is
 the smallest makespan, max_i(S_i + T_i).
 
-Modes:
+Modes (``BALANCERS`` maps each to its function):
 
 ``naive``   lowest-index sender host, jobs in task order (the paper's baseline).
 ``loads``   Alpa's "normal" mode: jobs in task order, each to the source host
@@ -36,12 +36,14 @@ LOADBALANCE_MODES = ("naive", "loads", "size", "greedy", "dfs", "auto")
 AUTO_DFS_MAX_JOBS = 12
 DEFAULT_DFS_BUDGET_S = 0.5
 
-Sequence_ = list[tuple[int, int]]  # (job index, candidate index)
+Assignment = list[tuple[int, int]]
+"""(job index, chosen candidate index) pairs in the order the jobs run."""
 
 
 @dataclass(frozen=True)
-class Schedule:
-    """Chosen candidates, sequence, per-job start times and the makespan."""
+class JobOrder:
+    """Chosen candidates, sequence, per-job start times and the makespan (what load
+    balancing decided; not to be confused with a pipeline ``Schedule``)."""
 
     sequence: tuple[tuple[int, int], ...]
     starts: dict[int, float]
@@ -83,13 +85,13 @@ def _tail(jobs, dependent):
     return [(j, 0) for j in dependent]
 
 
-def naive(jobs: Sequence[Job]) -> Sequence_:
+def lowest_sender_in_task_order(jobs: Sequence[Job]) -> Assignment:
     """Candidates are listed by ascending sender host, so index 0 is the lowest."""
     free, dep = _split(jobs)
     return [(j, 0) for j in free] + _tail(jobs, dep)
 
 
-def loads(jobs: Sequence[Job]) -> Sequence_:
+def fewest_bytes_sender_in_task_order(jobs: Sequence[Job]) -> Assignment:
     free, dep = _split(jobs)
     sent: dict[int, int] = {}
     seq = []
@@ -106,7 +108,7 @@ def _min_duration(job: Job) -> float:
     return min(c.duration for c in job.candidates)
 
 
-def size(jobs: Sequence[Job]) -> Sequence_:
+def longest_job_first(jobs: Sequence[Job]) -> Assignment:
     free, dep = _split(jobs)
     order = sorted(free, key=lambda j: -_min_duration(jobs[j]))
     work: dict[int, float] = {}
@@ -122,7 +124,7 @@ def size(jobs: Sequence[Job]) -> Sequence_:
     return seq + _tail(jobs, dep)
 
 
-def _list_schedule(jobs: Sequence[Job], order: Sequence[int]) -> Sequence_:
+def _list_schedule(jobs: Sequence[Job], order: Sequence[int]) -> Assignment:
     """Place jobs in ``order``, each on the candidate that finishes it earliest."""
     free: dict[int, float] = {}
     seq = []
@@ -150,7 +152,7 @@ def _signature(job: Job) -> tuple:
 
 
 def _nondelay_schedule(jobs: Sequence[Job], free_jobs: Sequence[int], rank: dict[int, float],
-                       rng: random.Random | None = None) -> Sequence_:
+                       rng: random.Random | None = None) -> Assignment:
     """The paper's randomized greedy as an event-driven simulation: whenever
     resources free up, start waiting jobs (any candidate sender) whose resources
     are all free, best ``rank`` first, so every moment runs a maximal set of
@@ -179,7 +181,7 @@ def _nondelay_schedule(jobs: Sequence[Job], free_jobs: Sequence[int], rank: dict
             users.setdefault(r, []).append(o)
     busy: set[int] = set()
     events: list[tuple[float, int, tuple[int, ...]]] = []
-    seq: Sequence_ = []
+    seq: Assignment = []
     sizes = [len(ms) for ms in members]
     ptr: dict[int, int] = {}
     push = heapq.heappush
@@ -225,7 +227,7 @@ def _nondelay_schedule(jobs: Sequence[Job], free_jobs: Sequence[int], rank: dict
     return seq
 
 
-def greedy(jobs: Sequence[Job], seed: int = 0, tries: int | None = None) -> Sequence_:
+def randomized_greedy(jobs: Sequence[Job], seed: int = 0, tries: int | None = None) -> Assignment:
     return _greedy(jobs, seed, tries)[0]
 
 
@@ -239,9 +241,10 @@ def _greedy(jobs: Sequence[Job], seed: int = 0, tries: int | None = None):
         tries = max(2, min(16, 80_000 // max(1, work)))
     rng = random.Random(seed)
     lpt = sorted(free, key=lambda j: -_min_duration(jobs[j]))
-    options = [naive(jobs), _nondelay_schedule(jobs, free, {j: i for i, j in enumerate(lpt)}) + tail]
+    options = [lowest_sender_in_task_order(jobs),
+               _nondelay_schedule(jobs, free, {j: i for i, j in enumerate(lpt)}) + tail]
     if tries > 2:  # cheap extra starting points where time allows
-        options += [size(jobs), _list_schedule(jobs, lpt) + tail]
+        options += [longest_job_first(jobs), _list_schedule(jobs, lpt) + tail]
     for _ in range(tries - 2):
         # Random priorities: the paper's random task orders, biased to big jobs first.
         keys = {j: -_min_duration(jobs[j]) * rng.uniform(0.5, 1.5) for j in free}
@@ -254,8 +257,8 @@ def _greedy(jobs: Sequence[Job], seed: int = 0, tries: int | None = None):
     return best
 
 
-def dfs(jobs: Sequence[Job], budget_s: float = DEFAULT_DFS_BUDGET_S, seed: int = 0
-        ) -> tuple[Sequence_, bool]:
+def depth_first_search(jobs: Sequence[Job], budget_s: float = DEFAULT_DFS_BUDGET_S, seed: int = 0
+        ) -> tuple[Assignment, bool]:
     """Exact search (within ``budget_s``) starting from greedy's schedule.
 
     Returns (sequence, complete) where ``complete`` says the search finished,
@@ -263,7 +266,7 @@ def dfs(jobs: Sequence[Job], budget_s: float = DEFAULT_DFS_BUDGET_S, seed: int =
     """
     free_jobs, dep = _split(jobs)
     tail = _tail(jobs, dep)
-    best_seq = greedy(jobs, seed=seed)
+    best_seq = randomized_greedy(jobs, seed=seed)
     best = evaluate(jobs, best_seq)[2]
     # Dependent jobs run after everything else; only the free jobs are searched,
     # against the free-jobs-only makespan of the incumbent.
@@ -354,24 +357,29 @@ def dfs(jobs: Sequence[Job], budget_s: float = DEFAULT_DFS_BUDGET_S, seed: int =
     return best_seq, not state["timed_out"]
 
 
-def schedule(jobs: Sequence[Job], mode: str, *, seed: int = 0, dfs_budget_s: float = DEFAULT_DFS_BUDGET_S
-             ) -> Schedule:
+def _by_greedy(jobs, seed, budget):
+    seq, evaluation = _greedy(jobs, seed=seed)
+    return seq, True, evaluation  # greedy already evaluated its pick: no second pass
+
+
+BALANCERS = {
+    "naive": lambda jobs, seed, budget: (lowest_sender_in_task_order(jobs), True, None),
+    "loads": lambda jobs, seed, budget: (fewest_bytes_sender_in_task_order(jobs), True, None),
+    "size": lambda jobs, seed, budget: (longest_job_first(jobs), True, None),
+    "greedy": _by_greedy,
+    "dfs": lambda jobs, seed, budget: (*depth_first_search(jobs, budget_s=budget, seed=seed), None),
+}
+"""Each load-balancing mode: (jobs, seed, dfs budget) -> (assignment, search complete,
+its (starts, finishes, makespan) when already computed)."""
+
+
+def balance(jobs: Sequence[Job], mode: str, *, seed: int = 0, dfs_budget_s: float = DEFAULT_DFS_BUDGET_S
+            ) -> JobOrder:
     """Choose a sender candidate and an order for every job with ``mode``."""
     if mode not in LOADBALANCE_MODES:
         raise InvalidOptionError(f"unknown loadbalance mode {mode!r}; choose one of {', '.join(LOADBALANCE_MODES)}")
-    complete = True
     if mode == "auto":
         mode = "dfs" if len(_split(jobs)[0]) <= AUTO_DFS_MAX_JOBS else "greedy"
-    if mode == "naive":
-        seq = naive(jobs)
-    elif mode == "loads":
-        seq = loads(jobs)
-    elif mode == "size":
-        seq = size(jobs)
-    elif mode == "greedy":
-        seq, (starts, finishes, makespan) = _greedy(jobs, seed=seed)
-        return Schedule(tuple(seq), starts, finishes, makespan, mode, complete)
-    else:
-        seq, complete = dfs(jobs, budget_s=dfs_budget_s, seed=seed)
-    starts, finishes, makespan = evaluate(jobs, seq)
-    return Schedule(tuple(seq), starts, finishes, makespan, mode, complete)
+    seq, complete, evaluation = BALANCERS[mode](jobs, seed, dfs_budget_s)
+    starts, finishes, makespan = evaluation or evaluate(jobs, seq)
+    return JobOrder(tuple(seq), starts, finishes, makespan, mode, complete)

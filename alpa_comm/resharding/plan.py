@@ -15,10 +15,10 @@ from typing import NamedTuple, Sequence
 from ..dtypes import itemsize
 from ..errors import InvalidOptionError
 from ..mesh import DeviceMesh, devices_per_host_needed
-from ..placement import Placement, Resharding
+from ..placement import Placement, Resharding, ReshardingFields
 from ..spec import Box, ShardingSpec
 from ..topology import ClusterSpec
-from . import loadbalance as lb
+from . import loadbalance as balancing
 from .kinds import transfer_kind
 from .strategies import (ALLGATHER, ALPA, STRATEGIES, Job, JobMemo, allgather_job, alpa_local_allgather_spec,
                          jobs_for_task, lower_bound_payload)
@@ -96,7 +96,7 @@ class Transfer(NamedTuple):
 
 
 @dataclass(frozen=True)
-class Leaf:
+class Leaf(ReshardingFields):
     """One array of a plan: its path in the tree (``"/"`` for a single array), its
     resolved move, and the spec the network delivers when it differs from the
     destination's (Alpa's local-allgather rewrite)."""
@@ -105,14 +105,6 @@ class Leaf:
     resharding: Resharding
     sent_spec: ShardingSpec | None = None
 
-    shape = property(lambda self: self.resharding.shape)
-    dtype = property(lambda self: self.resharding.dtype)
-    src_mesh = property(lambda self: self.resharding.src_mesh)
-    src_spec = property(lambda self: self.resharding.src_spec)
-    dst_mesh = property(lambda self: self.resharding.dst_mesh)
-    dst_spec = property(lambda self: self.resharding.dst_spec)
-    nbytes = property(lambda self: self.resharding.nbytes)
-
     @property
     def sent(self) -> Placement:
         """Where the network's bytes land: the destination, or Alpa's rewritten layout."""
@@ -120,7 +112,7 @@ class Leaf:
 
 
 @dataclass(frozen=True)
-class ReshardingPlan:
+class ReshardingPlan(ReshardingFields):
     """Everything an executor needs to run one cross-mesh resharding (a one-leaf plan:
     ``leaves`` and ``tasks_per_leaf`` read as for a tree plan)."""
 
@@ -138,12 +130,6 @@ class ReshardingPlan:
     search_complete: bool = True
     host_operations: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
-    shape = property(lambda self: self.resharding.shape)
-    dtype = property(lambda self: self.resharding.dtype)
-    src_mesh = property(lambda self: self.resharding.src_mesh)
-    src_spec = property(lambda self: self.resharding.src_spec)
-    dst_mesh = property(lambda self: self.resharding.dst_mesh)
-    dst_spec = property(lambda self: self.resharding.dst_spec)
 
     @property
     def leaves(self) -> tuple[Leaf, ...]:
@@ -154,10 +140,6 @@ class ReshardingPlan:
         return (self.unit_tasks,)
 
     # ------------------------------------------------------------------ views
-    @property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * itemsize(self.dtype)
-
     @property
     def ratio_to_lower_bound(self) -> float:
         return self.predicted_seconds / self.lower_bound_seconds if self.lower_bound_seconds else 1.0
@@ -335,12 +317,12 @@ def plan_resharding(shape: Sequence[int], dtype, src_mesh, src_spec, dst_mesh, d
 def _plan(shape: Sequence[int], dtype, src_mesh, src_spec, dst_mesh, dst_spec, *,
                     cluster: ClusterSpec | None = None, strategy: str = "broadcast",
                     loadbalance: str = "auto", chunks: int | None = None, seed: int = 0,
-                    dfs_budget_s: float = lb.DEFAULT_DFS_BUDGET_S) -> ReshardingPlan:
+                    dfs_budget_s: float = balancing.DEFAULT_DFS_BUDGET_S) -> ReshardingPlan:
     if strategy not in STRATEGIES:
         raise InvalidOptionError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
-    if loadbalance not in lb.LOADBALANCE_MODES:
+    if loadbalance not in balancing.LOADBALANCE_MODES:
         raise InvalidOptionError(
-            f"unknown loadbalance mode {loadbalance!r}; choose one of {', '.join(lb.LOADBALANCE_MODES)}")
+            f"unknown loadbalance mode {loadbalance!r}; choose one of {', '.join(balancing.LOADBALANCE_MODES)}")
     if chunks is not None and (not isinstance(chunks, int) or chunks <= 0):
         raise InvalidOptionError(f"chunks must be a positive integer or None (auto), got {chunks!r}")
     if cluster is None:
@@ -360,7 +342,7 @@ def _plan(shape: Sequence[int], dtype, src_mesh, src_spec, dst_mesh, dst_spec, *
     jobs: list[Job] = [j for t in tasks for j in jobs_for_task(t, per_task, cluster, chunks, memo)]
     if gather_dim is not None:
         jobs += _alpa_allgathers(jobs, shape, size, dst, dspec, gather_dim, cluster)
-    sched = lb.schedule(jobs, loadbalance, seed=seed, dfs_budget_s=dfs_budget_s)
+    sched = balancing.balance(jobs, loadbalance, seed=seed, dfs_budget_s=dfs_budget_s)
     transfers = _transfers(jobs, tasks, sched, cluster)
     return ReshardingPlan(
         resharding=move, cluster=cluster, strategy=strategy, loadbalance=loadbalance, loadbalance_used=sched.mode,
@@ -391,7 +373,7 @@ def _alpa_allgathers(jobs: Sequence[Job], shape, size, dst: DeviceMesh, dspec: S
     return out
 
 
-def _transfers(jobs: Sequence[Job], tasks: Sequence[UnitTask], sched: lb.Schedule,
+def _transfers(jobs: Sequence[Job], tasks: Sequence[UnitTask], sched: balancing.JobOrder,
                cluster: ClusterSpec) -> list[Transfer]:
     """Concrete transfers in schedule order; the sending device on the chosen host is
     the least-loaded replica there (ties: lowest id), which spreads work over devices."""

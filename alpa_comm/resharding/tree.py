@@ -25,7 +25,7 @@ from ..topology import ClusterSpec
 from ..dtypes import itemsize
 from ..errors import InvalidOptionError
 from ..placement import Placement, Resharding
-from . import loadbalance as lb
+from . import loadbalance as balancing
 from .plan import Leaf, Part, Transfer, _host_operations, lower_bound
 from .kinds import PACKABLE_KINDS, PER_TASK_STRATEGIES, transfer_kind
 from .kinds.base import group_by_host
@@ -107,7 +107,7 @@ def auto_bucket_bytes(cluster: ClusterSpec) -> int:
 # ----------------------------------------------------------------- planning
 def plan_resharding_tree(tree, *, cluster: ClusterSpec, strategy: str = "broadcast", loadbalance: str = "auto",
                          bucket_bytes: int | str | None = "auto", chunks: int | None = None, seed: int = 0,
-                         dfs_budget_s: float = lb.DEFAULT_DFS_BUDGET_S) -> TreePlan:
+                         dfs_budget_s: float = balancing.DEFAULT_DFS_BUDGET_S) -> TreePlan:
     """One plan for a pytree whose leaves are ``Resharding`` records.
 
     ``bucket_bytes``: ``"auto"`` (from latency and bandwidth), a byte count, or
@@ -161,7 +161,7 @@ def _plan_tree(tree, cluster, strategy, loadbalance, bucket, chunks, seed, dfs_b
     members: dict[int, list[tuple[Job, int]]] = {}
     if bucket:
         jobs, job_leaf, members = _pack(jobs, job_leaf, bucket, strategy, cluster, chunks)
-    sched = lb.schedule(jobs, loadbalance, seed=seed, dfs_budget_s=dfs_budget_s)
+    sched = balancing.balance(jobs, loadbalance, seed=seed, dfs_budget_s=dfs_budget_s)
     transfers = _tree_transfers(jobs, job_leaf, members, per_leaf, sched, cluster)
     return TreePlan(leaves, tuple(per_leaf), tuple(transfers), cluster, strategy, sched.mode, bucket,
                     sched.makespan, lower_bound(all_tasks, cluster, lower_bound_payload(strategy)),
@@ -211,7 +211,8 @@ def _pack(jobs: list[Job], job_leaf: list[int], bucket: int, strategy: str, clus
     return new_jobs, new_leaf, members
 
 
-def _tree_transfers(jobs, job_leaf, members, per_leaf, sched: lb.Schedule, cluster: ClusterSpec) -> list[Transfer]:
+def _tree_transfers(jobs, job_leaf, members, per_leaf, sched: balancing.JobOrder,
+                    cluster: ClusterSpec) -> list[Transfer]:
     """Transfers in start order; each part's sending device is the least-loaded replica
     of its slice on the host the load balancer chose."""
     device_load: dict[int, int] = {}

@@ -150,7 +150,8 @@ class ClusterLaunchers:
             workers.append(actor.options(**opts).remote(h, spec.num_hosts, spec.devices_per_host, name))
         cluster = cls(spec, workers, timeout, network, owns_ray)
         try:
-            cluster._wait([(w.ping.remote(), h) for h, w in enumerate(workers)], "starting its worker", timeout=max(120.0, timeout))
+            cluster._wait([(w.ping.remote(), h) for h, w in enumerate(workers)], "starting its worker",
+                          timeout=max(120.0, timeout))
             addr, port = ray.get(workers[0].address.remote(), timeout=timeout)
             cluster._wait([(w.connect.remote(addr, port, timeout), h) for h, w in enumerate(workers)],
                           "joining the gloo group")
