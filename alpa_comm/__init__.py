@@ -7,7 +7,8 @@ from .topology import ClusterSpec
 from .errors import (AlpaCommError, InvalidClusterError, InvalidMeshError, InvalidOptionError,
                      InvalidSpecError)
 from .mesh import DeviceMesh
-from .resharding import LOADBALANCE_MODES, STRATEGIES, ReshardingPlan, UnitTask, plan_resharding
+from .placement import Placement, Resharding
+from .resharding import LOADBALANCE_MODES, STRATEGIES, TRANSFER_KINDS, ReshardingPlan, UnitTask, plan_resharding
 from .spec import ShardingSpec
 
 __version__ = "0.1.0"
@@ -23,5 +24,6 @@ def __getattr__(name):
 
 
 __all__ = ["AlpaCommError", "ClusterSpec", "DeviceMesh", "InvalidClusterError", "InvalidMeshError",
-           "InvalidOptionError", "InvalidSpecError", "LOADBALANCE_MODES", "ReshardingPlan", "STRATEGIES",
-           "ShardingSpec", "UnitTask", "plan_resharding", "__version__"]
+           "InvalidOptionError", "InvalidSpecError", "LOADBALANCE_MODES", "Placement", "Resharding",
+           "ReshardingPlan", "STRATEGIES", "ShardingSpec", "TRANSFER_KINDS", "UnitTask", "plan_resharding",
+           "__version__"]

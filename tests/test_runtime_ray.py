@@ -71,3 +71,26 @@ def test_reshard_tree(cluster):
     assert cluster.last.plan.messages < 6
     with pytest.raises(ValueError, match="structure"):
         cluster.reshard_tree(arrays, {"w": Placement("1x2@2", "RS1")})
+
+
+@pytest.mark.parametrize("hosts", [[0, 1, 2, 3], [1, 3]])
+def test_gloo_allreduce_is_the_mean_and_matches_the_ring(cluster, hosts):
+    import ray
+
+    def _allreduce_on_host(worker, hosts, method, seed):  # nested: Ray ships it by value
+        from alpa_comm.runtime.allreduce import allreduce_mean
+
+        rng = np.random.default_rng(seed + worker.host)
+        arrays = [rng.standard_normal(n).astype(np.float32) for n in (5, 1000, 3)]
+        out = allreduce_mean(worker.backend, arrays, hosts, tag_base=1 << 20, bucket_bytes=2048, method=method)
+        return arrays, out
+
+    got = {}
+    for method in ("backend", "ring"):
+        got[method] = ray.get([cluster.workers[h].run.remote(_allreduce_on_host, hosts, method, 7) for h in hosts])
+    inputs = [arrays for arrays, _ in got["backend"]]
+    for i in range(3):
+        mean = np.mean([a[i] for a in inputs], axis=0)
+        for method in got:
+            for _, out in got[method]:
+                np.testing.assert_allclose(out[i], mean, rtol=1e-6, atol=1e-6)

@@ -10,7 +10,7 @@ from .. import suites
 from ..errors import AlpaCommError
 from ..pipeline import SCHEDULE_KINDS
 from ..resharding import LOADBALANCE_MODES, STRATEGIES, plan_resharding
-from ..resharding.plan import smallest_cluster
+from ..resharding.planner import smallest_cluster
 from ..topology import ClusterSpec
 
 

@@ -26,7 +26,8 @@ from ..dtypes import itemsize
 from ..errors import InvalidOptionError
 from ..placement import Placement, Resharding
 from . import loadbalance as balancing
-from .plan import Leaf, Part, Transfer, _host_operations, lower_bound
+from .plan import Leaf, Part, Transfer
+from .planner import host_operations, lower_bound
 from .kinds import PACKABLE_KINDS, PER_TASK_STRATEGIES, transfer_kind
 from .kinds.base import group_by_host
 from .strategies import LOCAL_COPY, Job, JobMemo, jobs_for_task, lower_bound_payload
@@ -165,7 +166,7 @@ def _plan_tree(tree, cluster, strategy, loadbalance, bucket, chunks, seed, dfs_b
     transfers = _tree_transfers(jobs, job_leaf, members, per_leaf, sched, cluster)
     return TreePlan(leaves, tuple(per_leaf), tuple(transfers), cluster, strategy, sched.mode, bucket,
                     sched.makespan, lower_bound(all_tasks, cluster, lower_bound_payload(strategy)),
-                    _host_operations(transfers, cluster))
+                    host_operations(transfers, cluster))
 
 
 def _pack(jobs: list[Job], job_leaf: list[int], bucket: int, strategy: str, cluster: ClusterSpec, chunks):

@@ -2,8 +2,9 @@
 
 Many small messages cost a latency each (DeepSpeed's lesson), so the gradient
 arrays of a stage are packed into flat buckets of at most ``bucket_bytes`` and
-each bucket is all-reduced with a ring (reduce-scatter, then all-gather): every
-host sends and receives 2(n-1)/n of the bucket, the bandwidth-optimal amount.
+each bucket is summed by the backend's own all-reduce (gloo's collective; a ring
+over send/recv for backends without one). ``benchmarks/allreduce.py`` compares
+it with the hand-written ring side by side.
 """
 from __future__ import annotations
 
@@ -11,40 +12,10 @@ from typing import Sequence
 
 import numpy as np
 
-from .backend import DEFAULT_TIMEOUT_S, Backend
+from .backend import DEFAULT_TIMEOUT_S, Backend, ring_allreduce_sum
 
 DEFAULT_BUCKET_BYTES = 4 << 20
-
-
-def ring_allreduce(backend: Backend, flat: np.ndarray, hosts: Sequence[int], tag_base: int,
-                   timeout: float = DEFAULT_TIMEOUT_S) -> None:
-    """Sum ``flat`` (1-D) over ``hosts`` in place; every host in ``hosts`` calls it."""
-    hosts = list(hosts)
-    n = len(hosts)
-    if n == 1:
-        return
-    if backend.rank not in hosts:
-        raise ValueError(f"host {backend.rank} is not in the all-reduce group {hosts}")
-    p = hosts.index(backend.rank)
-    nxt, prv = hosts[(p + 1) % n], hosts[(p - 1) % n]
-    bounds = np.linspace(0, flat.size, n + 1).astype(np.int64)
-    chunk = [flat[bounds[c]:bounds[c + 1]] for c in range(n)]
-    scratch = np.empty(max(c.size for c in chunk), flat.dtype)
-    u8 = lambda a: a.view(np.uint8)  # noqa: E731 - the backend moves bytes
-    for s in range(n - 1):  # reduce-scatter: afterwards host p owns the sum of chunk p+1
-        out, into = chunk[(p - s) % n], chunk[(p - s - 1) % n]
-        tmp = scratch[:into.size]
-        send = backend.isend(u8(np.ascontiguousarray(out)), nxt, tag_base + s)
-        recv = backend.irecv(u8(tmp), prv, tag_base + s)
-        recv.wait(timeout)
-        send.wait(timeout)
-        into += tmp
-    for s in range(n - 1):  # all-gather the summed chunks around the ring
-        out, into = chunk[(p + 1 - s) % n], chunk[(p - s) % n]
-        send = backend.isend(u8(np.ascontiguousarray(out)), nxt, tag_base + n + s)
-        recv = backend.irecv(u8(into), prv, tag_base + n + s)
-        recv.wait(timeout)
-        send.wait(timeout)
+ALLREDUCE_METHODS = ("backend", "ring")
 
 
 def buckets(sizes: Sequence[int], itemsize: int, bucket_bytes: int) -> list[list[int]]:
@@ -63,9 +34,13 @@ def buckets(sizes: Sequence[int], itemsize: int, bucket_bytes: int) -> list[list
 
 
 def allreduce_mean(backend: Backend, arrays: list[np.ndarray], hosts: Sequence[int], tag_base: int,
-                   bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout: float = DEFAULT_TIMEOUT_S) -> list[np.ndarray]:
+                   bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout: float = DEFAULT_TIMEOUT_S,
+                   method: str = "backend") -> list[np.ndarray]:
     """The mean of every array over ``hosts``, moved in flat buckets; returns new arrays.
-    Arrays of one dtype per call (gradients)."""
+    Arrays of one dtype per call (gradients). ``method``: ``backend`` (its all-reduce)
+    or ``ring`` (the ring over send/recv, for comparison)."""
+    if method not in ALLREDUCE_METHODS:
+        raise ValueError(f"unknown all-reduce method {method!r}; choose one of {', '.join(ALLREDUCE_METHODS)}")
     if len(hosts) == 1 or not arrays:
         return [np.array(a, copy=True) for a in arrays]
     dtype = arrays[0].dtype
@@ -74,7 +49,11 @@ def allreduce_mean(backend: Backend, arrays: list[np.ndarray], hosts: Sequence[i
     out: list[np.ndarray] = [None] * len(arrays)  # type: ignore[list-item]
     for b, group in enumerate(buckets([a.size for a in arrays], dtype.itemsize, bucket_bytes)):
         flat = np.concatenate([np.ravel(arrays[i]) for i in group])
-        ring_allreduce(backend, flat, hosts, tag_base + b * 2 * len(hosts), timeout)
+        tag = tag_base + b * 2 * len(hosts)
+        if method == "ring":
+            ring_allreduce_sum(backend, flat, hosts, tag, timeout)
+        else:
+            backend.allreduce_sum(flat, hosts, tag, timeout)
         flat /= len(hosts)
         pos = 0
         for i in group:

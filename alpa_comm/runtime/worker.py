@@ -47,6 +47,11 @@ class HostWorker:
     def ping(self) -> int:
         return self.host
 
+    def run(self, fn, *args):
+        """``fn(worker, *args)`` in this host's process: tools and benchmarks that need the
+        host's backend (e.g. ``benchmarks/allreduce.py``) without a method of their own here."""
+        return fn(self, *args)
+
     def pid(self) -> int:
         return os.getpid()
 

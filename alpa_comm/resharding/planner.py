@@ -1,0 +1,206 @@
+"""``plan_resharding``: the planning pipeline for one array.
+
+decompose -> jobs per strategy (transfer kinds) -> load balance + order ->
+transfers with times -> a ``ReshardingPlan``. ``tree`` runs the same steps
+jointly for many arrays.
+"""
+from __future__ import annotations
+
+import gc
+import math
+from typing import Sequence
+
+from ..dtypes import itemsize
+from ..errors import InvalidOptionError
+from ..mesh import DeviceMesh, devices_per_host_needed
+from ..placement import Placement, Resharding
+from ..spec import ShardingSpec
+from ..topology import ClusterSpec
+from . import loadbalance as balancing
+from .plan import ReshardingPlan, Transfer
+from .strategies import (ALLGATHER, ALPA, STRATEGIES, Job, JobMemo, allgather_job, alpa_local_allgather_spec,
+                         jobs_for_task, lower_bound_payload)
+from .unit_tasks import UnitTask, decompose
+
+
+def smallest_cluster(src_mesh, dst_mesh, **kw) -> ClusterSpec:
+    """The smallest cluster holding both meshes (text like ``'2x4@0,1'`` or ``DeviceMesh``).
+
+    Keyword arguments are passed to ``ClusterSpec``; ``devices_per_host`` and
+    ``num_hosts`` default to what the meshes need.
+    """
+    meshes = (src_mesh, dst_mesh)
+    dph = kw.pop("devices_per_host", None)
+    if dph is None:
+        dph = max(m.devices_per_host if isinstance(m, DeviceMesh) else devices_per_host_needed(m) for m in meshes)
+    hosts = max(max(DeviceMesh.parse(m, dph).hosts) for m in meshes) + 1
+    return ClusterSpec(num_hosts=kw.pop("num_hosts", None) or hosts, devices_per_host=dph, **kw)
+
+
+def lower_bound(tasks: Sequence[UnitTask], cluster: ClusterSpec, payload: int | None = None) -> float:
+    """Physical limit of a resharding on ``cluster`` whatever the strategy.
+
+    * each receiving host must take in, through its NIC, every slice one of its
+      devices needs and none of its devices holds;
+    * every such slice must leave some source host at least once, so the
+      source hosts' NICs together must push all of them.
+    ``payload`` replaces each slice's size (the signal strategy moves 1 byte).
+    """
+    rx_need: dict[int, float] = {}
+    out_bytes = 0.0
+    senders: set[int] = set()
+    longest = 0.0
+    hosts_of: dict[tuple, frozenset] = {}
+    lacking_of: dict[tuple, tuple] = {}
+    for t in tasks:
+        n = t.nbytes if payload is None else payload
+        key = (t.src_devices, t.dst_devices)
+        lack = lacking_of.get(key)
+        if lack is None:
+            src_hosts = hosts_of.get(t.src_devices)
+            if src_hosts is None:
+                src_hosts = hosts_of[t.src_devices] = frozenset(cluster.host_of(d) for d in t.src_devices)
+            dst_hosts = hosts_of.get(t.dst_devices)
+            if dst_hosts is None:
+                dst_hosts = hosts_of[t.dst_devices] = frozenset(cluster.host_of(d) for d in t.dst_devices)
+            lacking = tuple(sorted(dst_hosts - src_hosts))
+            rate = (min(max(cluster.send_rate(h) for h in src_hosts), min(cluster.recv_rate(h) for h in lacking))
+                    if lacking else 0.0)
+            lack = lacking_of[key] = (lacking, src_hosts, rate)
+        lacking, src_hosts, rate = lack
+        if not lacking:
+            continue
+        for h in lacking:
+            rx_need[h] = rx_need.get(h, 0.0) + n
+        out_bytes += n
+        senders |= src_hosts
+        if n / rate > longest:
+            longest = n / rate
+    if not rx_need:
+        return 0.0
+    rx_bound = max(b / cluster.recv_rate(h) for h, b in rx_need.items())
+    tx_bound = out_bytes / sum(cluster.send_rate(h) for h in senders)
+    return cluster.latency_s + max(rx_bound, tx_bound, longest)
+
+
+def plan_resharding(shape: Sequence[int], dtype, src_mesh, src_spec, dst_mesh, dst_spec, **kwargs
+                    ) -> ReshardingPlan:
+    """Plan moving a ``shape``/``dtype`` tensor from (src_mesh, src_spec) to (dst_mesh, dst_spec).
+
+    Meshes may be ``DeviceMesh`` objects or text (``'2x4@0,1'``); specs may be
+    ``ShardingSpec`` objects or text (``'S0RR'``). Keyword options:
+    ``cluster`` (default: the smallest holding both meshes, 10 Gbit/s NICs),
+    ``strategy`` (default ``broadcast``), ``loadbalance`` (default ``auto``),
+    ``chunks`` (broadcast chunks per slice; None = per task from the cost
+    model), ``seed`` (of the randomized greedy), ``dfs_budget_s``.
+    """
+    # Planning allocates hundreds of thousands of small immutable tuples and no
+    # cycles; the cyclic GC would rescan them all repeatedly (a third of the time
+    # on 25,000 tasks), so it is paused for the duration.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _plan(shape, dtype, src_mesh, src_spec, dst_mesh, dst_spec, **kwargs)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _plan(shape: Sequence[int], dtype, src_mesh, src_spec, dst_mesh, dst_spec, *,
+                    cluster: ClusterSpec | None = None, strategy: str = "broadcast",
+                    loadbalance: str = "auto", chunks: int | None = None, seed: int = 0,
+                    dfs_budget_s: float = balancing.DEFAULT_DFS_BUDGET_S) -> ReshardingPlan:
+    if strategy not in STRATEGIES:
+        raise InvalidOptionError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+    if loadbalance not in balancing.LOADBALANCE_MODES:
+        raise InvalidOptionError(
+            f"unknown loadbalance mode {loadbalance!r}; choose one of {', '.join(balancing.LOADBALANCE_MODES)}")
+    if chunks is not None and (not isinstance(chunks, int) or chunks <= 0):
+        raise InvalidOptionError(f"chunks must be a positive integer or None (auto), got {chunks!r}")
+    if cluster is None:
+        cluster = smallest_cluster(src_mesh, dst_mesh)
+    move = Resharding.between(shape, dtype, src_mesh, src_spec, dst_mesh, dst_spec).resolve(cluster)
+    shape, src, sspec, dst, dspec = move.shape, move.src_mesh, move.src_spec, move.dst_mesh, move.dst_spec
+    size = itemsize(move.dtype)
+
+    final_tasks = decompose(shape, size, src, sspec, dst, dspec)
+    sent_spec, gather_dim = dspec, None
+    if strategy == ALPA:
+        sent_spec, gather_dim = alpa_local_allgather_spec(dspec, dst, shape)
+    tasks = final_tasks if sent_spec == dspec else decompose(shape, size, src, sspec, dst, sent_spec)
+    per_task = "send_recv" if strategy == ALPA else strategy
+
+    memo = JobMemo(cluster)
+    jobs: list[Job] = [j for t in tasks for j in jobs_for_task(t, per_task, cluster, chunks, memo)]
+    if gather_dim is not None:
+        jobs += _alpa_allgathers(jobs, shape, size, dst, dspec, gather_dim, cluster)
+    sched = balancing.balance(jobs, loadbalance, seed=seed, dfs_budget_s=dfs_budget_s)
+    transfers = _transfers(jobs, tasks, sched, cluster)
+    return ReshardingPlan(
+        resharding=move, cluster=cluster, strategy=strategy, loadbalance=loadbalance, loadbalance_used=sched.mode,
+        chunks=chunks, sent_spec=sent_spec, unit_tasks=tuple(tasks), transfers=tuple(transfers),
+        predicted_seconds=sched.makespan,
+        lower_bound_seconds=lower_bound(final_tasks, cluster, lower_bound_payload(strategy)),
+        search_complete=sched.complete, host_operations=host_operations(transfers, cluster))
+
+
+def _alpa_allgathers(jobs: Sequence[Job], shape, size, dst: DeviceMesh, dspec: ShardingSpec, gather_dim: int,
+                     cluster: ClusterSpec) -> list[Job]:
+    """One all-gather per group of destination devices that differ only along ``gather_dim``."""
+    boxes = Placement(dst, dspec).device_boxes(shape)
+    groups: dict[tuple, list[int]] = {}
+    for coord, dev in dst.coords():
+        key = tuple(c for m, c in enumerate(coord) if m != gather_dim)
+        groups.setdefault(key, []).append(dev)
+    delivering: dict[int, list[int]] = {}
+    for i, j in enumerate(jobs):
+        for r in j.receivers:
+            delivering.setdefault(r, []).append(i)
+    out = []
+    for members in groups.values():
+        box = boxes[members[0]]
+        nbytes = size * math.prod(b - a for a, b in box)
+        deps = sorted({i for m in members for i in delivering.get(m, [])})
+        out.append(allgather_job(members, box, nbytes, deps, cluster))
+    return out
+
+
+def _transfers(jobs: Sequence[Job], tasks: Sequence[UnitTask], sched: balancing.JobOrder,
+               cluster: ClusterSpec) -> list[Transfer]:
+    """Concrete transfers in schedule order; the sending device on the chosen host is
+    the least-loaded replica there (ties: lowest id), which spreads work over devices."""
+    device_load: dict[int, int] = {}
+    job_to_transfer: dict[int, int] = {}
+    local_of: dict[tuple, list[int]] = {}
+    out: list[Transfer] = []
+    starts = sched.starts
+    order = sorted(sched.sequence, key=lambda p: (starts[p[0]], p[0]))
+    host_of = cluster.host_of
+    for j, c in order:
+        job = jobs[j]
+        cand = job.candidates[c]
+        sender = None
+        if job.kind != ALLGATHER:
+            devs = tasks[job.task].src_devices
+            local = local_of.get((devs, cand.host))
+            if local is None:
+                local = local_of[(devs, cand.host)] = [d for d in devs if host_of(d) == cand.host]
+            sender = local[0] if len(local) == 1 else min(local, key=lambda d: (device_load.get(d, 0), d))
+            device_load[sender] = device_load.get(sender, 0) + job.nbytes
+        job_to_transfer[j] = len(out)
+        out.append(Transfer(len(out), job.task, job.kind, sender, job.receivers, job.index, job.nbytes,
+                            cand.chunks, starts[j], cand.duration,
+                            tuple(job_to_transfer[d] for d in job.deps) if job.deps else ()))
+    return out
+
+
+def host_operations(transfers: Sequence[Transfer], cluster: ClusterSpec) -> dict[int, tuple[int, ...]]:
+    """For each host, the ids of the transfers it takes part in, in start order."""
+    ops: dict[int, list[int]] = {}
+    for t in transfers:  # already in start order
+        hosts = {cluster.host_of(r) for r in t.receivers}
+        if t.sender is not None:
+            hosts.add(cluster.host_of(t.sender))
+        for h in sorted(hosts):
+            ops.setdefault(h, []).append(t.id)
+    return {h: tuple(v) for h, v in sorted(ops.items())}
