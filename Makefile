@@ -44,6 +44,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/sim_scale.py
 	$(BIN)/python benchmarks/schedules.py
 	$(BIN)/python benchmarks/runtime_1_to_m.py
+	$(BIN)/python benchmarks/allreduce.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

@@ -8,8 +8,10 @@ from ..sim.simulate import SimResult
 
 
 def suite_bars(cases: Sequence[str], methods: Sequence[str], seconds: dict[tuple[str, str], float],
-               path: str | Path, title: str, ylabel: str = "seconds", bounds: dict[str, float] | None = None) -> Path:
-    """Grouped bars: one group per case, one bar per method; optional lower-bound ticks."""
+               path: str | Path, title: str, ylabel: str = "seconds", bounds: dict[str, float] | None = None,
+               log: bool = True) -> Path:
+    """Grouped bars: one group per case, one bar per method; optional lower-bound ticks;
+    a log axis by default (suites span orders of magnitude)."""
     import matplotlib  # noqa: PLC0415 - optional dependency
 
     matplotlib.use("Agg")
@@ -29,7 +31,8 @@ def suite_bars(cases: Sequence[str], methods: Sequence[str], seconds: dict[tuple
     ax.set_xticklabels(cases)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=9)
-    ax.set_yscale("log")
+    if log:
+        ax.set_yscale("log")
     ax.legend(fontsize=7, ncol=3)
     fig.tight_layout()
     path = Path(path)

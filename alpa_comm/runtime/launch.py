@@ -30,15 +30,16 @@ class ClusterLaunchers:
              timeout: float = DEFAULT_TIMEOUT_S, cpu: float | None = None, log=sys.stderr) -> "Cluster":
         """The cluster a command line names: ``emulated`` (root + iproute2; ``nic`` and
         ``cpu`` shape each host), ``local``, or ``ray://HOST:PORT`` / ``HOST:PORT`` of a
-        running Ray cluster (its node count sets the hosts)."""
+        running Ray cluster, or ``auto`` (its node count sets the hosts)."""
         if kind == "emulated":
             return cls.emulated(num_hosts, devices_per_host, nic=None if nic in (None, "none") else nic,
                                 timeout=timeout, log=log, cpu=cpu)
         if kind == "local":
             return cls.local(num_hosts, devices_per_host, timeout=timeout)
         address = kind[len("ray://"):] if kind.startswith("ray://") else kind
-        if ":" not in address:
-            raise InvalidOptionError(f"unknown cluster {kind!r}; use emulated, local or ray://HOST:PORT")
+        if ":" not in address and address != "auto":
+            raise InvalidOptionError(f"unknown cluster {kind!r}; use emulated, local, ray://HOST:PORT or auto "
+                                     "(the Ray cluster this machine belongs to)")
         return cls.connect(address, devices_per_host, timeout=timeout)
 
     @classmethod
@@ -48,7 +49,6 @@ class ClusterLaunchers:
         import ray  # noqa: PLC0415
 
         spec = ClusterSpec(num_hosts=num_hosts, devices_per_host=devices_per_host, **cluster_kw)
-
         ray.init(num_cpus=max(2, num_hosts), resources={host_resource(h): 1 for h in range(num_hosts)},
                  include_dashboard=False, log_to_driver=False, configure_logging=False)
         try:
@@ -136,7 +136,6 @@ class ClusterLaunchers:
     def _start(cls, spec: ClusterSpec, timeout: float, ifname, network, strategies=None,
                owns_ray: bool = True, emulated: bool = False) -> "Cluster":
         import ray  # noqa: PLC0415
-
 
         actor = ray.remote(cls.worker_class)
         workers = []
