@@ -27,24 +27,23 @@ import numpy as np
 def _rank_main(rank, world, uid, plans, arrays, timeout, results):
     import cupy
 
+    from alpa_comm.resharding import HostJob
     from alpa_comm.resharding.plan import ReshardingPlan
     from alpa_comm.runtime.backend import NcclBackend
-    from alpa_comm.runtime.executor import HostExecutor, view
-    from alpa_comm.runtime.local import host_transfers, layout_for
+    from alpa_comm.runtime.executor import HostExecutor, Layout, view
 
     cupy.cuda.Device(rank).use()
     backend = NcclBackend(rank, world, uid, timeout)
     out = []
     for text, x in zip(plans, arrays):
         plan = ReshardingPlan.from_json(text)
-        layout = layout_for(plan)
-        host_of = plan.cluster.host_of
+        job = HostJob.for_host(plan, rank)
+        layout = Layout.of(job.leaves[0])
         full = tuple((0, n) for n in x.shape)
         # The executor works on NumPy views; stage on host memory and move bytes with NCCL
         # through a device bounce buffer (the backend's isend/irecv take CuPy buffers).
-        src = {d: np.ascontiguousarray(view(x, full, b)) for d, b in layout.src_boxes.items() if host_of(d) == rank}
-        dst = {d: np.empty(tuple(b - a for a, b in box), layout.dtype) for d, box in layout.dst_boxes.items()
-               if host_of(d) == rank}
+        src = layout.source_shards(x, job.is_local)
+        dst = layout.empty_destinations(job.is_local)
 
         class Bounce:
             def __init__(self, inner):
@@ -66,7 +65,7 @@ def _rank_main(rank, world, uid, plans, arrays, timeout, results):
                 return Copy()
 
         t0 = time.perf_counter()
-        HostExecutor(rank, layout, src, dst, Bounce(backend), host_of, timeout).run(host_transfers(plan, rank))
+        HostExecutor(rank, layout, src, dst, Bounce(backend), job.host_of, timeout).run(job.transfers)
         ok = all(np.array_equal(buf, view(x, full, layout.dst_boxes[d])) for d, buf in dst.items())
         out.append((ok, time.perf_counter() - t0))
     results.put((rank, out))

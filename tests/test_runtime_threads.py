@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 from alpa_comm import ClusterSpec, DeviceMesh, plan_resharding
 from alpa_comm.runtime.backend import CommunicationError
 from alpa_comm.runtime.executor import view
-from alpa_comm.runtime.local import execute_in_threads, layout_for
+from alpa_comm.runtime.local import execute_in_threads, tree_layouts
 from alpa_comm.suites import n_to_m, one_to_m
 
 from strategies_hyp import resharding_cases
@@ -19,7 +19,7 @@ CLUSTER = ClusterSpec(num_hosts=5, devices_per_host=4)
 
 def expect_exact(plan, x, out):
     full = tuple((0, n) for n in x.shape)
-    for d, box in layout_for(plan).dst_boxes.items():
+    for d, box in tree_layouts(plan)[0].dst_boxes.items():
         assert np.array_equal(out[d], view(x, full, box)), f"device {d} got wrong data ({plan.strategy})"
 
 

@@ -16,18 +16,9 @@ from .backend import DEFAULT_TIMEOUT_S, CommunicationError, ThreadBackend, Threa
 from .executor import HostExecutor, Layout
 
 
-def layout_for(plan: ReshardingPlan) -> Layout:
-    """The ``Layout`` of a single-array plan."""
-    return Layout.of(plan.leaves[0])
-
-
 def tree_layouts(plan) -> list[Layout]:
-    """One ``Layout`` per leaf of a plan."""
+    """One ``Layout`` per leaf of a plan (a single-array plan has one)."""
     return [Layout.of(leaf) for leaf in plan.leaves]
-
-
-def host_transfers(plan, host: int):
-    return list(HostJob.for_host(plan, host).transfers)
 
 
 def execute_in_threads(plan: ReshardingPlan, array: np.ndarray, timeout: float = DEFAULT_TIMEOUT_S,
