@@ -12,25 +12,21 @@ they really deliver, not as configured), and the planner plans with it too.
 from __future__ import annotations
 
 import hashlib
-import json
 import statistics
 import sys
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from . import suites
-from .topology import ClusterSpec
 from .errors import InvalidOptionError
 from .placement import Placement, Resharding
 from .report.progress import Progress
-from .report.tables import table
 from .resharding import plan_resharding
-from .resharding.explain import fmt_seconds
 from .resharding.strategies import carries_data
 from .runtime.executor import view
 from .sim import simulate
+from .topology import ClusterSpec
 
 SIMULATION_ONLY = ("local_allgather", "global_allgather")
 """Methods compared in simulation only: on an emulated cluster they cost minutes a case
@@ -181,46 +177,6 @@ def speedups(results: list[Result]) -> dict[tuple[str, str, str], dict[str, floa
     return out
 
 
-def results_table(results: list[Result]) -> str:
-    sp = speedups(results)
-    rows = []
-    for r in results:
-        s = sp[(r.suite, r.case, r.method)]
-        spread = f"{min(r.seconds):.3f}-{max(r.seconds):.3f}"
-        rows.append([r.suite, r.case, r.method, fmt_seconds(r.median_seconds), spread, f"{r.gbps:.3f}",
-                     f"{r.median_seconds / r.lower_bound_seconds:.2f}" if carries_data(r.strategy) else "-",
-                     f"{s.get('alpa', s.get('per_array', float('nan'))):.2f}x", fmt_seconds(r.predicted_seconds),
-                     "yes" if r.verified else ("n/a" if r.verified is None else "NO")])
-    return table(["suite", "case", "method", "median", "spread (s)", "effective Gbit/s", "x lower bound",
-                  "speedup vs alpa (weight-sync: vs per_array)", "simulator", "verified"], rows)
-
-
-def write(results: list[Result], cluster_desc: dict, out: Path) -> dict[str, Path]:
-    from .report.charts import suite_bars  # noqa: PLC0415
-
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {}
-    js = out / "results.json"
-    tmp = js.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"cluster": cluster_desc, "results": [
-        {k: v for k, v in asdict(r).items() if k != "extra" or v} for r in results]}, indent=1))
-    tmp.replace(js)
-    paths["json"] = js
-    md = out / "results.md"
-    md.write_text(f"# alpa-comm bench\n\nCluster: {cluster_desc.get('description', '')}\n\n"
-                  f"{acceptance_table(results)}\n\n{results_table(results)}\n")
-    paths["markdown"] = md
-    for suite in dict.fromkeys(r.suite for r in results):
-        rs = [r for r in results if r.suite == suite]
-        cases = list(dict.fromkeys(r.case for r in rs))
-        methods = [m for m in dict.fromkeys(r.method for r in rs) if m != "signal"]
-        paths[suite] = suite_bars(cases, methods, {(r.case, r.method): r.median_seconds for r in rs},
-                                  out / f"{suite.replace('-', '_')}.png",
-                                  f"measured {suite} ({cluster_desc.get('description', '')})",
-                                  bounds={r.case: r.lower_bound_seconds for r in rs})
-    return paths
-
-
 def acceptance(results: list[Result]) -> list[tuple[str, bool, str]]:
     """The checks the benchmark is judged by, computed from one run's results."""
     by = {(r.suite, r.case, r.method): r for r in results}
@@ -273,10 +229,6 @@ def acceptance(results: list[Result]) -> list[tuple[str, bool, str]]:
         out.append(("simulator within 25 % of measured (broadcast methods)", worst_err <= 0.25,
                     f"worst {100 * worst_err:.0f} % ({worst_r.suite} case {worst_r.case}, {worst_r.method})"))
     return out
-
-
-def acceptance_table(results: list[Result]) -> str:
-    return table(["check", "met", "detail"], [[c, "yes" if ok else "NO", d] for c, ok, d in acceptance(results)])
 
 
 # ------------------------------------------------------------------ weight sync

@@ -9,6 +9,7 @@ pytest.importorskip("torch")
 
 from alpa_comm import bench  # noqa: E402
 from alpa_comm.cli import main  # noqa: E402
+from alpa_comm.report import bench_results  # noqa: E402
 from alpa_comm.runtime import Cluster  # noqa: E402
 
 
@@ -24,14 +25,14 @@ def test_bench_runs_verifies_and_writes(cluster, tmp_path):
     methods = {r.method for r in results}
     assert {"alpa_send_recv", "alpa", "broadcast_naive", "broadcast_size", "broadcast", "signal"} == methods
     assert all(r.verified is True for r in results if r.strategy != "signal")
-    paths = bench.write(results, {"description": "local"}, tmp_path)
+    paths = bench_results.write_bench_outputs(results, {"description": "local"}, tmp_path)
     data = json.loads(paths["json"].read_text())
     assert set(data) == {"cluster", "results"}
     for key in ("suite", "case", "method", "seconds", "median_seconds", "lower_bound_seconds",
                 "predicted_seconds", "verified"):
         assert key in data["results"][0]
     assert paths["1-to-m"].read_bytes()[:4] == b"\x89PNG"
-    assert "speedup vs alpa" in bench.results_table(results)
+    assert "speedup vs alpa" in bench_results.results_table(results)
 
 
 def test_a_corrupted_shard_fails_loudly(cluster, monkeypatch):

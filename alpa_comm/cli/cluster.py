@@ -108,6 +108,7 @@ def cmd_cluster(args) -> int:
 
 def cmd_bench(args) -> int:
     from .. import bench  # noqa: PLC0415
+    from ..report.bench_results import acceptance_table, results_table, write_bench_outputs  # noqa: PLC0415
     from ..runtime import Cluster  # noqa: PLC0415
 
     names = bench.SUITE_NAMES if args.suite == "all" else (args.suite,)
@@ -123,10 +124,10 @@ def cmd_bench(args) -> int:
                 "size_mb": args.size_mb, "repeat": args.repeat}
     print(f"\nalpa-comm bench on {desc['description']} ({args.cluster}); one {args.size_mb:g} MiB copy "
           f"between two hosts: {t_copy:.3f} s = {calibrated.nic_send_gbps:.3f} Gbit/s (simulator calibrated to it)\n")
-    print(bench.results_table(results))
+    print(results_table(results))
     print()
-    print(bench.acceptance_table(results))
-    paths = bench.write(results, desc, Path(args.out))
+    print(acceptance_table(results))
+    paths = write_bench_outputs(results, desc, Path(args.out))
     print("\nwrote " + ", ".join(str(p) for p in paths.values()))
     return 0
 

@@ -23,7 +23,6 @@ from typing import Sequence
 
 import numpy as np
 
-from ..topology import ClusterSpec
 from ..dtypes import dtype_name
 from ..errors import AlpaCommError, InvalidMeshError
 from ..mesh import DeviceMesh
@@ -32,6 +31,7 @@ from ..placement import Resharding, ReshardingFields
 from ..resharding.plan import ReshardingPlan
 from ..resharding.strategies import ALLGATHER
 from ..spec import Box, ShardingSpec
+from ..topology import ClusterSpec
 
 
 class TranslationError(AlpaCommError, ValueError):

@@ -22,10 +22,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..topology import ClusterSpec
 from ..mesh import DeviceMesh
 from ..resharding import plan_resharding
 from ..resharding.plan import ReshardingPlan
+from ..topology import ClusterSpec
 from .ir import Action, ActionKind, Schedule
 
 OUT = "out"   # batch over (hosts, devices)

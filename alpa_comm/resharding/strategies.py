@@ -24,9 +24,9 @@ from __future__ import annotations
 import math
 from typing import NamedTuple, Sequence
 
-from ..topology import ClusterSpec
 from ..mesh import DeviceMesh
 from ..spec import ShardingSpec
+from ..topology import ClusterSpec
 from .kinds import PER_TASK_STRATEGIES, Candidate, transfer_kind
 from .kinds.base import group_by_host, ring_allgather_seconds
 from .resources import ring_resources

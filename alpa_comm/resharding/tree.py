@@ -21,15 +21,15 @@ import gc
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from ..topology import ClusterSpec
 from ..dtypes import itemsize
 from ..errors import InvalidOptionError
 from ..placement import Placement, Resharding
+from ..topology import ClusterSpec
 from . import loadbalance as balancing
-from .plan import Leaf, Part, Transfer
-from .planner import host_operations, lower_bound
 from .kinds import PACKABLE_KINDS, PER_TASK_STRATEGIES, transfer_kind
 from .kinds.base import group_by_host
+from .plan import Leaf, Part, Transfer
+from .planner import host_operations, lower_bound
 from .strategies import LOCAL_COPY, Job, JobMemo, jobs_for_task, lower_bound_payload
 from .unit_tasks import UnitTask, decompose
 

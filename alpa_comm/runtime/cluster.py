@@ -18,18 +18,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..topology import ClusterSpec
 from ..errors import InvalidMeshError
 from ..mesh import DeviceMesh
-from ..resharding import plan_resharding
-from ..resharding.plan import ReshardingPlan
 from ..placement import Placement, Resharding
+from ..resharding import plan_resharding
 from ..resharding.host_job import HostJob
+from ..resharding.plan import ReshardingPlan
 from ..resharding.strategies import carries_data
 from ..spec import ShardingSpec
+from ..topology import ClusterSpec
 from .backend import CommunicationError
-from .executor import numpy_dtype, view
 from .emulated.launch import restore_env, teardown_emulated
+from .executor import numpy_dtype, view
 from .launch import ClusterLaunchers
 from .worker import HostWorker
 

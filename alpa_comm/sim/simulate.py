@@ -16,10 +16,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from ..topology import ClusterSpec
 from ..resharding.kinds import transfer_kind
 from ..resharding.plan import ReshardingPlan, Transfer
 from ..resharding.resources import INTRA, RECEIVE, SEND, host_and_side, intra_link, nic_receive, nic_send
+from ..topology import ClusterSpec
 from .network import FluidNetwork
 
 

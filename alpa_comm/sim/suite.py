@@ -6,9 +6,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .. import suites
-from ..topology import ClusterSpec
 from ..resharding import plan_resharding
 from ..resharding.strategies import carries_data
+from ..topology import ClusterSpec
 from .simulate import effective_gbps, simulate
 
 

@@ -22,12 +22,11 @@ import numpy as np
 from ..errors import InvalidOptionError
 from ..pipeline.edges import Edge, edge_plans, model_edges, stage_hosts
 from ..pipeline.ir import Schedule, ScheduleError
-from ..runtime.cluster import Cluster
 from ..resharding.host_job import HostJob
 from ..resharding.strategies import STRATEGIES
+from ..runtime.cluster import Cluster
 from .stage_setup import StageSetup
 from .worker import PipelineWorker
-
 
 
 class PipelineCluster(Cluster):

@@ -1,0 +1,57 @@
+"""``alpa-comm bench`` results for people: the table, the acceptance checks and the
+files of a run (results.json, results.md, one bar chart per suite)."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from ..bench import Result, acceptance, speedups
+from ..resharding.explain import fmt_seconds
+from ..resharding.strategies import carries_data
+from .charts import suite_bars
+from .tables import table
+
+
+def results_table(results: list[Result]) -> str:
+    sp = speedups(results)
+    rows = []
+    for r in results:
+        s = sp[(r.suite, r.case, r.method)]
+        spread = f"{min(r.seconds):.3f}-{max(r.seconds):.3f}"
+        rows.append([r.suite, r.case, r.method, fmt_seconds(r.median_seconds), spread, f"{r.gbps:.3f}",
+                     f"{r.median_seconds / r.lower_bound_seconds:.2f}" if carries_data(r.strategy) else "-",
+                     f"{s.get('alpa', s.get('per_array', float('nan'))):.2f}x", fmt_seconds(r.predicted_seconds),
+                     "yes" if r.verified else ("n/a" if r.verified is None else "NO")])
+    return table(["suite", "case", "method", "median", "spread (s)", "effective Gbit/s", "x lower bound",
+                  "speedup vs alpa (weight-sync: vs per_array)", "simulator", "verified"], rows)
+
+
+def write_bench_outputs(results: list[Result], cluster_desc: dict, out: Path) -> dict[str, Path]:
+    """results.json (written atomically), results.md (checks and table) and one bar chart
+    per suite in ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    js = out / "results.json"
+    tmp = js.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"cluster": cluster_desc, "results": [
+        {k: v for k, v in asdict(r).items() if k != "extra" or v} for r in results]}, indent=1))
+    tmp.replace(js)
+    paths["json"] = js
+    md = out / "results.md"
+    md.write_text(f"# alpa-comm bench\n\nCluster: {cluster_desc.get('description', '')}\n\n"
+                  f"{acceptance_table(results)}\n\n{results_table(results)}\n")
+    paths["markdown"] = md
+    for suite in dict.fromkeys(r.suite for r in results):
+        rs = [r for r in results if r.suite == suite]
+        cases = list(dict.fromkeys(r.case for r in rs))
+        methods = list(dict.fromkeys(r.method for r in rs if carries_data(r.strategy)))
+        paths[suite] = suite_bars(cases, methods, {(r.case, r.method): r.median_seconds for r in rs},
+                                  out / f"{suite.replace('-', '_')}.png",
+                                  f"measured {suite} ({cluster_desc.get('description', '')})",
+                                  bounds={r.case: r.lower_bound_seconds for r in rs})
+    return paths
+
+
+def acceptance_table(results: list[Result]) -> str:
+    return table(["check", "met", "detail"], [[c, "yes" if ok else "NO", d] for c, ok, d in acceptance(results)])
