@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from alpa_comm.pipeline import generate
+from alpa_comm.resharding.strategies import STRATEGIES, carries_data
 
 from conftest import emulation_marks
 
@@ -55,7 +56,8 @@ def test_every_schedule_and_strategy_matches_the_single_device_step(cluster, mod
     mbs = next(synthetic(M, 4, KW["seq"], seed=1))
     ref_loss, ref_params = _reference(model_name, 4, mbs)
     model = build_model(model_name, 4, **KW)
-    runs = [(v, "broadcast") for v in VARIANTS] + [(("eager-1f1b", True, 1), s) for s in ("alpa", "send_recv")]
+    others = [s for s in STRATEGIES if s != "broadcast" and carries_data(s)]  # every kind the registry offers
+    runs = [(v, "broadcast") for v in VARIANTS] + [(("eager-1f1b", True, 1), s) for s in others]
     for (kind, split, delay), strategy in runs:
         sched = with_skips(generate(kind, 4, M, split_backward=split, delay_wgrad=delay), model.skips)
         pipe = DistributedPipeline(cluster, model_name, 4, sched, microbatch_size=4, model_kwargs=KW,
