@@ -6,7 +6,7 @@ from hypothesis import given, settings, strategies as st
 from alpa_comm import ClusterSpec, InvalidOptionError
 from alpa_comm.resharding.tree import (LeafLayout, auto_bucket_bytes, plan_resharding_tree, tree_flatten,
                                        tree_unflatten)
-from alpa_comm.resharding.verify import PlanError, verify_tree_plan
+from alpa_comm.resharding.verify import PlanError, verify_plan
 from alpa_comm.runtime.executor import view
 from alpa_comm.runtime.local import execute_tree_in_threads, tree_layouts
 from alpa_comm.sim import simulate
@@ -49,7 +49,7 @@ def run_tree(plan, seed=0):
                                                                         "local_allgather"]))
 def test_random_trees_bit_exact_and_bounded(tree, bucket, strategy):
     plan = plan_resharding_tree(tree, cluster=CLUSTER, bucket_bytes=bucket, strategy=strategy, loadbalance="greedy")
-    verify_tree_plan(plan)
+    verify_plan(plan)
     assert plan.predicted_seconds >= plan.lower_bound_seconds * (1 - 1e-9)
     assert simulate(plan).makespan >= plan.lower_bound_seconds * (1 - 1e-9)
     run_tree(plan)
@@ -74,7 +74,7 @@ def test_coalescing_cuts_messages_and_predicted_time():
     assert packed.messages * 5 < loose.messages
     assert packed.predicted_seconds * 3 < loose.predicted_seconds
     assert packed.lower_bound_seconds == pytest.approx(loose.lower_bound_seconds)
-    verify_tree_plan(packed)
+    verify_plan(packed)
     run_tree(packed)
 
 
@@ -98,4 +98,4 @@ def test_verify_catches_a_dropped_part():
     broken = type(plan)(**{**plan.__dict__, "transfers": tuple(x._replace(parts=x.parts[1:]) if x is t else x
                                                                 for x in plan.transfers)})
     with pytest.raises(PlanError, match="ends with"):
-        verify_tree_plan(broken)
+        verify_plan(broken)
