@@ -31,7 +31,8 @@ def explain_plan(plan, max_transfers: int = 12) -> str:
     balancer = (plan.loadbalance if plan.loadbalance == plan.loadbalance_used
                 else f"{plan.loadbalance} -> {plan.loadbalance_used}")
     lines.append(f"  strategy: {plan.strategy}, loadbalance: {balancer}"
-                 + ("" if plan.search_complete else " (search budget ran out; best found)"))
+                 + ("" if plan.search_complete else " (search budget ran out; best found)")
+                 + ("; served from the plan cache" if plan.cache_hit else ""))
     if plan.sent_spec != plan.dst_spec:
         lines.append(f"  Alpa local-allgather rewrite: network delivers {plan.sent_spec}, "
                      f"then all-gather -> {plan.dst_spec}")

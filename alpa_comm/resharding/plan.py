@@ -125,6 +125,7 @@ class ReshardingPlan(ReshardingFields):
     lower_bound_seconds: float
     search_complete: bool = True
     host_operations: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    cache_hit: bool = False   # served from the plan cache (not part of the JSON form)
 
 
     @property

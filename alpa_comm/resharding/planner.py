@@ -17,6 +17,7 @@ from ..placement import Placement, Resharding
 from ..spec import ShardingSpec
 from ..topology import ClusterSpec
 from . import loadbalance as balancing
+from .cache import PlanCache, cache_for, cluster_key, move_key
 from .plan import ReshardingPlan, Transfer
 from .strategies import (ALLGATHER, ALPA, STRATEGIES, Job, JobMemo, allgather_job, alpa_local_allgather_spec,
                          jobs_for_task, lower_bound_payload)
@@ -92,7 +93,9 @@ def plan_resharding(shape: Sequence[int], dtype, src_mesh, src_spec, dst_mesh, d
     ``cluster`` (default: the smallest holding both meshes, 10 Gbit/s NICs),
     ``strategy`` (default ``broadcast``), ``loadbalance`` (default ``auto``),
     ``chunks`` (broadcast chunks per slice; None = per task from the cost
-    model), ``seed`` (of the randomized greedy), ``dfs_budget_s``.
+    model), ``seed`` (of the randomized greedy), ``dfs_budget_s``, ``cache``
+    (default True: the same resharding planned again is served from
+    ``cache.PLAN_CACHE``; False plans afresh; or a ``PlanCache`` of your own).
     """
     # Planning allocates hundreds of thousands of small immutable tuples and no
     # cycles; the cyclic GC would rescan them all repeatedly (a third of the time
@@ -107,9 +110,9 @@ def plan_resharding(shape: Sequence[int], dtype, src_mesh, src_spec, dst_mesh, d
 
 
 def _plan(shape: Sequence[int], dtype, src_mesh, src_spec, dst_mesh, dst_spec, *,
-                    cluster: ClusterSpec | None = None, strategy: str = "broadcast",
-                    loadbalance: str = "auto", chunks: int | None = None, seed: int = 0,
-                    dfs_budget_s: float = balancing.DEFAULT_DFS_BUDGET_S) -> ReshardingPlan:
+          cluster: ClusterSpec | None = None, strategy: str = "broadcast", loadbalance: str = "auto",
+          chunks: int | None = None, seed: int = 0, dfs_budget_s: float = balancing.DEFAULT_DFS_BUDGET_S,
+          cache: bool | PlanCache = True) -> ReshardingPlan:
     if strategy not in STRATEGIES:
         raise InvalidOptionError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
     if loadbalance not in balancing.LOADBALANCE_MODES:
@@ -120,6 +123,20 @@ def _plan(shape: Sequence[int], dtype, src_mesh, src_spec, dst_mesh, dst_spec, *
     if cluster is None:
         cluster = smallest_cluster(src_mesh, dst_mesh)
     move = Resharding.between(shape, dtype, src_mesh, src_spec, dst_mesh, dst_spec).resolve(cluster)
+    store = cache_for(cache)
+    key = ("plan", move_key(move), cluster_key(cluster), strategy, loadbalance, chunks, seed, dfs_budget_s)
+    if store is not None:
+        hit = store.get(key)
+        if hit is not None:
+            return hit
+    plan = _plan_move(move, cluster, strategy, loadbalance, chunks, seed, dfs_budget_s)
+    if store is not None:
+        store.put(key, plan)
+    return plan
+
+
+def _plan_move(move: Resharding, cluster: ClusterSpec, strategy: str, loadbalance: str, chunks: int | None,
+               seed: int, dfs_budget_s: float) -> ReshardingPlan:
     shape, src, sspec, dst, dspec = move.shape, move.src_mesh, move.src_spec, move.dst_mesh, move.dst_spec
     size = itemsize(move.dtype)
 

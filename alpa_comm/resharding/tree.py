@@ -26,6 +26,7 @@ from ..errors import InvalidOptionError
 from ..placement import Placement, Resharding
 from ..topology import ClusterSpec
 from . import loadbalance as balancing
+from .cache import PlanCache, cache_for, cluster_key, move_key
 from .kinds import PACKABLE_KINDS, PER_TASK_STRATEGIES, transfer_kind
 from .kinds.base import group_by_host
 from .plan import Leaf, Part, Transfer
@@ -58,6 +59,7 @@ class TreePlan:
     predicted_seconds: float
     lower_bound_seconds: float
     host_operations: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    cache_hit: bool = False   # served from the plan cache
 
     @property
     def nbytes(self) -> int:
@@ -108,11 +110,13 @@ def auto_bucket_bytes(cluster: ClusterSpec) -> int:
 # ----------------------------------------------------------------- planning
 def plan_resharding_tree(tree, *, cluster: ClusterSpec, strategy: str = "broadcast", loadbalance: str = "auto",
                          bucket_bytes: int | str | None = "auto", chunks: int | None = None, seed: int = 0,
-                         dfs_budget_s: float = balancing.DEFAULT_DFS_BUDGET_S) -> TreePlan:
+                         dfs_budget_s: float = balancing.DEFAULT_DFS_BUDGET_S,
+                         cache: bool | PlanCache = True) -> TreePlan:
     """One plan for a pytree whose leaves are ``Resharding`` records.
 
     ``bucket_bytes``: ``"auto"`` (from latency and bandwidth), a byte count, or
-    None/0 to plan jointly without packing.
+    None/0 to plan jointly without packing. ``cache``: as for ``plan_resharding``
+    (a weight sync that runs every step plans once).
     """
     if strategy not in TREE_STRATEGIES:
         raise InvalidOptionError(f"strategy {strategy!r} is not available for trees; choose one of "
@@ -125,13 +129,26 @@ def plan_resharding_tree(tree, *, cluster: ClusterSpec, strategy: str = "broadca
         bucket = bucket_bytes
     else:
         raise InvalidOptionError(f"bucket_bytes must be 'auto', a positive integer or None, got {bucket_bytes!r}")
+    leaves = tuple(_leaf(path, move, cluster) for path, move in tree_flatten(tree))
+    if not leaves:
+        raise InvalidOptionError("the tree has no leaves")
+    store = cache_for(cache)
+    key = ("tree", tuple((leaf.path, move_key(leaf.resharding)) for leaf in leaves), cluster_key(cluster), strategy,
+           loadbalance, bucket, chunks, seed, dfs_budget_s)
+    if store is not None:
+        hit = store.get(key)
+        if hit is not None:
+            return hit
     was = gc.isenabled()
     gc.disable()
     try:
-        return _plan_tree(tree, cluster, strategy, loadbalance, bucket, chunks, seed, dfs_budget_s)
+        plan = _plan_tree(leaves, cluster, strategy, loadbalance, bucket, chunks, seed, dfs_budget_s)
     finally:
         if was:
             gc.enable()
+    if store is not None:
+        store.put(key, plan)
+    return plan
 
 
 def _leaf(path: str, move, cluster: ClusterSpec) -> Leaf:
@@ -141,10 +158,8 @@ def _leaf(path: str, move, cluster: ClusterSpec) -> Leaf:
     return Leaf(path, move.resolve(cluster, where=path))
 
 
-def _plan_tree(tree, cluster, strategy, loadbalance, bucket, chunks, seed, dfs_budget_s) -> TreePlan:
-    leaves = tuple(_leaf(path, layout, cluster) for path, layout in tree_flatten(tree))
-    if not leaves:
-        raise InvalidOptionError("the tree has no leaves")
+def _plan_tree(leaves: tuple[Leaf, ...], cluster, strategy, loadbalance, bucket, chunks, seed,
+               dfs_budget_s) -> TreePlan:
     per_leaf = []
     jobs: list[Job] = []
     job_leaf: list[int] = []

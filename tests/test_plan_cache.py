@@ -1,0 +1,54 @@
+"""The plan cache: the same resharding planned again is the same plan, served at once;
+anything the planner reads changes the key."""
+from alpa_comm import ClusterSpec, DeviceMesh, ShardingSpec, plan_resharding
+from alpa_comm.placement import Resharding
+from alpa_comm.resharding.cache import PLAN_CACHE, PlanCache
+from alpa_comm.resharding.tree import plan_resharding_tree
+
+ARGS = ((64, 32), "float32", "2x2@0,1", "S0R", "2x2@2,3", "RS1")
+
+
+def test_a_second_plan_is_the_first_one_marked_as_a_hit():
+    cache = PlanCache()
+    first = plan_resharding(*ARGS, cache=cache)
+    second = plan_resharding(*ARGS, cache=cache)
+    assert not first.cache_hit and second.cache_hit
+    assert second.transfers is first.transfers and second.predicted_seconds == first.predicted_seconds
+    assert "served from the plan cache" in second.explain() and "plan cache" not in first.explain()
+    assert cache.stats() == {"plans": 1, "hits": 1, "misses": 1, "max_plans": cache.max_plans}
+    assert second.to_json() == first.to_json()  # the JSON form does not carry the label
+
+
+def test_text_and_objects_share_an_entry_and_options_do_not():
+    cache = PlanCache()
+    plan_resharding(*ARGS, cache=cache)
+    objects = (DeviceMesh.parse("2x2@0,1", 2), ShardingSpec.parse("S0R"), DeviceMesh.parse("2x2@2,3", 2),
+               ShardingSpec.parse("RS1"))
+    assert plan_resharding((64, 32), "float32", *objects, cache=cache).cache_hit
+    for change in ({"strategy": "send_recv"}, {"loadbalance": "naive"}, {"chunks": 4}, {"seed": 1},
+                   {"cluster": ClusterSpec(num_hosts=4, devices_per_host=2, nic_send_gbps=25)}):
+        assert not plan_resharding(*ARGS, cache=cache, **change).cache_hit, change
+    assert not plan_resharding((64, 16), *ARGS[1:], cache=cache).cache_hit
+
+
+def test_bypass_and_eviction():
+    cache = PlanCache(max_plans=2)
+    assert not plan_resharding(*ARGS, cache=False).cache_hit
+    for chunks in (1, 2, 3):
+        plan_resharding(*ARGS, chunks=chunks, cache=cache)
+    assert len(cache) == 2 and not plan_resharding(*ARGS, chunks=1, cache=cache).cache_hit
+    cache.clear()
+    assert len(cache) == 0 and cache.hits == 0
+
+
+def test_the_default_cache_serves_repeated_plans_and_tree_plans():
+    PLAN_CACHE.clear()
+    plan_resharding(*ARGS)
+    assert plan_resharding(*ARGS).cache_hit
+    tree = {"w": Resharding.between((32, 16), "float32", "2x4@0,1", "S01R", "1x4@2", "RS1"),
+            "b": [Resharding.between((16,), "float32", "2x4@0,1", "S01", "1x4@2", "R")]}
+    cluster = ClusterSpec(num_hosts=3, devices_per_host=4)
+    first = plan_resharding_tree(tree, cluster=cluster)
+    again = plan_resharding_tree(tree, cluster=cluster)
+    assert again.cache_hit and again.transfers is first.transfers
+    assert not plan_resharding_tree(tree, cluster=cluster, bucket_bytes=None).cache_hit
