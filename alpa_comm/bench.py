@@ -210,6 +210,11 @@ def acceptance(results: list[Result]) -> list[tuple[str, bool, str]]:
                         misses.append(f"case {c} vs {b}: {measured:.2f}x of predicted {predicted:.2f}x")
         out.append(("n-to-m: measured speedup >= 80 % of a predicted >= 2x", not misses,
                     f"{checked} predictions checked" + (f"; misses: {misses}" if misses else "")))
+    rep = [r for r in results if r.suite == "replicate" and r.method in ("broadcast", "rotated_chains")]
+    for case in dict.fromkeys(r.case for r in rep):
+        ratios = {r.method: r.median_seconds / r.lower_bound_seconds for r in rep if r.case == case}
+        out.append((f"replicate {case}: best of broadcast / rotated_chains within 1.3x of the lower bound",
+                    min(ratios.values()) <= 1.3, ", ".join(f"{m} {v:.2f}x" for m, v in ratios.items())))
     ws = [r for r in results if r.suite == "weight-sync"]
     for case in dict.fromkeys(r.case for r in ws):
         per = by[("weight-sync", case, "per_array")]

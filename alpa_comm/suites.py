@@ -59,6 +59,15 @@ BALANCE_METHODS = (
     Method("bc_dfs", "broadcast", "dfs", "broadcast, DFS with pruning"),
 )
 """The load-balancing ablation (the paper's Figure 8), beside Alpa's default."""
+REPLICATE_METHODS = (
+    METHOD_BY_NAME["alpa_send_recv"],
+    METHOD_BY_NAME["alpa"],
+    METHOD_BY_NAME["broadcast"],
+    Method("rotated_chains", "rotated_chains", "auto", "slices to the same hosts as one ring (rotated chains)"),
+    METHOD_BY_NAME["signal"],
+)
+"""Sharded to replicated (RL weight sync, all-gather-like changes): many receiving hosts
+per slice, where one chain per slice leaves NICs idle."""
 BASELINE = "alpa"
 SUITE_HOSTS = 5
 SUITE_DEVICES_PER_HOST = 4
@@ -100,6 +109,14 @@ def one_to_m(nbytes: int = 1 << 30) -> list[Case]:
     return out
 
 
+def replicate(nbytes: int = 1 << 30) -> list[Case]:
+    """Every destination host needs the whole float32 tensor: a sharded layout to
+    replicated copies over 3 and 4 receiving hosts (5 hosts in all)."""
+    n = max(16, nbytes // 4 // 16 * 16)
+    return [Case.of("replicate", "2x4->3x4", (n // 16, 16), "2x4@0,1", "S01R", "3x4@2,3,4", "RR"),
+            Case.of("replicate", "1x4->4x4", (n // 16, 16), "1x4@0", "S1R", "4x4@1,2,3,4", "RR")]
+
+
 def n_to_m_last_dim(size_mb: float) -> int:
     """The last dim that makes the n-to-m tensor about ``size_mb`` MiB (even: case 9
     splits it in two)."""
@@ -124,6 +141,8 @@ SUITES: dict[str, Suite] = {s.name: s for s in (
           lambda last_dim, size_mb: n_to_m(last_dim), METHODS),
     Suite("balance", "load-balancing ablation on the n-to-m cases (the paper's Figure 8)",
           lambda last_dim, size_mb: n_to_m(last_dim), BALANCE_METHODS),
+    Suite("replicate", "sharded to replicated on 3 and 4 receiving hosts (weight sync)",
+          lambda last_dim, size_mb: replicate(int(size_mb * (1 << 20))), REPLICATE_METHODS),
 )}
 """Every reference suite by name: plan, simulate and bench all read it."""
 

@@ -5,7 +5,8 @@ import pytest
 pytest.importorskip("ray")
 pytest.importorskip("torch")
 
-from alpa_comm import Cluster, InvalidMeshError, InvalidSpecError  # noqa: E402
+from alpa_comm import STRATEGIES, Cluster, InvalidMeshError, InvalidSpecError  # noqa: E402
+from alpa_comm.resharding.strategies import carries_data  # noqa: E402
 from alpa_comm.runtime.backend import CommunicationError  # noqa: E402
 
 
@@ -15,7 +16,7 @@ def cluster():
         yield c
 
 
-@pytest.mark.parametrize("strategy", ["broadcast", "send_recv", "local_allgather", "global_allgather", "alpa"])
+@pytest.mark.parametrize("strategy", [s for s in STRATEGIES if carries_data(s)])
 def test_put_reshard_gather(cluster, strategy):
     x = np.random.default_rng(0).standard_normal((16, 8, 4)).astype(np.float32)
     a = cluster.put(x, "2x2@0,1", "S0RR")
@@ -26,6 +27,15 @@ def test_put_reshard_gather(cluster, strategy):
     assert cluster.last.seconds > 0 and cluster.last.plan.strategy == strategy
     c = cluster.reshard(b, "2x2@0,1", "RRS1", strategy=strategy)  # and back, another layout
     assert np.array_equal(c.gather(), x)
+
+
+def test_rotated_chains_replicate_over_three_hosts_through_gloo(cluster):
+    x = np.random.default_rng(3).standard_normal((12, 10)).astype(np.float32)
+    a = cluster.put(x, "1x2@0", "S1R")
+    b = cluster.reshard(a, "3x2@1,2,3", "RR", strategy="rotated_chains")
+    assert [t.kind for t in cluster.last.plan.transfers] == ["rotated_chains"]
+    assert len(cluster.last.plan.transfers[0].parts) == 2
+    assert all(np.array_equal(s, x) for s in b.shards().values()) and len(b.shards()) == 6
 
 
 def test_meshes_and_specs_as_objects(cluster):

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from alpa_comm import ClusterSpec, DeviceMesh, plan_resharding
+from alpa_comm import STRATEGIES, ClusterSpec, DeviceMesh, plan_resharding
+from alpa_comm.resharding.strategies import carries_data
 from alpa_comm.runtime.backend import CommunicationError
 from alpa_comm.runtime.executor import view
 from alpa_comm.runtime.local import execute_in_threads, tree_layouts
@@ -13,7 +14,7 @@ from alpa_comm.suites import n_to_m, one_to_m
 
 from strategies_hyp import resharding_cases
 
-DATA_STRATEGIES = ["send_recv", "local_allgather", "global_allgather", "broadcast", "alpa"]
+DATA_STRATEGIES = [s for s in STRATEGIES if carries_data(s)]  # every kind the registry offers
 CLUSTER = ClusterSpec(num_hosts=5, devices_per_host=4)
 
 

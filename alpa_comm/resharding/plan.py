@@ -157,13 +157,16 @@ class ReshardingPlan(ReshardingFields):
         for t in self.transfers:
             if t.kind == ALLGATHER:
                 continue
-            task = self.unit_tasks[t.task]
-            e = by_key.setdefault((t.task, t.sender), {
-                "task": t.task, "index": [list(p) for p in task.index],
-                "src_devices": list(task.src_devices), "dst_devices": [], "nbytes": task.nbytes,
-                "sender": t.sender, "strategy": t.kind, "transfers": []})
-            e["dst_devices"].extend(t.receivers)
-            e["transfers"].append(t.id)
+            # a merged transfer delivers each of its parts: one entry per part's task
+            for task_id, sender, receivers in ([(p.task, p.sender, p.receivers) for p in t.parts]
+                                               or [(t.task, t.sender, t.receivers)]):
+                task = self.unit_tasks[task_id]
+                e = by_key.setdefault((task_id, sender), {
+                    "task": task_id, "index": [list(p) for p in task.index],
+                    "src_devices": list(task.src_devices), "dst_devices": [], "nbytes": task.nbytes,
+                    "sender": sender, "strategy": t.kind, "transfers": []})
+                e["dst_devices"].extend(receivers)
+                e["transfers"].append(t.id)
         for e in by_key.values():
             e["dst_devices"].sort()
         return [by_key[k] for k in sorted(by_key)]

@@ -18,7 +18,8 @@ from ..spec import ShardingSpec
 from ..topology import ClusterSpec
 from . import loadbalance as balancing
 from .cache import PlanCache, cache_for, cluster_key, move_key
-from .plan import ReshardingPlan, Transfer
+from .kinds import transfer_kind
+from .plan import Part, ReshardingPlan, Transfer
 from .strategies import (ALLGATHER, ALPA, STRATEGIES, Job, JobMemo, allgather_job, alpa_local_allgather_spec,
                          jobs_for_task, lower_bound_payload)
 from .unit_tasks import UnitTask, decompose
@@ -151,8 +152,9 @@ def _plan_move(move: Resharding, cluster: ClusterSpec, strategy: str, loadbalanc
     jobs: list[Job] = [j for t in tasks for j in jobs_for_task(t, per_task, cluster, chunks, memo)]
     if gather_dim is not None:
         jobs += _alpa_allgathers(jobs, shape, size, dst, dspec, gather_dim, cluster)
+    jobs, job_leaf, members = group_jobs(jobs, [0] * len(jobs), {}, cluster)
     sched = balancing.balance(jobs, loadbalance, seed=seed, dfs_budget_s=dfs_budget_s)
-    transfers = _transfers(jobs, tasks, sched, cluster)
+    transfers = build_transfers(jobs, job_leaf, members, (tasks,), sched, cluster)
     return ReshardingPlan(
         resharding=move, cluster=cluster, strategy=strategy, loadbalance=loadbalance, loadbalance_used=sched.mode,
         chunks=chunks, sent_spec=sent_spec, unit_tasks=tuple(tasks), transfers=tuple(transfers),
@@ -182,32 +184,52 @@ def _alpa_allgathers(jobs: Sequence[Job], shape, size, dst: DeviceMesh, dspec: S
     return out
 
 
-def _transfers(jobs: Sequence[Job], tasks: Sequence[UnitTask], sched: balancing.JobOrder,
-               cluster: ClusterSpec) -> list[Transfer]:
-    """Concrete transfers in schedule order; the sending device on the chosen host is
-    the least-loaded replica there (ties: lowest id), which spreads work over devices."""
+def group_jobs(jobs: list[Job], job_leaf: list[int], members: dict, cluster: ClusterSpec):
+    """Let every kind that merges jobs (``TransferKind.combine``) merge its own."""
+    for kind in {j.kind for j in jobs}:
+        if transfer_kind(kind).groups_jobs:
+            jobs, job_leaf, members = transfer_kind(kind).combine(jobs, job_leaf, members, cluster)
+    return jobs, job_leaf, members
+
+
+def build_transfers(jobs: Sequence[Job], job_leaf: Sequence[int], members: dict,
+                    tasks_per_leaf: Sequence[Sequence[UnitTask]], sched: balancing.JobOrder,
+                    cluster: ClusterSpec) -> list[Transfer]:
+    """Concrete transfers in schedule order. The sending device on the chosen host is the
+    least-loaded replica there (ties: lowest id), which spreads work over devices; a
+    merged job becomes one transfer whose ``parts`` carry its unit tasks (each from its
+    own sender: the job's host, or the one ``combine`` chose)."""
     device_load: dict[int, int] = {}
     job_to_transfer: dict[int, int] = {}
     local_of: dict[tuple, list[int]] = {}
+    host_of = cluster.host_of
+
+    def pick(task: UnitTask, host: int, nbytes: int) -> int:
+        devs = task.src_devices
+        local = local_of.get((devs, host))
+        if local is None:
+            local = local_of[(devs, host)] = [d for d in devs if host_of(d) == host]
+        sender = local[0] if len(local) == 1 else min(local, key=lambda d: (device_load.get(d, 0), d))
+        device_load[sender] = device_load.get(sender, 0) + nbytes
+        return sender
+
     out: list[Transfer] = []
     starts = sched.starts
-    order = sorted(sched.sequence, key=lambda p: (starts[p[0]], p[0]))
-    host_of = cluster.host_of
-    for j, c in order:
-        job = jobs[j]
-        cand = job.candidates[c]
-        sender = None
-        if job.kind != ALLGATHER:
-            devs = tasks[job.task].src_devices
-            local = local_of.get((devs, cand.host))
-            if local is None:
-                local = local_of[(devs, cand.host)] = [d for d in devs if host_of(d) == cand.host]
-            sender = local[0] if len(local) == 1 else min(local, key=lambda d: (device_load.get(d, 0), d))
-            device_load[sender] = device_load.get(sender, 0) + job.nbytes
+    for j, c in sorted(sched.sequence, key=lambda p: (starts[p[0]], p[0])):
+        job, cand = jobs[j], jobs[j].candidates[c]
         job_to_transfer[j] = len(out)
-        out.append(Transfer(len(out), job.task, job.kind, sender, job.receivers, job.index, job.nbytes,
-                            cand.chunks, starts[j], cand.duration,
-                            tuple(job_to_transfer[d] for d in job.deps) if job.deps else ()))
+        deps = tuple(job_to_transfer[d] for d in job.deps) if job.deps else ()
+        if j in members:
+            parts = tuple(Part(leaf, m.task, m.index,
+                               pick(tasks_per_leaf[leaf][m.task], cand.host if host is None else host, m.nbytes),
+                               m.receivers, m.nbytes) for m, leaf, host in members[j])
+            out.append(Transfer(len(out), -2, job.kind, parts[0].sender, job.receivers, (), job.nbytes,
+                                cand.chunks, starts[j], cand.duration, deps, 0, parts))
+            continue
+        leaf = max(0, job_leaf[j])
+        sender = None if job.kind == ALLGATHER else pick(tasks_per_leaf[leaf][job.task], cand.host, job.nbytes)
+        out.append(Transfer(len(out), job.task, job.kind, sender, job.receivers, job.index, job.nbytes, cand.chunks,
+                            starts[j], cand.duration, deps, leaf))
     return out
 
 
@@ -218,6 +240,7 @@ def host_operations(transfers: Sequence[Transfer], cluster: ClusterSpec) -> dict
         hosts = {cluster.host_of(r) for r in t.receivers}
         if t.sender is not None:
             hosts.add(cluster.host_of(t.sender))
+        hosts.update(cluster.host_of(p.sender) for p in t.parts)  # a merged transfer's own senders
         for h in sorted(hosts):
             ops.setdefault(h, []).append(t.id)
     return {h: tuple(v) for h, v in sorted(ops.items())}

@@ -29,8 +29,8 @@ from . import loadbalance as balancing
 from .cache import PlanCache, cache_for, cluster_key, move_key
 from .kinds import PACKABLE_KINDS, PER_TASK_STRATEGIES, transfer_kind
 from .kinds.base import group_by_host
-from .plan import Leaf, Part, Transfer
-from .planner import host_operations, lower_bound
+from .plan import Leaf, Transfer
+from .planner import build_transfers, group_jobs, host_operations, lower_bound
 from .strategies import LOCAL_COPY, Job, JobMemo, jobs_for_task, lower_bound_payload
 from .unit_tasks import UnitTask, decompose
 
@@ -174,11 +174,12 @@ def _plan_tree(leaves: tuple[Leaf, ...], cluster, strategy, loadbalance, bucket,
             for j in jobs_for_task(t, strategy, cluster, chunks, memo):
                 jobs.append(j)
                 job_leaf.append(i)
-    members: dict[int, list[tuple[Job, int]]] = {}
+    members: dict[int, list[tuple[Job, int, int | None]]] = {}
     if bucket:
         jobs, job_leaf, members = _pack(jobs, job_leaf, bucket, strategy, cluster, chunks)
+    jobs, job_leaf, members = group_jobs(jobs, job_leaf, members, cluster)
     sched = balancing.balance(jobs, loadbalance, seed=seed, dfs_budget_s=dfs_budget_s)
-    transfers = _tree_transfers(jobs, job_leaf, members, per_leaf, sched, cluster)
+    transfers = build_transfers(jobs, job_leaf, members, per_leaf, sched, cluster)
     return TreePlan(leaves, tuple(per_leaf), tuple(transfers), cluster, strategy, sched.mode, bucket,
                     sched.makespan, lower_bound(all_tasks, cluster, lower_bound_payload(strategy)),
                     host_operations(transfers, cluster))
@@ -196,7 +197,7 @@ def _pack(jobs: list[Job], job_leaf: list[int], bucket: int, strategy: str, clus
         groups.setdefault((j.kind, tuple(c.host for c in j.candidates), geometry), []).append(i)
     new_jobs: list[Job] = [jobs[i] for i in keep]
     new_leaf: list[int] = [job_leaf[i] for i in keep]
-    members: dict[int, list[tuple[Job, int]]] = {}  # packed job -> its (original job, leaf)s
+    members: dict[int, list[tuple[Job, int, int | None]]] = {}  # packed job -> (job, leaf, sender host)s
     for (kind, hosts, _), idx in groups.items():
         bins: list[list[int]] = []
         room: list[int] = []
@@ -221,40 +222,10 @@ def _pack(jobs: list[Job], job_leaf: list[int], bucket: int, strategy: str, clus
             # chunks split bytes, so a packed buffer's chunk count may go up to its byte count
             cands = tuple(transfer_kind(kind).candidate(total, total, s, groups_by_host, cluster, chunks)
                           for s in hosts)
-            members[len(new_jobs)] = [(jobs[i], job_leaf[i]) for i in b]
+            members[len(new_jobs)] = [(jobs[i], job_leaf[i], None) for i in b]
             new_jobs.append(Job(-2, kind, receivers, total, (), cands))
             new_leaf.append(-1)
     return new_jobs, new_leaf, members
-
-
-def _tree_transfers(jobs, job_leaf, members, per_leaf, sched: balancing.JobOrder,
-                    cluster: ClusterSpec) -> list[Transfer]:
-    """Transfers in start order; each part's sending device is the least-loaded replica
-    of its slice on the host the load balancer chose."""
-    device_load: dict[int, int] = {}
-    out: list[Transfer] = []
-
-    def pick(task: UnitTask, host: int, nbytes: int) -> int:
-        local = [d for d in task.src_devices if cluster.host_of(d) == host]
-        sender = min(local, key=lambda d: (device_load.get(d, 0), d))
-        device_load[sender] = device_load.get(sender, 0) + nbytes
-        return sender
-
-    order = sorted(sched.sequence, key=lambda p: (sched.starts[p[0]], p[0]))
-    for j, c in order:
-        job, cand = jobs[j], jobs[j].candidates[c]
-        if j in members:
-            parts = [Part(leaf, m.task, m.index, pick(per_leaf[leaf][m.task], cand.host, m.nbytes), m.receivers,
-                          m.nbytes) for m, leaf in members[j]]
-            out.append(Transfer(len(out), -2, job.kind, parts[0].sender, job.receivers, (), job.nbytes,
-                                cand.chunks, sched.starts[j], cand.duration, (), 0, tuple(parts)))
-            continue
-        leaf = job_leaf[j]
-        task = per_leaf[leaf][job.task]
-        sender = pick(task, cand.host, job.nbytes)
-        out.append(Transfer(len(out), job.task, job.kind, sender, job.receivers, job.index, job.nbytes, cand.chunks,
-                            sched.starts[j], cand.duration, (), leaf))
-    return out
 
 
 __all__ = ["LeafLayout", "Placement", "Resharding", "TreePlan", "auto_bucket_bytes", "plan_resharding_tree",

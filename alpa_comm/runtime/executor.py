@@ -171,7 +171,8 @@ class HostExecutor:
         return target.reshape(-1).view(np.uint8)
 
     def ring_allgather(self, blocks: dict[int, np.ndarray], hosts: list[int], tag0: int) -> None:
-        """Host-level ring all-gather: after A-1 steps every host has every host's block."""
+        """Host-level ring all-gather: after A-1 steps every host has every host's block
+        (blocks may differ in size, and may be empty)."""
         a = len(hosts)
         if a == 1 or self.host not in hosts:
             return
@@ -180,9 +181,13 @@ class HostExecutor:
         for s in range(a - 1):
             out_block = blocks[hosts[(p - s) % a]]
             in_block = blocks[hosts[(p - s - 1) % a]]
-            send = self.isend(out_block, nxt, tag0 + RING_TAG + s)
-            recv = self.irecv(in_block, prv, tag0 + RING_TAG + s)
-            self.wait([recv, send])
+            # Both ends know every block's size, so empty blocks are skipped on both sides.
+            handles = []
+            if in_block.size:
+                handles.append(self.irecv(in_block, prv, tag0 + RING_TAG + s))
+            if out_block.size:
+                handles.append(self.isend(out_block, nxt, tag0 + RING_TAG + s))
+            self.wait(handles)
 
     # ------------------------------------------------------------------ run
     def run(self, transfers: Sequence[Transfer]) -> list[TransferTiming]:

@@ -76,8 +76,7 @@ def simulate(plan: ReshardingPlan, cluster: ClusterSpec | None = None) -> SimRes
     res_of = {}
     queues: dict[int, list[int]] = {}
     for t in transfers:  # transfers are in plan (start) order
-        sender_host = None if t.sender is None else cluster.host_of(t.sender)
-        r = transfer_kind(t.kind).resources(sender_host, _hosts_in_order(t, cluster))
+        r = transfer_kind(t.kind).transfer_resources(t, cluster)
         res_of[t.id] = r
         for key in r:
             queues.setdefault(key, []).append(t.id)

@@ -58,6 +58,8 @@ class TransferKind:
     """Jobs of this kind may be coalesced into one flat buffer (tree plans)."""
     carries_data: ClassVar[bool] = True
     """False for kinds that only time the protocol (``signal``)."""
+    groups_jobs: ClassVar[bool] = False
+    """True for kinds that merge many unit tasks' jobs into one transfer (``combine``)."""
 
     # ------------------------------------------------------------- planning
     def wire_bytes(self, nbytes: int) -> int:
@@ -82,6 +84,18 @@ class TransferKind:
                   cluster: ClusterSpec, chunks: int | None) -> Candidate:
         seconds, k = self.duration(nbytes, num_elements, sender_host, groups, cluster, chunks)
         return Candidate(sender_host, self.resources(sender_host, list(groups)), seconds, k)
+
+    def combine(self, jobs: list, job_leaf: list[int], members: dict, cluster: ClusterSpec):
+        """Merge jobs of this kind into group jobs after per-task planning: returns
+        (jobs, job_leaf, members) where ``members[new job]`` lists (job, leaf, sender
+        host) of the unit tasks it carries as parts. Most kinds keep every job."""
+        return jobs, job_leaf, members
+
+    def transfer_resources(self, t: "Transfer", cluster: ClusterSpec) -> tuple[int, ...]:
+        """Resource keys a planned transfer holds (the simulator releases transfers in
+        plan order on each of them)."""
+        sender = None if t.sender is None else cluster.host_of(t.sender)
+        return self.resources(sender, list(dict.fromkeys(cluster.host_of(r) for r in t.receivers)))
 
     def closed_form(self, t: float, hosts: int, devices: int, chunks: int = 1) -> float:
         """The paper's time for one slice (t = one NIC copy) to ``hosts`` x ``devices``."""

@@ -1,0 +1,237 @@
+"""``rotated_chains``: many slices to the same receiving hosts, every NIC busy at once.
+
+When A receiving hosts all need many slices (a sharded layout to replicated
+copies: RL weight sync, an all-gather-like change, a checkpoint broadcast), one
+chain per slice (``broadcast``) runs chains that share hosts one after another
+and pays an (A-1)-hop fill per slice, so at hundreds of hosts most NICs idle.
+Here the slices of one group (same receiving hosts) form one transfer:
+
+1. **scatter**: each slice's sender sends it once, to its *entry* host — the
+   slices in order, split into A contiguous runs of about equal bytes, one run
+   per receiving host;
+2. **ring**: the receiving hosts run a ring all-gather of the runs: A chains,
+   each starting at its own host (rotated), forwarded A-1 hops, all at once.
+
+Every receiving host takes in the group's bytes once (minus its own run) while
+sending as much, which is the bandwidth bound for this pattern; the cost of the
+fill is one run per step, not one slice per hop. Each byte crosses into a host
+once and fans out to that host's devices by memory copies.
+
+A group is at most ``MAX_PARTS`` slices and ``MAX_RING_HOSTS`` hosts (each
+transfer has 1024 tags: scatter tags below the executor's ring tags); larger
+sets are split into several groups, and rings wider than that fall back to
+``broadcast``. Rings of fewer than ``MIN_RING_HOSTS`` hosts are not grouped, and
+a group whose ring the cost model finds slower than its chains in a row (few
+sending hosts make the scatter the long pole) goes as chains (``broadcast``).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from .. import cost_model
+from ..resources import nic_receive, nic_send
+from .base import Candidate, TransferKind, group_by_host, ring_links
+from .broadcast import Broadcast
+
+MAX_PARTS = 512
+MAX_RING_HOSTS = 512
+MIN_RING_HOSTS = 3
+"""Below this a ring has no chain fill to save: its slices stay one transfer each (and
+the load balancer interleaves them, which a group holding all their senders could not)."""
+
+
+def entry_hosts(part_bytes: Sequence[int], ring: Sequence[int]) -> list[int]:
+    """The ring host each part enters at: parts in order, split into ``len(ring)``
+    contiguous runs of about equal bytes (so every host's run is one flat block)."""
+    total, a, acc, out = sum(part_bytes), len(ring), 0, []
+    for n in part_bytes:
+        out.append(ring[min(a - 1, acc * a // total) if total else 0])
+        acc += n
+    return out
+
+
+def runs(part_bytes: Sequence[int], ring: Sequence[int]) -> dict[int, tuple[int, int]]:
+    """Byte range [start, end) of each ring host's run in the transfer's flat buffer."""
+    entries = entry_hosts(part_bytes, ring)
+    out = {h: (0, 0) for h in ring}
+    pos = 0
+    for n, h in zip(part_bytes, entries):
+        start = out[h][0] if out[h][1] > out[h][0] else pos
+        out[h] = (start, pos + n)
+        pos += n
+    return out
+
+
+class RotatedChains(TransferKind):
+    name = "rotated_chains"
+    order = 45
+    groups_jobs = True
+
+    # ------------------------------------------------------------- planning
+    def resources(self, sender_host, receiver_hosts):
+        """One slice alone: its sender and the ring (``group_resources`` for a group)."""
+        return self.group_resources([sender_host], list(receiver_hosts))
+
+    def transfer_resources(self, t, cluster):
+        ring, _, senders = self._layout(t, cluster.host_of)
+        return self.group_resources(senders, ring)
+
+    @staticmethod
+    def group_resources(sender_hosts: Sequence[int], ring: Sequence[int]) -> tuple[int, ...]:
+        senders = tuple(nic_send(s) for s in dict.fromkeys(sender_hosts) if s not in ring)
+        return senders + tuple(r for h in ring for r in (nic_send(h), nic_receive(h)))
+
+    def duration(self, nbytes, num_elements, sender_host, groups, cluster, chunks):
+        return self.group_seconds([nbytes], [sender_host], list(groups), cluster), 1
+
+    @staticmethod
+    def group_seconds(part_bytes: Sequence[int], sender_hosts: Sequence[int], ring: Sequence[int], cluster) -> float:
+        """Scatter (the busiest NIC side) plus A-1 ring steps, each as long as the
+        largest run over the slowest ring link."""
+        lat = cluster.latency_s
+        out: dict[int, float] = {}
+        into: dict[int, float] = {}
+        for n, s, e in zip(part_bytes, sender_hosts, entry_hosts(part_bytes, ring)):
+            if s != e:
+                out[s] = out.get(s, 0.0) + n
+                into[e] = into.get(e, 0.0) + n
+        scatter = lat + max([b / cluster.send_rate(h) for h, b in out.items()]
+                            + [b / cluster.recv_rate(h) for h, b in into.items()] + [0.0])
+        a = len(ring)
+        if a == 1:
+            return scatter
+        largest = max(e - s for s, e in runs(part_bytes, ring).values())
+        slowest = min(cluster.link_rate(h, ring[(i + 1) % a]) for i, h in enumerate(ring))
+        return scatter + (a - 1) * cost_model.p2p_time(largest, slowest, lat)
+
+    def closed_form(self, t, hosts, devices, chunks=1):
+        """A slices (one entering at each of the A hosts), each one NIC copy t: the
+        scatter t, then A-1 ring steps of t — A·t for A slices, t per slice."""
+        return t + (hosts - 1) * t
+
+    def combine(self, jobs, job_leaf, members, cluster):
+        """Group this kind's jobs by their receiving hosts into ring transfers; choose
+        each slice's sender host (least bytes so far among the hosts holding it). Where
+        the cost model says one chain per slice is faster, the slices go as chains."""
+        groups: dict[tuple[int, ...], list[int]] = {}
+        keep: list[int] = []
+        for i, j in enumerate(jobs):
+            if j.kind != self.name:
+                keep.append(i)
+                continue
+            groups.setdefault(tuple(group_by_host(j.receivers, cluster)), []).append(i)
+        new_index = {i: k for k, i in enumerate(keep)}
+        new_jobs = [jobs[i] for i in keep]
+        new_leaf = [job_leaf[i] for i in keep]
+        new_members = {new_index[i]: m for i, m in members.items() if i in new_index}
+        load: dict[int, float] = {}
+        chain = Broadcast()  # the alternative: one chain per slice
+
+        def as_chains(idx: list[int]) -> None:
+            for i in idx:
+                j = jobs[i]
+                g = {h: list(d) for h, d in group_by_host(j.receivers, cluster).items()}
+                cands = tuple(chain.candidate(j.nbytes, j.nbytes, c.host, g, cluster, None) for c in j.candidates)
+                new_jobs.append(j._replace(kind=chain.name, candidates=cands))
+                new_leaf.append(job_leaf[i])
+
+        for ring, idx in groups.items():
+            if len(ring) < MIN_RING_HOSTS:
+                new_jobs += [jobs[i] for i in idx]
+                new_leaf += [job_leaf[i] for i in idx]
+                continue
+            if len(ring) > MAX_RING_HOSTS:
+                as_chains(idx)
+                continue
+            ordered = sorted(idx, key=lambda i: -jobs[i].nbytes)
+            senders = {}
+            for i in ordered:  # LPT over the source hosts holding each slice
+                host = min((c.host for c in jobs[i].candidates), key=lambda h: (load.get(h, 0.0), h))
+                senders[i] = host
+                load[host] = load.get(host, 0.0) + jobs[i].nbytes
+            idx = sorted(idx, key=lambda i: (senders[i], job_leaf[i], jobs[i].task))
+            for start in range(0, len(idx), MAX_PARTS):
+                part = idx[start:start + MAX_PARTS]
+                sizes = [jobs[i].nbytes for i in part]
+                hosts = [senders[i] for i in part]
+                seconds = self.group_seconds(sizes, hosts, list(ring), cluster)
+                # Chains that share hosts run one after another: a ring pays only when it
+                # beats them all in a row (few sending hosts make its scatter the long pole).
+                g = {h: list(d) for h, d in group_by_host(jobs[part[0]].receivers, cluster).items()}
+                chains = sum(chain.candidate(n, n, h, g, cluster, None).duration for n, h in zip(sizes, hosts))
+                if chains <= seconds:
+                    as_chains(part)
+                    continue
+                receivers = tuple(sorted({r for i in part for r in jobs[i].receivers},
+                                         key=lambda d: (cluster.host_of(d), d)))
+                cand = Candidate(hosts[0], self.group_resources(hosts, list(ring)), seconds)
+                new_members[len(new_jobs)] = [(jobs[i], job_leaf[i], senders[i]) for i in part]
+                new_jobs.append(jobs[part[0]]._replace(task=-2, receivers=receivers, nbytes=sum(sizes), index=(),
+                                                       candidates=(cand,)))
+                new_leaf.append(-1)
+        return new_jobs, new_leaf, new_members
+
+    # ----------------------------------------------------------- simulation
+    @staticmethod
+    def _layout(t, host_of):
+        ring = list(dict.fromkeys(host_of(r) for r in t.receivers))
+        sizes = [p.nbytes for p in t.parts] if t.parts else [t.nbytes]
+        senders = [host_of(p.sender) for p in t.parts] if t.parts else [host_of(t.sender)]
+        return ring, sizes, senders
+
+    def host_flows(self, t, cluster):
+        ring, sizes, senders = self._layout(t, cluster.host_of)
+        flows = [(s, e, n) for n, s, e in zip(sizes, senders, entry_hosts(sizes, ring)) if s != e]
+        total, blocks = sum(sizes), runs(sizes, ring)
+        a = len(ring)
+        for i, h in enumerate(ring if a > 1 else []):
+            nxt = ring[(i + 1) % a]
+            flows.append((h, nxt, total - (blocks[nxt][1] - blocks[nxt][0])))
+        return flows
+
+    def phases(self, t, cluster):
+        ring, sizes, senders = self._layout(t, cluster.host_of)
+        lat = cluster.latency_s
+        scatter = [(n, (nic_send(s), nic_receive(e))) for n, s, e in zip(sizes, senders, entry_hosts(sizes, ring))
+                   if s != e]
+        out = [(lat, scatter)]
+        a = len(ring)
+        if a > 1:
+            # A-1 store-and-forward steps, each as long as the largest run: one flow of
+            # (A-1) x largest run over every ring link (exact when the runs are equal).
+            largest = max(e - s for s, e in runs(sizes, ring).values())
+            groups = {h: [d for d in t.receivers if cluster.host_of(d) == h] for h in ring}
+            out.append(((a - 1) * lat, [((a - 1) * largest, ring_links(groups))]))
+        return out
+
+    # ------------------------------------------------------------- execution
+    def run(self, ex, t, tag0):
+        ring, sizes, senders = self._layout(t, ex.host_of)
+        parts = t.parts or ()
+        entries = entry_hosts(sizes, ring)
+        offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        sends = []
+        for j, (s, e) in enumerate(zip(senders, entries)):
+            if s == ex.host and e != ex.host:
+                data = ex.slice_bytes(parts[j].sender, parts[j].index, parts[j].leaf) if parts else ex.source(t)
+                sends.append(ex.isend(data, e, tag0 + j))
+        if ex.host not in ring:
+            ex.wait(sends)
+            return
+        flat = np.empty(int(offsets[-1]), np.uint8)
+        recvs = []
+        for j, (s, e) in enumerate(zip(senders, entries)):
+            if e != ex.host:
+                continue
+            segment = flat[offsets[j]:offsets[j + 1]]
+            if s == ex.host:
+                segment[...] = ex.slice_bytes(parts[j].sender, parts[j].index, parts[j].leaf) if parts \
+                    else ex.source(t)
+            else:
+                recvs.append(ex.irecv(segment, s, tag0 + j))
+        ex.wait(recvs)
+        ex.wait(sends)
+        ex.ring_allgather({h: flat[s:e] for h, (s, e) in runs(sizes, ring).items()}, ring, tag0)
+        ex.deliver(t, flat)
