@@ -19,8 +19,8 @@ def test_every_kind_answers_every_question(name):
 
 
 def test_derived_lists_follow_the_registry():
-    assert set(PER_TASK_STRATEGIES) <= set(STRATEGIES) and "alpa" in STRATEGIES
-    assert TREE_STRATEGIES == PER_TASK_STRATEGIES
+    assert set(PER_TASK_STRATEGIES) <= set(STRATEGIES) and {"alpa", "auto"} <= set(STRATEGIES)
+    assert TREE_STRATEGIES == PER_TASK_STRATEGIES + ("auto",)
     assert set(PACKABLE_KINDS) <= set(PER_TASK_STRATEGIES)
     assert {"local_copy", "allgather"} <= set(TRANSFER_KINDS) - set(PER_TASK_STRATEGIES)
 

@@ -107,3 +107,19 @@ def test_replicating_to_many_hosts_stays_near_the_bound_where_chains_do_not():
                                strategy=strategy, loadbalance="greedy")
         ratio[strategy] = simulate(plan).makespan / plan.lower_bound_seconds
     assert ratio["rotated_chains"] < 1.25 < 2 < ratio["broadcast"], ratio
+
+
+def test_auto_keeps_the_fastest_predicted_plan_and_says_so():
+    from alpa_comm.resharding import ReshardingPlan
+    from alpa_comm.resharding.strategies import auto_candidates
+
+    cluster = ClusterSpec(num_hosts=12, devices_per_host=2, nic_send_gbps=10)
+    args = ((48, 8), "float32", f"6x2@{_hosts(0, 6)}", "S01R", f"6x2@{_hosts(6, 6)}", "RR")
+    auto = plan_resharding(*args, cluster=cluster, strategy="auto", cache=False)
+    each = {s: plan_resharding(*args, cluster=cluster, strategy=s, cache=False) for s in auto_candidates()}
+    assert auto.strategy_asked == "auto" and auto.strategy in each
+    assert auto.predicted_seconds == min(p.predicted_seconds for p in each.values())
+    assert "auto -> " in auto.explain()
+    again = ReshardingPlan.from_json(auto.to_json())
+    assert again.strategy_asked == "auto" and again.to_json() == auto.to_json()
+    verify_plan(auto)

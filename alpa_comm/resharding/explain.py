@@ -30,7 +30,8 @@ def explain_plan(plan, max_transfers: int = 12) -> str:
     lines.append(f"  cluster: {plan.cluster.describe()}")
     balancer = (plan.loadbalance if plan.loadbalance == plan.loadbalance_used
                 else f"{plan.loadbalance} -> {plan.loadbalance_used}")
-    lines.append(f"  strategy: {plan.strategy}, loadbalance: {balancer}"
+    strategy = plan.strategy if not plan.strategy_asked else f"{plan.strategy_asked} -> {plan.strategy}"
+    lines.append(f"  strategy: {strategy}, loadbalance: {balancer}"
                  + ("" if plan.search_complete else " (search budget ran out; best found)")
                  + ("; served from the plan cache" if plan.cache_hit else ""))
     if plan.sent_spec != plan.dst_spec:

@@ -126,6 +126,7 @@ class ReshardingPlan(ReshardingFields):
     search_complete: bool = True
     host_operations: dict[int, tuple[int, ...]] = field(default_factory=dict)
     cache_hit: bool = False   # served from the plan cache (not part of the JSON form)
+    strategy_asked: str | None = None  # "auto" when the planner chose ``strategy``
 
 
     @property
@@ -180,7 +181,8 @@ class ReshardingPlan(ReshardingFields):
             "dst_mesh": self.dst_mesh.to_dict(), "dst_spec": str(self.dst_spec),
             "sent_spec": str(self.sent_spec),
             "cluster": self.cluster.to_dict(),
-            "strategy": self.strategy, "loadbalance": self.loadbalance,
+            "strategy": self.strategy, **({"strategy_asked": self.strategy_asked} if self.strategy_asked else {}),
+            "loadbalance": self.loadbalance,
             "loadbalance_used": self.loadbalance_used, "chunks": self.chunks,
             "search_complete": self.search_complete,
             "predicted_seconds": self.predicted_seconds,
@@ -211,7 +213,8 @@ class ReshardingPlan(ReshardingFields):
             transfers=tuple(Transfer.from_dict(t) for t in d["transfers"]),
             predicted_seconds=d["predicted_seconds"], lower_bound_seconds=d["lower_bound_seconds"],
             search_complete=d["search_complete"],
-            host_operations={int(h): tuple(v) for h, v in d["host_operations"].items()})
+            host_operations={int(h): tuple(v) for h, v in d["host_operations"].items()},
+            strategy_asked=d.get("strategy_asked"))
 
     @classmethod
     def from_json(cls, text: str) -> "ReshardingPlan":

@@ -6,6 +6,7 @@ jointly for many arrays.
 """
 from __future__ import annotations
 
+import dataclasses
 import gc
 import math
 from typing import Sequence
@@ -20,8 +21,8 @@ from . import loadbalance as balancing
 from .cache import PlanCache, cache_for, cluster_key, move_key
 from .kinds import transfer_kind
 from .plan import Part, ReshardingPlan, Transfer
-from .strategies import (ALLGATHER, ALPA, STRATEGIES, Job, JobMemo, allgather_job, alpa_local_allgather_spec,
-                         jobs_for_task, lower_bound_payload)
+from .strategies import (ALLGATHER, ALPA, AUTO, STRATEGIES, Job, JobMemo, allgather_job, alpa_local_allgather_spec,
+                         auto_candidates, jobs_for_task, lower_bound_payload)
 from .unit_tasks import UnitTask, decompose
 
 
@@ -92,7 +93,8 @@ def plan_resharding(shape: Sequence[int], dtype, src_mesh, src_spec, dst_mesh, d
     Meshes may be ``DeviceMesh`` objects or text (``'2x4@0,1'``); specs may be
     ``ShardingSpec`` objects or text (``'S0RR'``). Keyword options:
     ``cluster`` (default: the smallest holding both meshes, 10 Gbit/s NICs),
-    ``strategy`` (default ``broadcast``), ``loadbalance`` (default ``auto``),
+    ``strategy`` (default ``broadcast``; ``auto`` plans with every kind that moves
+    data and keeps the fastest predicted plan), ``loadbalance`` (default ``auto``),
     ``chunks`` (broadcast chunks per slice; None = per task from the cost
     model), ``seed`` (of the randomized greedy), ``dfs_budget_s``, ``cache``
     (default True: the same resharding planned again is served from
@@ -130,7 +132,11 @@ def _plan(shape: Sequence[int], dtype, src_mesh, src_spec, dst_mesh, dst_spec, *
         hit = store.get(key)
         if hit is not None:
             return hit
-    plan = _plan_move(move, cluster, strategy, loadbalance, chunks, seed, dfs_budget_s)
+    if strategy == AUTO:
+        plans = [_plan_move(move, cluster, s, loadbalance, chunks, seed, dfs_budget_s) for s in auto_candidates()]
+        plan = dataclasses.replace(min(plans, key=lambda p: p.predicted_seconds), strategy_asked=AUTO)
+    else:
+        plan = _plan_move(move, cluster, strategy, loadbalance, chunks, seed, dfs_budget_s)
     if store is not None:
         store.put(key, plan)
     return plan

@@ -35,8 +35,16 @@ from .unit_tasks import UnitTask
 ALPA = "alpa"
 """Alpa 0.2.3's baseline: send/recv after its local-allgather rewrite, then all-gathers."""
 
-STRATEGIES: tuple[str, ...] = PER_TASK_STRATEGIES + (ALPA,)
-"""Every strategy a plan may use: each per-task transfer kind, and ``alpa``."""
+AUTO = "auto"
+"""Plan with every per-task kind that moves data and keep the fastest predicted plan."""
+
+STRATEGIES: tuple[str, ...] = PER_TASK_STRATEGIES + (ALPA, AUTO)
+"""Every strategy a plan may use: each per-task transfer kind, ``alpa`` and ``auto``."""
+
+
+def auto_candidates() -> tuple[str, ...]:
+    """The strategies ``auto`` chooses among: every per-task kind that moves data."""
+    return tuple(s for s in PER_TASK_STRATEGIES if transfer_kind(s).carries_data)
 
 LOCAL_COPY = "local_copy"
 ALLGATHER = "allgather"
@@ -45,13 +53,13 @@ ALLGATHER = "allgather"
 
 def carries_data(strategy: str) -> bool:
     """Whether a plan with ``strategy`` delivers the array's data (``signal`` does not)."""
-    return strategy == ALPA or transfer_kind(strategy).carries_data
+    return strategy in (ALPA, AUTO) or transfer_kind(strategy).carries_data
 
 
 def lower_bound_payload(strategy: str) -> int | None:
     """Bytes per slice the lower bound should count: None (the slice's own) unless the
     strategy only times the protocol (``signal``: one byte)."""
-    if strategy == ALPA:
+    if strategy in (ALPA, AUTO):
         return None
     kind = transfer_kind(strategy)
     return None if kind.carries_data else kind.wire_bytes(1)

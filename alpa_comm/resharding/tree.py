@@ -17,6 +17,7 @@ effect of packing is predicted, and the simulator sees it too.
 """
 from __future__ import annotations
 
+import dataclasses
 import gc
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -31,11 +32,11 @@ from .kinds import PACKABLE_KINDS, PER_TASK_STRATEGIES, transfer_kind
 from .kinds.base import group_by_host
 from .plan import Leaf, Transfer
 from .planner import build_transfers, group_jobs, host_operations, lower_bound
-from .strategies import LOCAL_COPY, Job, JobMemo, jobs_for_task, lower_bound_payload
+from .strategies import AUTO, LOCAL_COPY, Job, JobMemo, auto_candidates, jobs_for_task, lower_bound_payload
 from .unit_tasks import UnitTask, decompose
 
-TREE_STRATEGIES = PER_TASK_STRATEGIES
-"""Tree plans take every per-task kind (Alpa's rewrite is per array: not here)."""
+TREE_STRATEGIES = PER_TASK_STRATEGIES + (AUTO,)
+"""Tree plans take every per-task kind and ``auto`` (Alpa's rewrite is per array: not here)."""
 AUTO_BUCKET_MIN = 64 << 10
 AUTO_BUCKET_MAX = 64 << 20
 
@@ -60,6 +61,7 @@ class TreePlan:
     lower_bound_seconds: float
     host_operations: dict[int, tuple[int, ...]] = field(default_factory=dict)
     cache_hit: bool = False   # served from the plan cache
+    strategy_asked: str | None = None  # "auto" when the planner chose ``strategy``
 
     @property
     def nbytes(self) -> int:
@@ -142,7 +144,12 @@ def plan_resharding_tree(tree, *, cluster: ClusterSpec, strategy: str = "broadca
     was = gc.isenabled()
     gc.disable()
     try:
-        plan = _plan_tree(leaves, cluster, strategy, loadbalance, bucket, chunks, seed, dfs_budget_s)
+        if strategy == AUTO:
+            plans = [_plan_tree(leaves, cluster, s, loadbalance, bucket, chunks, seed, dfs_budget_s)
+                     for s in auto_candidates()]
+            plan = dataclasses.replace(min(plans, key=lambda p: p.predicted_seconds), strategy_asked=AUTO)
+        else:
+            plan = _plan_tree(leaves, cluster, strategy, loadbalance, bucket, chunks, seed, dfs_budget_s)
     finally:
         if was:
             gc.enable()
