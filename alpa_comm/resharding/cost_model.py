@@ -25,7 +25,9 @@ import functools
 import math
 from typing import Sequence
 
-MAX_AUTO_CHUNKS = 256
+MAX_AUTO_CHUNKS = 512
+"""At most this many chunks per chain: a transfer's chunk messages use tags below the
+executor's ring tags (512 of the 1,024 tags each transfer has)."""
 MIN_CHUNK_BYTES = 16 * 1024
 
 

@@ -144,12 +144,19 @@ def groups_in_order(devices: Sequence[int], host_of) -> HostGroups:
 
 
 def chain_rates(sender_host: int, groups: HostGroups, cluster: ClusterSpec) -> list[float]:
-    """Hop rates of a device chain: sender -> host1 devices -> host2 devices -> ..."""
+    """Hop rates of a chain through the receiving hosts: one network hop per host, then
+    one intra-host hop where the last host has several devices.
+
+    Every byte crosses into a host once; the host forwards each chunk to the next host
+    as it arrives and copies it to its other devices beside that (the executor's
+    broadcast), so a host's fan-out is off the chain's critical path except at the
+    last host."""
     rates, prev = [], sender_host
-    for h, devs in groups.items():
+    for h in groups:
         rates.append(cluster.link_rate(prev, h))
-        rates.extend([cluster.intra_rate] * (len(devs) - 1))
         prev = h
+    if groups and len(groups[prev]) > 1:
+        rates.append(cluster.intra_rate)
     return rates
 
 

@@ -23,9 +23,10 @@ class Broadcast(TransferKind):
                 + tuple(nic_send(h) for h in hosts[:-1]))
 
     def chunks_for(self, nbytes, num_elements, rates, cluster, chunks) -> tuple[int, int]:
-        """(bytes on the wire, chunks): the asked count, else the cost model's best."""
+        """(bytes on the wire, chunks): the asked count, else the cost model's best; never
+        more than ``cost_model.MAX_AUTO_CHUNKS`` (the tags a transfer has for chunks)."""
         k = chunks if chunks is not None else cost_model.auto_chunks(nbytes, rates, cluster.latency_s)
-        return nbytes, max(1, min(k, num_elements))
+        return nbytes, max(1, min(k, num_elements, cost_model.MAX_AUTO_CHUNKS))
 
     def duration(self, nbytes, num_elements, sender_host, groups, cluster, chunks):
         rates = chain_rates(sender_host, groups, cluster)
