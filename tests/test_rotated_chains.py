@@ -123,3 +123,22 @@ def test_auto_keeps_the_fastest_predicted_plan_and_says_so():
     again = ReshardingPlan.from_json(auto.to_json())
     assert again.strategy_asked == "auto" and again.to_json() == auto.to_json()
     verify_plan(auto)
+
+
+def test_scatter_messages_merge_a_senders_parts_per_entry_host_and_groups_fit_the_tags():
+    from alpa_comm.resharding.kinds.rotated_chains import MAX_SCATTER_MESSAGES, RotatedChains, scatter_messages
+
+    sizes, senders = [1] * 12, [0] * 4 + [1] * 4 + [2] * 4
+    msgs = scatter_messages(sizes, senders, [10, 11, 12])
+    assert msgs == [(0, 10, 0, 4), (1, 11, 4, 8), (2, 12, 8, 12)]
+    assert sum(b - a for *_, a, b in msgs) == 12
+
+    class J:
+        def __init__(self, n):
+            self.nbytes = n
+    jobs = [J(1) for _ in range(3 * MAX_SCATTER_MESSAGES)]
+    senders_of = {i: i for i in range(len(jobs))}  # every part its own sender: one message each
+    groups = RotatedChains._fit_tags(list(range(len(jobs))), jobs, senders_of, list(range(100, 104)))
+    assert sorted(i for g in groups for i in g) == list(range(len(jobs)))
+    assert all(len(scatter_messages([1] * len(g), [senders_of[i] for i in g], list(range(100, 104))))
+               <= MAX_SCATTER_MESSAGES for g in groups)

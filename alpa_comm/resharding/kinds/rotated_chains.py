@@ -17,9 +17,10 @@ sending as much, which is the bandwidth bound for this pattern; the cost of the
 fill is one run per step, not one slice per hop. Each byte crosses into a host
 once and fans out to that host's devices by memory copies.
 
-A group is at most ``MAX_PARTS`` slices and ``MAX_RING_HOSTS`` hosts (each
-transfer has 1024 tags: scatter tags below the executor's ring tags); larger
-sets are split into several groups, and rings wider than that fall back to
+Consecutive slices from one sender to one entry host travel as one scatter
+message. A group has at most ``MAX_SCATTER_MESSAGES`` scatter messages and
+``MAX_RING_HOSTS`` hosts (each transfer has 1024 tags: scatter tags below the
+executor's ring tags); larger sets are split into several groups, and rings wider than that fall back to
 ``broadcast``. Rings of fewer than ``MIN_RING_HOSTS`` hosts are not grouped, and
 a group whose ring the cost model finds slower than its chains in a row (few
 sending hosts make the scatter the long pole) goes as chains (``broadcast``).
@@ -35,7 +36,7 @@ from ..resources import nic_receive, nic_send
 from .base import Candidate, TransferKind, group_by_host, ring_links
 from .broadcast import Broadcast
 
-MAX_PARTS = 512
+MAX_SCATTER_MESSAGES = 512
 MAX_RING_HOSTS = 512
 MIN_RING_HOSTS = 3
 """Below this a ring has no chain fill to save: its slices stay one transfer each (and
@@ -50,6 +51,19 @@ def entry_hosts(part_bytes: Sequence[int], ring: Sequence[int]) -> list[int]:
         out.append(ring[min(a - 1, acc * a // total) if total else 0])
         acc += n
     return out
+
+
+def scatter_messages(part_bytes: Sequence[int], sender_hosts: Sequence[int], ring: Sequence[int]
+                     ) -> list[tuple[int, int, int, int]]:
+    """(sender host, entry host, first part, end part) of every scatter message:
+    consecutive parts with the same sender and entry host travel together."""
+    out: list[list[int]] = []
+    for j, (s, e) in enumerate(zip(sender_hosts, entry_hosts(part_bytes, ring))):
+        if out and out[-1][0] == s and out[-1][1] == e:
+            out[-1][3] = j + 1
+        else:
+            out.append([s, e, j, j + 1])
+    return [tuple(m) for m in out]
 
 
 def runs(part_bytes: Sequence[int], ring: Sequence[int]) -> dict[int, tuple[int, int]]:
@@ -152,8 +166,7 @@ class RotatedChains(TransferKind):
                 senders[i] = host
                 load[host] = load.get(host, 0.0) + jobs[i].nbytes
             idx = sorted(idx, key=lambda i: (senders[i], job_leaf[i], jobs[i].task))
-            for start in range(0, len(idx), MAX_PARTS):
-                part = idx[start:start + MAX_PARTS]
+            for part in self._fit_tags(idx, jobs, senders, list(ring)):
                 sizes = [jobs[i].nbytes for i in part]
                 hosts = [senders[i] for i in part]
                 seconds = self.group_seconds(sizes, hosts, list(ring), cluster)
@@ -173,6 +186,21 @@ class RotatedChains(TransferKind):
                 new_leaf.append(-1)
         return new_jobs, new_leaf, new_members
 
+    @staticmethod
+    def _fit_tags(idx: list[int], jobs, senders: dict, ring: list[int]) -> list[list[int]]:
+        """``idx`` split into groups of at most ``MAX_SCATTER_MESSAGES`` scatter messages."""
+        def count(part):
+            return len(scatter_messages([jobs[i].nbytes for i in part], [senders[i] for i in part], ring))
+        out, todo = [], [idx]
+        while todo:
+            part = todo.pop(0)
+            if len(part) > 1 and count(part) > MAX_SCATTER_MESSAGES:
+                half = len(part) // 2
+                todo[:0] = [part[:half], part[half:]]
+            else:
+                out.append(part)
+        return out
+
     # ----------------------------------------------------------- simulation
     @staticmethod
     def _layout(t, host_of):
@@ -183,7 +211,7 @@ class RotatedChains(TransferKind):
 
     def host_flows(self, t, cluster):
         ring, sizes, senders = self._layout(t, cluster.host_of)
-        flows = [(s, e, n) for n, s, e in zip(sizes, senders, entry_hosts(sizes, ring)) if s != e]
+        flows = [(s, e, sum(sizes[a:b])) for s, e, a, b in scatter_messages(sizes, senders, ring) if s != e]
         total, blocks = sum(sizes), runs(sizes, ring)
         a = len(ring)
         for i, h in enumerate(ring if a > 1 else []):
@@ -194,8 +222,8 @@ class RotatedChains(TransferKind):
     def phases(self, t, cluster):
         ring, sizes, senders = self._layout(t, cluster.host_of)
         lat = cluster.latency_s
-        scatter = [(n, (nic_send(s), nic_receive(e))) for n, s, e in zip(sizes, senders, entry_hosts(sizes, ring))
-                   if s != e]
+        scatter = [(sum(sizes[a:b]), (nic_send(s), nic_receive(e)))
+                   for s, e, a, b in scatter_messages(sizes, senders, ring) if s != e]
         out = [(lat, scatter)]
         a = len(ring)
         if a > 1:
@@ -210,27 +238,30 @@ class RotatedChains(TransferKind):
     def run(self, ex, t, tag0):
         ring, sizes, senders = self._layout(t, ex.host_of)
         parts = t.parts or ()
-        entries = entry_hosts(sizes, ring)
         offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        sends = []
-        for j, (s, e) in enumerate(zip(senders, entries)):
-            if s == ex.host and e != ex.host:
-                data = ex.slice_bytes(parts[j].sender, parts[j].index, parts[j].leaf) if parts else ex.source(t)
-                sends.append(ex.isend(data, e, tag0 + j))
+        messages = scatter_messages(sizes, senders, ring)
+
+        def payload(a: int, b: int) -> np.ndarray:
+            if not parts:
+                return ex.source(t)
+            pieces = [ex.slice_bytes(parts[j].sender, parts[j].index, parts[j].leaf) for j in range(a, b)]
+            return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+
+        sends = [ex.isend(payload(a, b), e, tag0 + m) for m, (s, e, a, b) in enumerate(messages)
+                 if s == ex.host and e != ex.host]
         if ex.host not in ring:
             ex.wait(sends)
             return
         flat = np.empty(int(offsets[-1]), np.uint8)
         recvs = []
-        for j, (s, e) in enumerate(zip(senders, entries)):
+        for m, (s, e, a, b) in enumerate(messages):
             if e != ex.host:
                 continue
-            segment = flat[offsets[j]:offsets[j + 1]]
+            segment = flat[offsets[a]:offsets[b]]
             if s == ex.host:
-                segment[...] = ex.slice_bytes(parts[j].sender, parts[j].index, parts[j].leaf) if parts \
-                    else ex.source(t)
+                segment[...] = payload(a, b)
             else:
-                recvs.append(ex.irecv(segment, s, tag0 + j))
+                recvs.append(ex.irecv(segment, s, tag0 + m))
         ex.wait(recvs)
         ex.wait(sends)
         ex.ring_allgather({h: flat[s:e] for h, (s, e) in runs(sizes, ring).items()}, ring, tag0)
