@@ -13,9 +13,10 @@ Hosts have 8 devices and 100 Gbit/s NICs; tensors are 1 GiB of float32. Cases
   all-to-replicated S01RR -> RRR    every destination device needs the whole tensor
   one-to-all       one host's 8 devices -> every other host, replicated
   train-to-infer   FSDP-style S01R over 64 hosts -> 8 tensor-parallel replicas (RS1 on 8 hosts)
+  layout-change    S0RR -> RS0R within one mesh over all hosts (same devices: an all-to-all;
+                   up to 256 hosts, as it has hosts^2 unit tasks)
 
-A layout change within one mesh (source and destination on the same devices) is
-not listed: the planner refuses overlapping meshes today. Each row: case, hosts,
+Each row: case, hosts,
 src, dst, strategy, unit_tasks, transfers, plan_seconds, simulate_seconds,
 makespan_seconds, lower_bound_seconds, busiest_nic_bytes, ratio. Writes
 scale.md, scale.json and scale.png (ratio to the bound against hosts).
@@ -48,6 +49,8 @@ def cases(hosts: int) -> dict[str, tuple]:
            "replicate": (SHAPE, src, "S0RR", dst, "S1RR"),
            "all-to-replicated": (SHAPE, src, "S01RR", dst, "RRR"),
            "one-to-all": (SHAPE, _mesh(0, 1), "S0RR", _mesh(1, hosts - 1), "RRR")}
+    if hosts <= 256:  # an all-to-all: hosts^2 unit tasks (a million at 1,024 hosts)
+        out["layout-change"] = (SHAPE, _mesh(0, hosts), "S0RR", _mesh(0, hosts), "RS0R")
     if hosts >= 72:
         out["train-to-infer"] = ((8192, 8192, 4), _mesh(0, 64), "S01RR", _mesh(64, 8), "RS1R")
     return out

@@ -35,8 +35,10 @@ def specs(draw, rank, mesh_ndim):
 
 
 @st.composite
-def resharding_cases(draw, max_hosts=6, max_dph=4):
-    """(shape, src mesh text, src spec, dst mesh text, dst spec, devices per host)."""
+def resharding_cases(draw, max_hosts=6, max_dph=4, overlap=False):
+    """(shape, src mesh text, src spec, dst mesh text, dst spec, devices per host).
+    With ``overlap`` the destination mesh starts on any host of the source mesh (or
+    right after it): colocated meshes, identical ones included."""
     (sshape, shosts) = draw(mesh_shapes(max_hosts=max_hosts // 2, max_dph=max_dph))
     (dshape, dhosts) = draw(mesh_shapes(max_hosts=max_hosts - max_hosts // 2, max_dph=max_dph))
     rank = draw(st.integers(1, 3))
@@ -47,5 +49,6 @@ def resharding_cases(draw, max_hosts=6, max_dph=4):
     shape = tuple(math.lcm(a, b) * draw(st.integers(1, 3)) for a, b in zip(sparts, dparts))
     dph = max(math.prod(sshape) // shosts, math.prod(dshape) // dhosts)
     src = "x".join(map(str, sshape)) + "@" + ",".join(str(h) for h in range(shosts))
-    dst = "x".join(map(str, dshape)) + "@" + ",".join(str(h) for h in range(shosts, shosts + dhosts))
+    first = draw(st.integers(0, shosts)) if overlap else shosts
+    dst = "x".join(map(str, dshape)) + "@" + ",".join(str(h) for h in range(first, first + dhosts))
     return shape, src, sspec, dst, dspec, dph

@@ -22,7 +22,6 @@ def plan(**kw):
     (dict(dst_spec="S1S1"), InvalidSpecError, "mesh dim 1 more than once"),
     (dict(dst_spec="S2R"), InvalidSpecError, "mesh dim 2"),
     (dict(shape=(6, 8), src_spec="S01R"), InvalidSpecError, "length 6 is not divisible by its 4"),
-    (dict(dst_mesh="2x2@1,2"), InvalidMeshError, "share device"),
     (dict(dst_mesh="2x2@2,9", cluster=ClusterSpec(4, 2)), InvalidMeshError, "host\\(s\\) \\[9\\]"),
     (dict(strategy="teleport"), InvalidOptionError, "teleport"),
     (dict(loadbalance="best"), InvalidOptionError, "best"),

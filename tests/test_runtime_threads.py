@@ -7,6 +7,7 @@ from hypothesis import given, settings, strategies as st
 
 from alpa_comm import STRATEGIES, ClusterSpec, DeviceMesh, plan_resharding
 from alpa_comm.resharding.strategies import carries_data
+from alpa_comm.resharding.verify import verify_plan
 from alpa_comm.runtime.backend import CommunicationError
 from alpa_comm.runtime.executor import view
 from alpa_comm.runtime.local import execute_in_threads, tree_layouts
@@ -44,6 +45,37 @@ def test_random_cases_bit_exact(case, strategy, chunks, dtype):
                            chunks=chunks, loadbalance="greedy")
     x = (np.arange(np.prod(shape)) % 251).astype(dtype).reshape(shape)
     expect_exact(plan, x, execute_in_threads(plan, x, timeout=20))
+
+
+@settings(max_examples=60, deadline=None)
+@given(resharding_cases(overlap=True), st.sampled_from(DATA_STRATEGIES))
+def test_colocated_and_identical_meshes_bit_exact(case, strategy):
+    """Source and destination on shared devices (training and inference colocated, or a
+    layout change within one mesh): what a device already holds is copied locally, only
+    the rest moves, and every byte lands right."""
+    shape, src_t, sspec, dst_t, dspec, dph = case
+    hosts = max(max(DeviceMesh.parse(t, dph).hosts) for t in (src_t, dst_t)) + 1
+    cluster = ClusterSpec(num_hosts=hosts, devices_per_host=dph)
+    plan = plan_resharding(shape, "float32", src_t, sspec, dst_t, dspec, cluster=cluster, strategy=strategy,
+                           loadbalance="greedy")
+    verify_plan(plan)
+    x = (np.arange(np.prod(shape)) % 251).astype(np.float32).reshape(shape)
+    expect_exact(plan, x, execute_in_threads(plan, x, timeout=20))
+    for t in plan.transfers:  # a host holding the slice never takes it in through its NIC
+        if t.kind != "local_copy" and not t.parts and t.sender is not None:
+            holders = {cluster.host_of(d) for d in plan.unit_tasks[t.task].src_devices}
+            assert not {cluster.host_of(r) for r in t.receivers} & holders
+
+
+def test_a_layout_change_within_one_mesh_moves_only_what_must_cross():
+    cluster = ClusterSpec(num_hosts=2, devices_per_host=4)
+    same = plan_resharding((16, 8), "float32", "2x4@0,1", "S0R", "2x4@0,1", "S0R", cluster=cluster)
+    assert {t.kind for t in same.transfers} == {"local_copy"} and same.lower_bound_seconds == 0
+    change = plan_resharding((16, 8), "float32", "2x4@0,1", "S0R", "2x4@0,1", "RS1", cluster=cluster)
+    _, received = change.network_bytes()
+    assert received == {0: 16 * 8 * 4 // 2, 1: 16 * 8 * 4 // 2}  # each host takes in only the half it lacks
+    x = np.arange(128, dtype=np.float32).reshape(16, 8)
+    expect_exact(change, x, execute_in_threads(change, x, timeout=20))
 
 
 def test_signal_runs_without_data():

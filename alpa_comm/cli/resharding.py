@@ -110,7 +110,8 @@ def cmd_simulate(args) -> int:
     res = simulate(plan)
     print(plan.explain(max_transfers=0))
     print(f"\n  simulated: {fmt_seconds(res.makespan)}  ({effective_gbps(plan.nbytes, res.makespan):.2f} Gbit/s "
-          f"effective, {res.makespan / plan.lower_bound_seconds:.2f}x the lower bound)\n")
+          f"effective, " + (f"{res.makespan / plan.lower_bound_seconds:.2f}x the lower bound)\n"
+                            if plan.lower_bound_seconds else "no byte crosses a NIC)\n"))
     rows = [[h, fmt_bytes(res.host_sent.get(h, 0)), fmt_bytes(res.host_received.get(h, 0)),
              f"{100 * res.host_busy_fraction.get(h, 0):.0f} %"] for h in sorted(res.host_busy_fraction)]
     print(table(["host", "NIC sent", "NIC received", "NIC busy"], rows, markdown=False))
