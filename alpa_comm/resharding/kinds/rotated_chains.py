@@ -131,11 +131,19 @@ class RotatedChains(TransferKind):
         the cost model says one chain per slice is faster, the slices go as chains."""
         groups: dict[tuple[int, ...], list[int]] = {}
         keep: list[int] = []
+        by_host: dict[tuple, dict] = {}  # receivers -> devices by host (jobs repeat receiver sets)
+
+        def hosts_of(receivers: tuple) -> dict:
+            g = by_host.get(receivers)
+            if g is None:
+                g = by_host[receivers] = group_by_host(receivers, cluster)
+            return g
+
         for i, j in enumerate(jobs):
             if j.kind != self.name:
                 keep.append(i)
                 continue
-            groups.setdefault(tuple(group_by_host(j.receivers, cluster)), []).append(i)
+            groups.setdefault(tuple(hosts_of(j.receivers)), []).append(i)
         new_index = {i: k for k, i in enumerate(keep)}
         new_jobs = [jobs[i] for i in keep]
         new_leaf = [job_leaf[i] for i in keep]
@@ -143,11 +151,19 @@ class RotatedChains(TransferKind):
         load: dict[int, float] = {}
         chain = Broadcast()  # the alternative: one chain per slice
 
+        chain_memo: dict[tuple, Candidate] = {}
+
+        def chain_candidate(nbytes: int, host: int, receivers: tuple) -> Candidate:
+            key = (nbytes, host, receivers)
+            c = chain_memo.get(key)
+            if c is None:
+                c = chain_memo[key] = chain.candidate(nbytes, nbytes, host, hosts_of(receivers), cluster, None)
+            return c
+
         def as_chains(idx: list[int]) -> None:
             for i in idx:
                 j = jobs[i]
-                g = {h: list(d) for h, d in group_by_host(j.receivers, cluster).items()}
-                cands = tuple(chain.candidate(j.nbytes, j.nbytes, c.host, g, cluster, None) for c in j.candidates)
+                cands = tuple(chain_candidate(j.nbytes, c.host, j.receivers) for c in j.candidates)
                 new_jobs.append(j._replace(kind=chain.name, candidates=cands))
                 new_leaf.append(job_leaf[i])
 
@@ -172,13 +188,13 @@ class RotatedChains(TransferKind):
                 seconds = self.group_seconds(sizes, hosts, list(ring), cluster)
                 # Chains that share hosts run one after another: a ring pays only when it
                 # beats them all in a row (few sending hosts make its scatter the long pole).
-                g = {h: list(d) for h, d in group_by_host(jobs[part[0]].receivers, cluster).items()}
-                chains = sum(chain.candidate(n, n, h, g, cluster, None).duration for n, h in zip(sizes, hosts))
+                chains = sum(chain_candidate(n, h, jobs[i].receivers).duration for n, h, i in zip(sizes, hosts, part))
                 if chains <= seconds:
                     as_chains(part)
                     continue
-                receivers = tuple(sorted({r for i in part for r in jobs[i].receivers},
-                                         key=lambda d: (cluster.host_of(d), d)))
+                unique = {jobs[i].receivers for i in part}  # often one receiver set for the whole group
+                receivers = (next(iter(unique)) if len(unique) == 1 else
+                             tuple(sorted({r for rs in unique for r in rs}, key=lambda d: (cluster.host_of(d), d))))
                 cand = Candidate(hosts[0], self.group_resources(hosts, list(ring)), seconds)
                 new_members[len(new_jobs)] = [(jobs[i], job_leaf[i], senders[i]) for i in part]
                 new_jobs.append(jobs[part[0]]._replace(task=-2, receivers=receivers, nbytes=sum(sizes), index=(),
