@@ -70,14 +70,16 @@ def positive_shape(shape) -> tuple[int, ...]:
     return out
 
 
-def check_fits(mesh: DeviceMesh, cluster: ClusterSpec, role: str) -> None:
-    """A clear error when ``mesh`` assumes another host size or names hosts the cluster lacks."""
+def check_fits(mesh: DeviceMesh, cluster: ClusterSpec, role: str = "") -> None:
+    """A clear error when ``mesh`` assumes another host size or names hosts the cluster lacks
+    (``role``, e.g. "source", starts the message)."""
+    what = f"{role} mesh" if role else "mesh"
     if mesh.devices_per_host != cluster.devices_per_host:
-        raise InvalidMeshError(f"{role} mesh {mesh.label()} assumes {mesh.devices_per_host} devices per host, "
+        raise InvalidMeshError(f"{what} {mesh.label()} assumes {mesh.devices_per_host} devices per host, "
                                f"the cluster has {cluster.devices_per_host}")
     bad = [d for d in mesh.devices if d >= cluster.num_devices]
     if bad:
-        raise InvalidMeshError(f"{role} mesh {mesh.label()} uses device(s) {bad[:4]} on host(s) "
+        raise InvalidMeshError(f"{what} {mesh.label()} uses device(s) {bad[:4]} on host(s) "
                                f"{sorted({cluster.host_of(d) for d in bad})[:4]}, but the cluster has only "
                                f"hosts 0..{cluster.num_hosts - 1}")
 

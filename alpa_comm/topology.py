@@ -75,6 +75,11 @@ class ClusterSpec:
         return min(self._send[src_host], self._recv[dst_host])
 
     @property
+    def slowest_nic_rate(self) -> float:
+        """Bytes/s of the slowest NIC side in the cluster (bounds how long a message may take)."""
+        return min(min(self._send), min(self._recv))
+
+    @property
     def intra_rate(self) -> float:
         return self.intra_host_gbps * 1e9 / 8
 

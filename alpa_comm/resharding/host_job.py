@@ -30,7 +30,7 @@ class HostJob:
         """``host``'s share of ``plan`` (a ``ReshardingPlan`` or a ``TreePlan``)."""
         spec = plan.cluster
         return cls(host, spec.devices_per_host,
-                   min(min(spec.send_rate(h), spec.recv_rate(h)) for h in range(spec.num_hosts)),
+                   spec.slowest_nic_rate,
                    tuple(plan.leaves), tuple(plan.transfers[i] for i in plan.host_operations.get(host, ())))
 
     def host_of(self, device: int) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import math
-from typing import Sequence
+from typing import Callable, Sequence, TypeVar
 
 from ..dtypes import itemsize
 from ..errors import InvalidOptionError
@@ -24,6 +24,8 @@ from .plan import Part, ReshardingPlan, Transfer
 from .strategies import (ALLGATHER, ALPA, AUTO, STRATEGIES, Job, JobMemo, allgather_job, alpa_local_allgather_spec,
                          auto_candidates, jobs_for_task, lower_bound_payload)
 from .unit_tasks import UnitTask, decompose
+
+Plan = TypeVar("Plan")
 
 
 def smallest_cluster(src_mesh, dst_mesh, **kw) -> ClusterSpec:
@@ -132,22 +134,45 @@ def _plan(shape: Sequence[int], dtype, src_mesh, src_spec, dst_mesh, dst_spec, *
         hit = store.get(key)
         if hit is not None:
             return hit
-    if strategy == AUTO:
-        plans = [_plan_move(move, cluster, s, loadbalance, chunks, seed, dfs_budget_s) for s in auto_candidates()]
-        plan = dataclasses.replace(min(plans, key=lambda p: p.predicted_seconds), strategy_asked=AUTO)
-    else:
-        plan = _plan_move(move, cluster, strategy, loadbalance, chunks, seed, dfs_budget_s)
+    final_tasks = decompose(move.shape, itemsize(move.dtype), move.src_mesh, move.src_spec, move.dst_mesh,
+                            move.dst_spec)
+    bounds = LowerBounds(final_tasks, cluster)
+    plan = plan_for(strategy, lambda s: _plan_move(move, cluster, s, loadbalance, chunks, seed, dfs_budget_s,
+                                                   final_tasks, bounds))
     if store is not None:
         store.put(key, plan)
     return plan
 
 
+def plan_for(strategy: str, plan_with: Callable[[str], Plan]) -> Plan:
+    """``plan_with(strategy)``, or for ``auto`` the plan with the smallest predicted time
+    over every kind that moves data, labelled ``strategy_asked="auto"``."""
+    if strategy != AUTO:
+        return plan_with(strategy)
+    plans = [plan_with(s) for s in auto_candidates()]
+    return dataclasses.replace(min(plans, key=lambda p: p.predicted_seconds), strategy_asked=AUTO)
+
+
+class LowerBounds:
+    """The lower bound of one set of unit tasks for a strategy, computed once per payload:
+    ``auto`` plans the same tasks with several kinds, and the bound is a pass over all."""
+
+    def __init__(self, tasks: Sequence[UnitTask], cluster: ClusterSpec):
+        self.tasks, self.cluster, self._memo = tasks, cluster, {}
+
+    def __call__(self, strategy: str) -> float:
+        payload = lower_bound_payload(strategy)
+        if payload not in self._memo:
+            self._memo[payload] = lower_bound(self.tasks, self.cluster, payload)
+        return self._memo[payload]
+
+
 def _plan_move(move: Resharding, cluster: ClusterSpec, strategy: str, loadbalance: str, chunks: int | None,
-               seed: int, dfs_budget_s: float) -> ReshardingPlan:
+               seed: int, dfs_budget_s: float, final_tasks: Sequence[UnitTask],
+               bounds: LowerBounds) -> ReshardingPlan:
+    """One strategy's plan of ``move``, whose unit tasks ``final_tasks`` are already known."""
     shape, src, sspec, dst, dspec = move.shape, move.src_mesh, move.src_spec, move.dst_mesh, move.dst_spec
     size = itemsize(move.dtype)
-
-    final_tasks = decompose(shape, size, src, sspec, dst, dspec)
     sent_spec, gather_dim = dspec, None
     if strategy == ALPA:
         sent_spec, gather_dim = alpa_local_allgather_spec(dspec, dst, shape)
@@ -165,7 +190,7 @@ def _plan_move(move: Resharding, cluster: ClusterSpec, strategy: str, loadbalanc
         resharding=move, cluster=cluster, strategy=strategy, loadbalance=loadbalance, loadbalance_used=sched.mode,
         chunks=chunks, sent_spec=sent_spec, unit_tasks=tuple(tasks), transfers=tuple(transfers),
         predicted_seconds=sched.makespan,
-        lower_bound_seconds=lower_bound(final_tasks, cluster, lower_bound_payload(strategy)),
+        lower_bound_seconds=bounds(strategy),
         search_complete=sched.complete, host_operations=host_operations(transfers, cluster))
 
 
@@ -232,7 +257,7 @@ def build_transfers(jobs: Sequence[Job], job_leaf: Sequence[int], members: dict,
             out.append(Transfer(len(out), -2, job.kind, parts[0].sender, job.receivers, (), job.nbytes,
                                 cand.chunks, starts[j], cand.duration, deps, 0, parts))
             continue
-        leaf = max(0, job_leaf[j])
+        leaf = job_leaf[j]
         sender = None if job.kind == ALLGATHER else pick(tasks_per_leaf[leaf][job.task], cand.host, job.nbytes)
         out.append(Transfer(len(out), job.task, job.kind, sender, job.receivers, job.index, job.nbytes, cand.chunks,
                             starts[j], cand.duration, deps, leaf))

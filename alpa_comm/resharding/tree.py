@@ -17,7 +17,6 @@ effect of packing is predicted, and the simulator sees it too.
 """
 from __future__ import annotations
 
-import dataclasses
 import gc
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -31,8 +30,8 @@ from .cache import PlanCache, cache_for, cluster_key, move_key
 from .kinds import PACKABLE_KINDS, PER_TASK_STRATEGIES, transfer_kind
 from .kinds.base import group_by_host
 from .plan import Leaf, Transfer
-from .planner import build_transfers, group_jobs, host_operations, lower_bound
-from .strategies import AUTO, LOCAL_COPY, Job, JobMemo, auto_candidates, jobs_for_task, lower_bound_payload
+from .planner import LowerBounds, build_transfers, group_jobs, host_operations, plan_for
+from .strategies import AUTO, LOCAL_COPY, Job, JobMemo, jobs_for_task
 from .unit_tasks import UnitTask, decompose
 
 TREE_STRATEGIES = PER_TASK_STRATEGIES + (AUTO,)
@@ -144,12 +143,11 @@ def plan_resharding_tree(tree, *, cluster: ClusterSpec, strategy: str = "broadca
     was = gc.isenabled()
     gc.disable()
     try:
-        if strategy == AUTO:
-            plans = [_plan_tree(leaves, cluster, s, loadbalance, bucket, chunks, seed, dfs_budget_s)
-                     for s in auto_candidates()]
-            plan = dataclasses.replace(min(plans, key=lambda p: p.predicted_seconds), strategy_asked=AUTO)
-        else:
-            plan = _plan_tree(leaves, cluster, strategy, loadbalance, bucket, chunks, seed, dfs_budget_s)
+        per_leaf = tuple(tuple(decompose(leaf.shape, itemsize(leaf.dtype), leaf.src_mesh, leaf.src_spec,
+                                         leaf.dst_mesh, leaf.dst_spec)) for leaf in leaves)
+        bounds = LowerBounds([t for tasks in per_leaf for t in tasks], cluster)
+        plan = plan_for(strategy, lambda s: _plan_tree(leaves, per_leaf, bounds, cluster, s, loadbalance, bucket,
+                                                       chunks, seed, dfs_budget_s))
     finally:
         if was:
             gc.enable()
@@ -165,17 +163,12 @@ def _leaf(path: str, move, cluster: ClusterSpec) -> Leaf:
     return Leaf(path, move.resolve(cluster, where=path))
 
 
-def _plan_tree(leaves: tuple[Leaf, ...], cluster, strategy, loadbalance, bucket, chunks, seed,
-               dfs_budget_s) -> TreePlan:
-    per_leaf = []
+def _plan_tree(leaves: tuple[Leaf, ...], per_leaf: tuple[tuple[UnitTask, ...], ...], bounds: LowerBounds,
+               cluster, strategy, loadbalance, bucket, chunks, seed, dfs_budget_s) -> TreePlan:
+    """One strategy's plan of the leaves, whose unit tasks ``per_leaf`` are already known."""
     jobs: list[Job] = []
     job_leaf: list[int] = []
-    all_tasks: list[UnitTask] = []
-    for i, leaf in enumerate(leaves):
-        tasks = decompose(leaf.shape, itemsize(leaf.dtype), leaf.src_mesh, leaf.src_spec, leaf.dst_mesh,
-                          leaf.dst_spec)
-        per_leaf.append(tuple(tasks))
-        all_tasks.extend(tasks)
+    for i, tasks in enumerate(per_leaf):
         memo = JobMemo(cluster)
         for t in tasks:
             for j in jobs_for_task(t, strategy, cluster, chunks, memo):
@@ -187,9 +180,8 @@ def _plan_tree(leaves: tuple[Leaf, ...], cluster, strategy, loadbalance, bucket,
     jobs, job_leaf, members = group_jobs(jobs, job_leaf, members, cluster)
     sched = balancing.balance(jobs, loadbalance, seed=seed, dfs_budget_s=dfs_budget_s)
     transfers = build_transfers(jobs, job_leaf, members, per_leaf, sched, cluster)
-    return TreePlan(leaves, tuple(per_leaf), tuple(transfers), cluster, strategy, sched.mode, bucket,
-                    sched.makespan, lower_bound(all_tasks, cluster, lower_bound_payload(strategy)),
-                    host_operations(transfers, cluster))
+    return TreePlan(leaves, per_leaf, tuple(transfers), cluster, strategy, sched.mode, bucket,
+                    sched.makespan, bounds(strategy), host_operations(transfers, cluster))
 
 
 def _pack(jobs: list[Job], job_leaf: list[int], bucket: int, strategy: str, cluster: ClusterSpec, chunks):

@@ -18,9 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import InvalidMeshError
 from ..mesh import DeviceMesh
-from ..placement import Placement, Resharding
+from ..placement import Placement, Resharding, check_fits
 from ..resharding import plan_resharding
 from ..resharding.host_job import HostJob
 from ..resharding.plan import ReshardingPlan
@@ -135,13 +134,7 @@ class Cluster(ClusterLaunchers):
     # ---------------------------------------------------------------- arrays
     def _mesh(self, mesh) -> DeviceMesh:
         m = DeviceMesh.parse(mesh, self.spec.devices_per_host)
-        bad = sorted({m.host_of(d) for d in m.devices if m.host_of(d) >= self.spec.num_hosts})
-        if m.devices_per_host != self.spec.devices_per_host:
-            raise InvalidMeshError(f"mesh {m.label()} assumes {m.devices_per_host} devices per host, the cluster "
-                                   f"has {self.spec.devices_per_host}")
-        if bad:
-            raise InvalidMeshError(f"mesh {m.label()} names host(s) {bad}, but the cluster has hosts "
-                                   f"0..{self.spec.num_hosts - 1}")
+        check_fits(m, self.spec)
         return m
 
     def put(self, array: np.ndarray, mesh, spec) -> DistributedArray:
