@@ -20,7 +20,9 @@ from alpa_comm.runtime.emulated import netns  # noqa: E402
 from conftest import emulation_marks  # noqa: E402
 
 pytestmark = emulation_marks()
-STRATEGIES = ["send_recv", "local_allgather", "global_allgather", "broadcast", "alpa", "signal"]
+from alpa_comm.resharding.strategies import auto_candidates  # noqa: E402
+
+STRATEGIES = [*auto_candidates(), "alpa", "auto", "signal"]  # every kind that moves data, then the rest
 
 
 @pytest.fixture(scope="module")

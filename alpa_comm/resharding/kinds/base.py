@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar, NamedTuple, Sequence
 
+import numpy as np
+
 from ...topology import ClusterSpec
 from .. import cost_model
 from ..resources import intra_link, nic_receive, nic_send
@@ -193,3 +195,35 @@ def ring_flows(members: Sequence[int], nbytes: int, cluster: ClusterSpec) -> lis
 
 def ring_allgather_seconds(nbytes: int, groups: HostGroups, cluster: ClusterSpec) -> float:
     return cost_model.ring_allgather_time(nbytes, ring_rates(groups, cluster), cluster.latency_s)
+
+
+# ---------------------------------------------------------- receiving hosts
+def receive_buffer(ex: "HostExecutor", t: "Transfer", nbytes: int, data: bool = True):
+    """(flat buffer, this host's receiving devices, their flat targets) for a host that
+    takes ``t`` in chunks and forwards them (chains, trees).
+
+    The buffer is the first local device's own region when that is contiguous, so the
+    bytes land in place; the caller copies each chunk on to the other targets as it
+    arrives, so intra-host copies overlap the network instead of following it."""
+    mine = ex.local_receivers(t) if data and not t.parts else []
+    targets = [ex.flat_target(r, t.index) for r in mine]
+    flat = targets[0] if targets and targets[0] is not None else np.empty(nbytes, np.uint8)
+    return flat, mine, targets
+
+
+def fan_out(flat: np.ndarray, targets: list, lo: int, hi: int) -> None:
+    """Copy bytes [lo, hi) that just arrived in ``flat`` on to this host's other devices."""
+    for tgt in targets:
+        if tgt is not None and tgt is not flat:
+            tgt[lo:hi] = flat[lo:hi]
+
+
+def store_received(ex: "HostExecutor", t: "Transfer", flat: np.ndarray, mine: list[int], targets: list,
+                   data: bool = True) -> None:
+    """Finish what ``receive_buffer`` started: unpack a coalesced transfer, and write the
+    devices whose region was not contiguous."""
+    if t.parts and data:
+        ex.deliver(t, flat)
+    for r, tgt in zip(mine, targets):
+        if tgt is None:
+            ex.write(r, t.index, flat)

@@ -9,7 +9,7 @@ import numpy as np
 
 from .. import cost_model
 from ..resources import intra_link, nic_receive, nic_send
-from .base import TransferKind, chain_rates, groups_in_order
+from .base import TransferKind, chain_rates, groups_in_order, fan_out, receive_buffer, store_received
 
 
 class Broadcast(TransferKind):
@@ -73,13 +73,7 @@ class Broadcast(TransferKind):
             flat = np.zeros(1, np.uint8) if signal else ex.source(t)
             ex.wait([ex.isend(flat[bounds[c]:bounds[c + 1]], chain[1], tag0 + c) for c in range(k)])
             return
-        mine = [] if signal or t.parts else ex.local_receivers(t)
-        targets = [ex.flat_target(r, t.index) for r in mine]
-        # Receive straight into the first local device when its part of the buffer is
-        # contiguous, and copy each chunk on to the other local devices as it arrives,
-        # so the intra-host copies overlap the network instead of following it.
-        direct = bool(targets) and targets[0] is not None
-        flat = targets[0] if direct else np.empty(nbytes, np.uint8)
+        flat, mine, targets = receive_buffer(ex, t, nbytes, data=not signal)
         recvs = [ex.irecv(flat[bounds[c]:bounds[c + 1]], chain[p - 1], tag0 + c) for c in range(k)]
         sends = []
         for c in range(k):
@@ -87,12 +81,6 @@ class Broadcast(TransferKind):
             lo, hi = bounds[c], bounds[c + 1]
             if p + 1 < len(chain):
                 sends.append(ex.isend(flat[lo:hi], chain[p + 1], tag0 + c))
-            for tgt in targets:
-                if tgt is not None and tgt is not flat:
-                    tgt[lo:hi] = flat[lo:hi]
+            fan_out(flat, targets, lo, hi)
         ex.wait(sends)
-        if t.parts and not signal:
-            ex.deliver(t, flat)
-        for r, tgt in zip(mine, targets):
-            if tgt is None:
-                ex.write(r, t.index, flat)
+        store_received(ex, t, flat, mine, targets, data=not signal)

@@ -1,0 +1,151 @@
+"""``double_tree``: one slice to hundreds of hosts over two pipelined binary trees.
+
+A chain (``broadcast``) pays one hop of fill per receiving host: t + (A-1)t/K, so
+one host's data to 1,000 hosts takes about 3x a copy even with 512 chunks. A
+binary tree has log2(A) levels, but each inner host sends every byte twice, so
+it runs at half the NIC rate. Two trees fix both (NCCL's double binary tree):
+the slice is cut in halves, each half goes down its own tree, and a host that
+is inner in one tree is a leaf in the other, so every host sends about one copy
+and receives one copy, at the NIC rate, after a fill of log2(A) steps:
+
+    t + (depth - 1) t / K        depth = floor(log2 A) + 1 network hops
+
+Tree 0 is a heap over the receiving hosts in order (host i feeds 2i+1 and 2i+2),
+tree 1 the same heap over the hosts reversed: the inner hosts of a heap are its
+first floor(A/2) positions, so the two trees' inner hosts never meet. The
+sender feeds both roots. Each byte crosses into a host once and fans out to its
+devices by memory copies, chunk by chunk, as a chain's hosts do.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from .. import cost_model
+from ..resources import intra_link, nic_receive, nic_send
+from .base import TransferKind, group_by_host, fan_out, receive_buffer, store_received
+
+TREES = 2
+MAX_CHUNKS_PER_TREE = cost_model.MAX_AUTO_CHUNKS // TREES
+"""Each tree's chunk messages take their own tags below the executor's ring tags."""
+
+
+def tree_edges(sender: int, hosts: Sequence[int], tree: int) -> list[tuple[int, int]]:
+    """(parent, child) host pairs of ``tree`` (0 or 1) over ``hosts``, the sender feeding the root."""
+    order = list(hosts) if tree == 0 else list(hosts)[::-1]
+    if not order:
+        return []
+    return [(sender, order[0])] + [(order[(p - 1) // 2], order[p]) for p in range(1, len(order))]
+
+
+def depth(hosts: int) -> int:
+    """Network hops from the sender to the deepest leaf of a heap over ``hosts`` hosts."""
+    return max(1, hosts).bit_length()
+
+
+def halves(nbytes: int) -> list[tuple[int, int]]:
+    """Byte range [lo, hi) each tree carries."""
+    mid = nbytes // 2
+    return [(0, mid), (mid, nbytes)]
+
+
+def chunk_bounds(lo: int, hi: int, chunks: int) -> np.ndarray:
+    """Chunk boundaries of [lo, hi): at most ``chunks`` chunks, none empty."""
+    k = max(1, min(chunks, hi - lo))
+    return np.linspace(lo, hi, k + 1).astype(np.int64)
+
+
+class DoubleTree(TransferKind):
+    name = "double_tree"
+    order = 42
+    packable = True
+
+    # ------------------------------------------------------------- planning
+    def resources(self, sender_host, receiver_hosts):
+        hosts = [h for h in receiver_hosts if h != sender_host]
+        inner = {p for tree in range(TREES) for p, _ in tree_edges(sender_host, hosts, tree)}
+        return ((nic_send(sender_host),) + tuple(nic_receive(h) for h in hosts)
+                + tuple(nic_send(h) for h in hosts if h in inner))
+
+    def step_rates(self, sender_host: int, groups, cluster) -> list[float]:
+        """One rate per pipeline step: each step moves one chunk of each half, i.e. nbytes/K
+        through every host's NIC (an inner host sends its half's chunk to two children, a
+        host takes one chunk from each tree), so a step runs at the slowest link."""
+        hosts = [h for h in groups if h != sender_host]
+        edges = [e for tree in range(TREES) for e in tree_edges(sender_host, hosts, tree)]
+        slowest = min(cluster.link_rate(a, b) for a, b in edges) if edges else cluster.intra_rate
+        rates = [slowest] * depth(len(hosts))
+        if any(len(groups[h]) > 1 for h in hosts):
+            rates.append(cluster.intra_rate)  # the last chunk's copy to the other devices of a host
+        return rates
+
+    def duration(self, nbytes, num_elements, sender_host, groups, cluster, chunks):
+        rates = self.step_rates(sender_host, groups, cluster)
+        limit = max(1, min(num_elements, MAX_CHUNKS_PER_TREE))
+        k = chunks if chunks is not None else cost_model.auto_chunks(nbytes, rates, cluster.latency_s, limit)
+        k = max(1, min(k, limit))
+        return cost_model.chain_time(nbytes, rates, k, cluster.latency_s), k
+
+    def closed_form(self, t, hosts, devices, chunks=1):
+        return t + (depth(hosts) - 1) * t / chunks
+
+    # ----------------------------------------------------------- simulation
+    def _hosts(self, t, host_of) -> tuple[int, list[int]]:
+        sender = host_of(t.sender)
+        return sender, [h for h in dict.fromkeys(host_of(r) for r in t.receivers) if h != sender]
+
+    def host_flows(self, t, cluster):
+        sender, hosts = self._hosts(t, cluster.host_of)
+        return [(p, c, hi - lo) for tree, (lo, hi) in enumerate(halves(t.nbytes))
+                for p, c in tree_edges(sender, hosts, tree)]
+
+    def phases(self, t, cluster):
+        # Every tree edge is a flow of its half; fluid sharing gives an inner host's two
+        # children half its NIC each, and a host's two parents half its receive side each,
+        # which is the pipeline's steady state. The fill and per-chunk latencies are a
+        # fixed delay, as for a chain.
+        sender, hosts = self._hosts(t, cluster.host_of)
+        groups = group_by_host(t.receivers, cluster)
+        fan_out = {h for h, d in groups.items() if len(d) > 1}
+        flows = [(hi - lo, (nic_send(p), nic_receive(c)) + ((intra_link(c),) if c in fan_out else ()))
+                 for tree, (lo, hi) in enumerate(halves(t.nbytes)) if hi > lo
+                 for p, c in tree_edges(sender, hosts, tree)]
+        rates = self.step_rates(sender, groups, cluster)
+        fill = cost_model.chain_time(t.nbytes, rates, t.chunks, cluster.latency_s) - t.nbytes / min(rates)
+        return [(max(0.0, fill), flows)]
+
+    # ------------------------------------------------------------- execution
+    def run(self, ex, t, tag0):
+        sender, hosts = self._hosts(t, ex.host_of)
+        if ex.host != sender and ex.host not in hosts:
+            return
+        trees = []  # (chunk bounds, parent, children) of each tree, from this host's view
+        for tree, (lo, hi) in enumerate(halves(t.nbytes)):
+            edges = tree_edges(sender, hosts, tree) if hi > lo else []
+            parent = next((p for p, c in edges if c == ex.host), None)
+            children = [c for p, c in edges if p == ex.host]
+            trees.append((chunk_bounds(lo, hi, t.chunks), parent, children))
+
+        def tag(tree: int, c: int) -> int:
+            return tag0 + tree * MAX_CHUNKS_PER_TREE + c
+
+        if ex.host == sender:
+            flat = ex.source(t)
+            ex.wait([ex.isend(flat[b[c]:b[c + 1]], kids[0], tag(i, c))
+                     for i, (b, _, kids) in enumerate(trees) if kids for c in range(len(b) - 1)])
+            return
+        flat, mine, targets = receive_buffer(ex, t, t.nbytes)
+        recvs = [[ex.irecv(flat[b[c]:b[c + 1]], parent, tag(i, c)) for c in range(len(b) - 1)]
+                 if parent is not None else [] for i, (b, parent, _) in enumerate(trees)]
+        sends = []
+        for c in range(max(len(r) for r in recvs)):
+            for i, (b, _, kids) in enumerate(trees):  # both trees' chunk c, so both halves flow at once
+                if c >= len(recvs[i]):
+                    continue
+                recvs[i][c].wait(ex.wait_s)
+                lo, hi = b[c], b[c + 1]
+                sends += [ex.isend(flat[lo:hi], kid, tag(i, c)) for kid in kids]
+                fan_out(flat, targets, lo, hi)
+        ex.wait(sends)
+        store_received(ex, t, flat, mine, targets)
