@@ -41,7 +41,8 @@ def explain_plan(plan, max_transfers: int = 12) -> str:
     lines.append(f"  unit tasks: {len(plan.unit_tasks)}; transfers: {len(plan.transfers)} ("
                  + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())) + ")")
     lines.append(f"  predicted: {fmt_seconds(plan.predicted_seconds)}   lower bound: "
-                 f"{fmt_seconds(plan.lower_bound_seconds)}   ratio: {plan.ratio_to_lower_bound:.2f}x")
+                 f"{fmt_seconds(plan.lower_bound_seconds)} bandwidth ({plan.ratio_to_lower_bound:.2f}x), "
+                 f"{fmt_seconds(plan.latency_bound_seconds)} latency-aware ({plan.ratio_to_latency_bound:.2f}x)")
     sent, recv = plan.network_bytes()
     hosts = sorted(set(sent) | set(recv))
     if hosts:

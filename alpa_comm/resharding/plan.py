@@ -122,7 +122,8 @@ class ReshardingPlan(ReshardingFields):
     unit_tasks: tuple[UnitTask, ...]
     transfers: tuple[Transfer, ...]
     predicted_seconds: float
-    lower_bound_seconds: float
+    lower_bound_seconds: float  # bandwidth: every NIC's bytes at its rate, plus one latency
+    latency_bound_seconds: float = 0.0  # max(bandwidth bound, messages that must cross in sequence)
     search_complete: bool = True
     host_operations: dict[int, tuple[int, ...]] = field(default_factory=dict)
     cache_hit: bool = False   # served from the plan cache (not part of the JSON form)
@@ -141,6 +142,11 @@ class ReshardingPlan(ReshardingFields):
     @property
     def ratio_to_lower_bound(self) -> float:
         return self.predicted_seconds / self.lower_bound_seconds if self.lower_bound_seconds else 1.0
+
+    @property
+    def ratio_to_latency_bound(self) -> float:
+        bound = max(self.lower_bound_seconds, self.latency_bound_seconds)
+        return self.predicted_seconds / bound if bound else 1.0
 
     def network_bytes(self) -> tuple[dict[int, int], dict[int, int]]:
         """Bytes each host sends and receives through its NIC(s) (intra-host excluded)."""
@@ -187,6 +193,7 @@ class ReshardingPlan(ReshardingFields):
             "search_complete": self.search_complete,
             "predicted_seconds": self.predicted_seconds,
             "lower_bound_seconds": self.lower_bound_seconds,
+            "latency_bound_seconds": self.latency_bound_seconds,
             "unit_tasks": self.entries(),
             "tasks": [{"id": u.id, "index": [list(p) for p in u.index], "src_devices": list(u.src_devices),
                        "dst_devices": list(u.dst_devices), "nbytes": u.nbytes} for u in self.unit_tasks],
@@ -212,6 +219,7 @@ class ReshardingPlan(ReshardingFields):
                                       tuple(u["dst_devices"]), u["nbytes"]) for u in d["tasks"]),
             transfers=tuple(Transfer.from_dict(t) for t in d["transfers"]),
             predicted_seconds=d["predicted_seconds"], lower_bound_seconds=d["lower_bound_seconds"],
+            latency_bound_seconds=d.get("latency_bound_seconds", d["lower_bound_seconds"]),
             search_complete=d["search_complete"],
             host_operations={int(h): tuple(v) for h, v in d["host_operations"].items()},
             strategy_asked=d.get("strategy_asked"))

@@ -138,33 +138,133 @@ def _plan(shape: Sequence[int], dtype, src_mesh, src_spec, dst_mesh, dst_spec, *
                             move.dst_spec)
     bounds = LowerBounds(final_tasks, cluster)
     plan = plan_for(strategy, lambda s: _plan_move(move, cluster, s, loadbalance, chunks, seed, dfs_budget_s,
-                                                   final_tasks, bounds))
+                                                   final_tasks, bounds), bounds)
     if store is not None:
         store.put(key, plan)
     return plan
 
 
-def plan_for(strategy: str, plan_with: Callable[[str], Plan]) -> Plan:
+AUTO_GOOD_ENOUGH = 1.15
+"""``auto`` stops trying kinds at the first plan predicted within this factor of its
+bandwidth bound: no other kind can win more than that."""
+AUTO_MAX_JOBS = 250_000
+"""``auto`` skips a kind that would make more jobs than this (send/recv of a large
+all-to-replicated: millions of messages, slow to plan and never the fastest there)."""
+
+
+def auto_order(tasks: Sequence[UnitTask], cluster: ClusterSpec) -> list[tuple[str, int]]:
+    """(kind, jobs it would make) of every kind ``auto`` may use, cheapest to plan first:
+    kinds that merge jobs into few transfers, then by job count, then listing order."""
+    shapes: dict[int, tuple[int, int]] = {}  # id(dst devices) -> (hosts, devices); tasks share tuples
+    counts = {s: 0 for s in auto_candidates()}
+    for t in tasks:
+        hd = shapes.get(id(t.dst_devices))
+        if hd is None:
+            hd = shapes[id(t.dst_devices)] = (len({cluster.host_of(d) for d in t.dst_devices}), len(t.dst_devices))
+        for s in counts:
+            counts[s] += transfer_kind(s).jobs_per_task(*hd)
+    rank = {s: i for i, s in enumerate(counts)}
+    return sorted(counts.items(), key=lambda sc: (not transfer_kind(sc[0]).groups_jobs, sc[1], rank[sc[0]]))
+
+
+def plan_for(strategy: str, plan_with: Callable[[str], Plan], bounds: "LowerBounds") -> Plan:
     """``plan_with(strategy)``, or for ``auto`` the plan with the smallest predicted time
-    over every kind that moves data, labelled ``strategy_asked="auto"``."""
+    over the kinds that move data, labelled ``strategy_asked="auto"``.
+
+    ``auto`` plans kinds cheapest first (``auto_order``), stops at the first plan within
+    ``AUTO_GOOD_ENOUGH`` of its latency-aware bound, and skips kinds that would make more than
+    ``AUTO_MAX_JOBS`` jobs once it has a plan: at 1,024 hosts that keeps it to a few
+    seconds where planning every kind would take minutes."""
     if strategy != AUTO:
         return plan_with(strategy)
-    plans = [plan_with(s) for s in auto_candidates()]
-    return dataclasses.replace(min(plans, key=lambda p: p.predicted_seconds), strategy_asked=AUTO)
+    best = None
+    for s, jobs in auto_order(bounds.tasks, bounds.cluster):
+        if best is not None and jobs > AUTO_MAX_JOBS:
+            continue
+        plan = plan_with(s)
+        if best is None or plan.predicted_seconds < best.predicted_seconds:
+            best = plan
+        if best.predicted_seconds <= AUTO_GOOD_ENOUGH * best.latency_bound_seconds:
+            break
+    return dataclasses.replace(best, strategy_asked=AUTO)
+
+
+def latency_rounds(tasks: Sequence[UnitTask], cluster: ClusterSpec) -> int:
+    """Messages that must cross one after another, whatever the plan.
+
+    In the cost model a NIC takes one message at a time and each costs at least the
+    latency. So per round of messages, the hosts holding a slice can at most double,
+    and the source hosts whose data has reached a host can at most double:
+
+    * a slice held on S hosts and needed on L others takes log2((S + L) / S) rounds;
+    * a host that needs slices whose source hosts form k pairwise disjoint sets
+      (each must be heard from, directly or through relays) takes log2(k + 1) rounds.
+    """
+    rounds = 0
+    needs: dict[int, dict[frozenset, None]] = {}
+    hosts_of: dict[tuple, frozenset] = {}
+
+    def hosts(devices: tuple) -> frozenset:
+        h = hosts_of.get(devices)
+        if h is None:
+            h = hosts_of[devices] = frozenset(cluster.host_of(d) for d in devices)
+        return h
+
+    seen: set[tuple] = set()
+    for t in tasks:
+        key = (t.src_devices, t.dst_devices)
+        if key in seen:
+            continue
+        seen.add(key)
+        src, dst = hosts(t.src_devices), hosts(t.dst_devices)
+        lacking = dst - src
+        if not lacking:
+            continue
+        rounds = max(rounds, math.ceil(math.log2((len(src) + len(lacking)) / len(src))))
+        for h in lacking:
+            needs.setdefault(h, {})[src] = None
+    packed: dict[frozenset, int] = {}  # hosts often need the same source sets
+    for sets in needs.values():
+        key = frozenset(sets)
+        k = packed.get(key)
+        if k is None:
+            taken: set[int] = set()
+            k = 0
+            for s in sorted(sets, key=len):  # greedy: any disjoint family is a valid bound
+                if taken.isdisjoint(s):
+                    taken |= s
+                    k += 1
+            packed[key] = k
+        rounds = max(rounds, math.ceil(math.log2(k + 1)))
+    return rounds
 
 
 class LowerBounds:
-    """The lower bound of one set of unit tasks for a strategy, computed once per payload:
-    ``auto`` plans the same tasks with several kinds, and the bound is a pass over all."""
+    """The lower bounds of one set of unit tasks for a strategy, computed once per
+    payload: ``auto`` plans the same tasks with several kinds, and a bound is a pass over
+    all of them.
+
+    ``bandwidth(strategy)`` (also ``self(strategy)``) is the NIC bound; ``latency_aware``
+    adds what latency forces: max(bandwidth bound, ``latency_rounds`` x latency), which
+    is what a transfer of a few KiB should be compared with."""
 
     def __init__(self, tasks: Sequence[UnitTask], cluster: ClusterSpec):
         self.tasks, self.cluster, self._memo = tasks, cluster, {}
+        self._rounds: int | None = None
 
     def __call__(self, strategy: str) -> float:
+        return self.bandwidth(strategy)
+
+    def bandwidth(self, strategy: str) -> float:
         payload = lower_bound_payload(strategy)
         if payload not in self._memo:
             self._memo[payload] = lower_bound(self.tasks, self.cluster, payload)
         return self._memo[payload]
+
+    def latency_aware(self, strategy: str) -> float:
+        if self._rounds is None:
+            self._rounds = latency_rounds(self.tasks, self.cluster)
+        return max(self.bandwidth(strategy), self._rounds * self.cluster.latency_s)
 
 
 def _plan_move(move: Resharding, cluster: ClusterSpec, strategy: str, loadbalance: str, chunks: int | None,
@@ -190,7 +290,7 @@ def _plan_move(move: Resharding, cluster: ClusterSpec, strategy: str, loadbalanc
         resharding=move, cluster=cluster, strategy=strategy, loadbalance=loadbalance, loadbalance_used=sched.mode,
         chunks=chunks, sent_spec=sent_spec, unit_tasks=tuple(tasks), transfers=tuple(transfers),
         predicted_seconds=sched.makespan,
-        lower_bound_seconds=bounds(strategy),
+        lower_bound_seconds=bounds.bandwidth(strategy), latency_bound_seconds=bounds.latency_aware(strategy),
         search_complete=sched.complete, host_operations=host_operations(transfers, cluster))
 
 

@@ -58,6 +58,7 @@ class TreePlan:
     bucket_bytes: int | None
     predicted_seconds: float
     lower_bound_seconds: float
+    latency_bound_seconds: float = 0.0  # max(bandwidth bound, latency rounds): see planner.LowerBounds
     host_operations: dict[int, tuple[int, ...]] = field(default_factory=dict)
     cache_hit: bool = False   # served from the plan cache
     strategy_asked: str | None = None  # "auto" when the planner chose ``strategy``
@@ -147,7 +148,7 @@ def plan_resharding_tree(tree, *, cluster: ClusterSpec, strategy: str = "broadca
                                          leaf.dst_mesh, leaf.dst_spec)) for leaf in leaves)
         bounds = LowerBounds([t for tasks in per_leaf for t in tasks], cluster)
         plan = plan_for(strategy, lambda s: _plan_tree(leaves, per_leaf, bounds, cluster, s, loadbalance, bucket,
-                                                       chunks, seed, dfs_budget_s))
+                                                       chunks, seed, dfs_budget_s), bounds)
     finally:
         if was:
             gc.enable()
@@ -181,7 +182,8 @@ def _plan_tree(leaves: tuple[Leaf, ...], per_leaf: tuple[tuple[UnitTask, ...], .
     sched = balancing.balance(jobs, loadbalance, seed=seed, dfs_budget_s=dfs_budget_s)
     transfers = build_transfers(jobs, job_leaf, members, per_leaf, sched, cluster)
     return TreePlan(leaves, per_leaf, tuple(transfers), cluster, strategy, sched.mode, bucket,
-                    sched.makespan, bounds(strategy), host_operations(transfers, cluster))
+                    sched.makespan, bounds.bandwidth(strategy), bounds.latency_aware(strategy),
+                    host_operations(transfers, cluster))
 
 
 def _pack(jobs: list[Job], job_leaf: list[int], bucket: int, strategy: str, cluster: ClusterSpec, chunks):

@@ -73,6 +73,11 @@ class TransferKind:
         served by one sender each; by default one job for all of them."""
         return [remote]
 
+    def jobs_per_task(self, hosts: int, devices: int) -> int:
+        """How many jobs ``split_receivers`` makes of a task with remote receivers on
+        ``hosts`` hosts (``devices`` devices in all): what planning this kind costs."""
+        return 1
+
     def resources(self, sender_host: int | None, receiver_hosts: Sequence[int]) -> tuple[int, ...]:
         """Resource keys a transfer holds for its whole duration (receiving hosts in chain order)."""
         raise NotImplementedError

@@ -101,16 +101,23 @@ class DoubleTree(TransferKind):
                 for p, c in tree_edges(sender, hosts, tree)]
 
     def phases(self, t, cluster):
-        # Every tree edge is a flow of its half; fluid sharing gives an inner host's two
-        # children half its NIC each, and a host's two parents half its receive side each,
-        # which is the pipeline's steady state. The fill and per-chunk latencies are a
-        # fixed delay, as for a chain.
+        # One flow per tree, holding the sender's NIC, every host's receive side and the
+        # tree's inner hosts' send sides: each receive side is shared by the two trees'
+        # flows, so each half streams at half the NIC rate, as in the pipeline's steady
+        # state (an inner host's two children also share its NIC, which one flow cannot
+        # express; but the transfer holds those NICs alone, so nothing else is slowed).
+        # Two flows instead of one per edge keep a 1,000-host tree cheap to simulate.
+        # The fill and per-chunk latencies are a fixed delay, as for a chain.
         sender, hosts = self._hosts(t, cluster.host_of)
         groups = group_by_host(t.receivers, cluster)
-        fan_out = {h for h, d in groups.items() if len(d) > 1}
-        flows = [(hi - lo, (nic_send(p), nic_receive(c)) + ((intra_link(c),) if c in fan_out else ()))
-                 for tree, (lo, hi) in enumerate(halves(t.nbytes)) if hi > lo
-                 for p, c in tree_edges(sender, hosts, tree)]
+        fan_out = tuple(intra_link(h) for h in hosts if len(groups.get(h, ())) > 1)
+        receive = tuple(nic_receive(h) for h in hosts)
+        flows = []
+        for tree, (lo, hi) in enumerate(halves(t.nbytes)):
+            edges = tree_edges(sender, hosts, tree)
+            if hi > lo and edges:
+                inner = tuple(dict.fromkeys(nic_send(p) for p, _ in edges))
+                flows.append((hi - lo, inner + receive + fan_out))
         rates = self.step_rates(sender, groups, cluster)
         fill = cost_model.chain_time(t.nbytes, rates, t.chunks, cluster.latency_s) - t.nbytes / min(rates)
         return [(max(0.0, fill), flows)]

@@ -14,6 +14,9 @@ class LocalAllGather(SendRecv):
     def split_receivers(self, remote):
         return [(g,) for g in remote]
 
+    def jobs_per_task(self, hosts, devices):
+        return hosts
+
     def duration(self, nbytes, num_elements, sender_host, groups, cluster, chunks):
         ((h, receivers),) = groups.items()
         b, lat = len(receivers), cluster.latency_s

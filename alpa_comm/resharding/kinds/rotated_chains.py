@@ -78,6 +78,26 @@ def runs(part_bytes: Sequence[int], ring: Sequence[int]) -> dict[int, tuple[int,
     return out
 
 
+def scatter_latency(messages: Sequence[tuple[int, int, int, int]], lat: float) -> float:
+    """A NIC side takes one message at a time: the scatter pays the latency of the most
+    messages any host sends or receives (at least one when anything crosses)."""
+    if not messages:
+        return 0.0
+    count: dict[tuple[int, int], int] = {}
+    for s, e, _, _ in messages:
+        count[(0, s)] = count.get((0, s), 0) + 1
+        count[(1, e)] = count.get((1, e), 0) + 1
+    return lat * max(count.values())
+
+
+def _side_bytes(messages, part_bytes: Sequence[int], side: int) -> dict[int, float]:
+    """Bytes each sending (side 0) or entry (side 1) host moves in the scatter."""
+    out: dict[int, float] = {}
+    for m in messages:
+        out[m[side]] = out.get(m[side], 0.0) + sum(part_bytes[m[2]:m[3]])
+    return out
+
+
 class RotatedChains(TransferKind):
     name = "rotated_chains"
     order = 45
@@ -105,14 +125,10 @@ class RotatedChains(TransferKind):
         """Scatter (the busiest NIC side) plus A-1 ring steps, each as long as the
         largest run over the slowest ring link."""
         lat = cluster.latency_s
-        out: dict[int, float] = {}
-        into: dict[int, float] = {}
-        for n, s, e in zip(part_bytes, sender_hosts, entry_hosts(part_bytes, ring)):
-            if s != e:
-                out[s] = out.get(s, 0.0) + n
-                into[e] = into.get(e, 0.0) + n
-        scatter = lat + max([b / cluster.send_rate(h) for h, b in out.items()]
-                            + [b / cluster.recv_rate(h) for h, b in into.items()] + [0.0])
+        messages = [m for m in scatter_messages(part_bytes, sender_hosts, ring) if m[0] != m[1]]
+        scatter = scatter_latency(messages, lat) + max(
+            [b / cluster.send_rate(h) for h, b in _side_bytes(messages, part_bytes, 0).items()]
+            + [b / cluster.recv_rate(h) for h, b in _side_bytes(messages, part_bytes, 1).items()] + [0.0])
         a = len(ring)
         if a == 1:
             return scatter
@@ -238,9 +254,9 @@ class RotatedChains(TransferKind):
     def phases(self, t, cluster):
         ring, sizes, senders = self._layout(t, cluster.host_of)
         lat = cluster.latency_s
-        scatter = [(sum(sizes[a:b]), (nic_send(s), nic_receive(e)))
-                   for s, e, a, b in scatter_messages(sizes, senders, ring) if s != e]
-        out = [(lat, scatter)]
+        messages = [m for m in scatter_messages(sizes, senders, ring) if m[0] != m[1]]
+        scatter = [(sum(sizes[a:b]), (nic_send(s), nic_receive(e))) for s, e, a, b in messages]
+        out = [(scatter_latency(messages, lat), scatter)]
         a = len(ring)
         if a > 1:
             # A-1 store-and-forward steps, each as long as the largest run: one flow of

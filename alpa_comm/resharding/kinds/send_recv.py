@@ -16,6 +16,9 @@ class SendRecv(TransferKind):
     def split_receivers(self, remote):
         return [((h, (d,)),) for h, devs in remote for d in devs]
 
+    def jobs_per_task(self, hosts, devices):
+        return devices
+
     def resources(self, sender_host, receiver_hosts):
         return (nic_send(sender_host), nic_receive(receiver_hosts[0]))
 
