@@ -47,6 +47,7 @@ METHODS = (
     Method("broadcast_naive", "broadcast", "naive", "chunked broadcast, lowest sender, fixed order"),
     Method("broadcast_size", "broadcast", "size", "chunked broadcast, LPT load balance"),
     Method("broadcast", "broadcast", "auto", "chunked broadcast, dfs/greedy load balance + order"),
+    Method("auto", "auto", "auto", "the kind the planner predicts fastest for the case (strategy auto)"),
     Method("signal", "signal", "auto", "one byte per task: the upper bound"),
 )
 METHOD_BY_NAME = {m.name: m for m in METHODS}
@@ -64,6 +65,8 @@ REPLICATE_METHODS = (
     METHOD_BY_NAME["alpa"],
     METHOD_BY_NAME["broadcast"],
     Method("rotated_chains", "rotated_chains", "auto", "slices to the same hosts as one ring (rotated chains)"),
+    Method("double_tree", "double_tree", "auto", "each slice down two pipelined binary trees"),
+    METHOD_BY_NAME["auto"],
     METHOD_BY_NAME["signal"],
 )
 """Sharded to replicated (RL weight sync, all-gather-like changes): many receiving hosts

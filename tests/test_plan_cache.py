@@ -52,3 +52,46 @@ def test_the_default_cache_serves_repeated_plans_and_tree_plans():
     again = plan_resharding_tree(tree, cluster=cluster)
     assert again.cache_hit and again.transfers is first.transfers
     assert not plan_resharding_tree(tree, cluster=cluster, bucket_bytes=None).cache_hit
+
+
+def test_a_disk_store_serves_plans_to_a_new_process(tmp_path):
+    import subprocess
+    import sys
+
+    from alpa_comm.runtime.plan_store import DiskPlanStore
+
+    store = DiskPlanStore(tmp_path / "plans")
+    first = plan_resharding(*ARGS, cache=PlanCache(store=store))
+    assert len(store) == 1 and not first.cache_hit
+    fresh = PlanCache(store=store)  # a new process's empty memory, the same directory
+    again = plan_resharding(*ARGS, cache=fresh)
+    assert again.cache_hit and again.to_json() == first.to_json()
+    assert fresh.stats()["store_hits"] == 1 and plan_resharding(*ARGS, cache=fresh).cache_hit
+    code = ("import sys; from alpa_comm import plan_resharding; from alpa_comm.runtime.plan_store import "
+            "use_disk_plan_cache; use_disk_plan_cache(sys.argv[1]); "
+            f"p = plan_resharding(*{ARGS!r}); print(p.cache_hit)")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "plans")], capture_output=True, text=True)
+    assert out.stdout.strip() == "True", out.stderr
+
+
+def test_a_damaged_entry_is_a_miss_and_is_rewritten(tmp_path):
+    from alpa_comm.runtime.plan_store import DiskPlanStore
+
+    store = DiskPlanStore(tmp_path)
+    plan_resharding(*ARGS, cache=PlanCache(store=store))
+    (entry,) = tmp_path.glob("*.plan.pickle")
+    entry.write_bytes(entry.read_bytes()[:20])
+    assert not plan_resharding(*ARGS, cache=PlanCache(store=store)).cache_hit
+    assert plan_resharding(*ARGS, cache=PlanCache(store=store)).cache_hit
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_store_on_a_file_is_refused_by_name(tmp_path):
+    import pytest
+
+    from alpa_comm.errors import InvalidOptionError
+    from alpa_comm.runtime.plan_store import DiskPlanStore
+
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(InvalidOptionError, match="is a file"):
+        DiskPlanStore(tmp_path / "f")

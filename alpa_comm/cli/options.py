@@ -5,6 +5,7 @@ without an edit."""
 from __future__ import annotations
 
 import argparse
+import os
 
 from .. import suites
 from ..errors import AlpaCommError
@@ -81,6 +82,9 @@ def add_resharding_args(p: argparse.ArgumentParser) -> None:
                    help="sender choice and ordering (default auto: dfs when small, else greedy)")
     p.add_argument("--chunks", type=chunks_value, default=None, help="broadcast chunks per slice, or 'auto' (default)")
     p.add_argument("--seed", type=int, default=0, help="seed of the randomized greedy search")
+    p.add_argument("--plan-cache", metavar="DIR", default=os.environ.get("ALPA_COMM_PLAN_CACHE"),
+                   help="keep plans in DIR and serve them from there next time (default: $ALPA_COMM_PLAN_CACHE, "
+                        "else in this process only)")
     p.add_argument("--suite", choices=list(suites.SUITES),
                    help="a reference suite with every method side by side instead of one resharding: "
                         + "; ".join(f"{s.name}: {s.summary}" for s in suites.SUITES.values()))
@@ -126,6 +130,10 @@ def plan_from_args(args):
         raise AlpaCommError("missing option(s): " + ", ".join("--" + m.replace("_", "-") for m in missing)
                             + " (or use --suite)")
     cluster = cluster_from_args(args, args.src_mesh, args.dst_mesh)
+    if getattr(args, "plan_cache", None):
+        from ..runtime.plan_store import use_disk_plan_cache  # noqa: PLC0415
+
+        use_disk_plan_cache(args.plan_cache)
     return plan_resharding(args.shape, args.dtype, args.src_mesh, args.src_spec, args.dst_mesh, args.dst_spec,
                            cluster=cluster, strategy=args.strategy, loadbalance=args.loadbalance,
                            chunks=args.chunks, seed=args.seed)

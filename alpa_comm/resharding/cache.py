@@ -10,13 +10,21 @@ Plans are immutable, so a hit hands out the cached object itself (re-labelled
 ``cache_hit=True`` for ``explain()``). In-process and bounded (least recently
 used out first); ``PLAN_CACHE.clear()`` empties it, ``plan_resharding(...,
 cache=False)`` bypasses it.
+
+Optionally a cache has a ``store`` that outlives the process (a directory:
+``runtime.plan_store.DiskPlanStore``, or ``alpa-comm plan --plan-cache DIR``), so a
+job restarted every step plans once per cluster, not once per process. The store is
+asked on a memory miss and given every new plan; this module only names entries
+(``entry_name``) and never touches files itself.
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import threading
 from collections import OrderedDict
+from typing import Protocol
 
 from ..placement import Resharding
 from ..topology import ClusterSpec
@@ -35,44 +43,80 @@ def cluster_key(cluster: ClusterSpec) -> str:
     return json.dumps(cluster.to_dict(), sort_keys=True)
 
 
-class PlanCache:
-    """A bounded, thread-safe map from planning inputs to plans, with hit counts."""
+def entry_name(key: tuple) -> str:
+    """A file-safe name for ``key`` that is the same in every process: a digest of its
+    text (keys hold only tuples, strings and numbers) and of the package version, so a
+    newer planner never serves an older one's plans."""
+    from .. import __version__  # noqa: PLC0415 - the package root imports this module
 
-    def __init__(self, max_plans: int = DEFAULT_MAX_PLANS):
+    return hashlib.sha256(f"{__version__}|{key!r}".encode()).hexdigest()[:40]
+
+
+class PlanStore(Protocol):
+    """Where plans outlive the process: ``load`` returns None for anything it cannot
+    read (missing, truncated, from another version), never raises for it."""
+
+    def load(self, name: str): ...
+
+    def save(self, name: str, plan) -> None: ...
+
+
+class PlanCache:
+    """A bounded, thread-safe map from planning inputs to plans, with hit counts, and
+    optionally a ``store`` behind it (``store_hits`` counts plans it served)."""
+
+    def __init__(self, max_plans: int = DEFAULT_MAX_PLANS, store: PlanStore | None = None):
         self.max_plans = max_plans
+        self.store = store
         self._plans: OrderedDict[tuple, object] = OrderedDict()
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
+        self.store_hits = 0
 
     def get(self, key: tuple):
         """The cached plan, marked as a hit, or None."""
         with self._lock:
             plan = self._plans.get(key)
+            if plan is not None:
+                self._plans.move_to_end(key)
+                self.hits += 1
+                return dataclasses.replace(plan, cache_hit=True)
+        plan = self.store.load(entry_name(key)) if self.store is not None else None
+        with self._lock:
             if plan is None:
                 self.misses += 1
                 return None
-            self._plans.move_to_end(key)
             self.hits += 1
+            self.store_hits += 1
+            self._remember(key, plan)
         return dataclasses.replace(plan, cache_hit=True)
 
     def put(self, key: tuple, plan) -> None:
         with self._lock:
-            self._plans[key] = plan
-            self._plans.move_to_end(key)
-            while len(self._plans) > self.max_plans:
-                self._plans.popitem(last=False)
+            self._remember(key, plan)
+        if self.store is not None:
+            self.store.save(entry_name(key), dataclasses.replace(plan, cache_hit=False))
+
+    def _remember(self, key: tuple, plan) -> None:
+        self._plans[key] = dataclasses.replace(plan, cache_hit=False)
+        self._plans.move_to_end(key)
+        while len(self._plans) > self.max_plans:
+            self._plans.popitem(last=False)
 
     def clear(self) -> None:
         with self._lock:
             self._plans.clear()
-            self.hits = self.misses = 0
+            self.hits = self.misses = self.store_hits = 0
 
     def __len__(self) -> int:
         return len(self._plans)
 
     def stats(self) -> dict:
-        return {"plans": len(self), "hits": self.hits, "misses": self.misses, "max_plans": self.max_plans}
+        out = {"plans": len(self), "hits": self.hits, "misses": self.misses, "max_plans": self.max_plans}
+        if self.store is not None:
+            out["store_hits"] = self.store_hits
+        return out
 
 
 PLAN_CACHE = PlanCache()

@@ -153,8 +153,9 @@ all-to-replicated: millions of messages, slow to plan and never the fastest ther
 
 
 def auto_order(tasks: Sequence[UnitTask], cluster: ClusterSpec) -> list[tuple[str, int]]:
-    """(kind, jobs it would make) of every kind ``auto`` may use, cheapest to plan first:
-    kinds that merge jobs into few transfers, then by job count, then listing order."""
+    """(kind, jobs it would make) of every kind ``auto`` may use here, cheapest to plan
+    first: kinds that merge jobs into few transfers, then by job count, then listing
+    order. Kinds that plan as a chain would for these tasks (``auto_min_hosts``) are left out."""
     shapes: dict[int, tuple[int, int]] = {}  # id(dst devices) -> (hosts, devices); tasks share tuples
     counts = {s: 0 for s in auto_candidates()}
     for t in tasks:
@@ -163,8 +164,10 @@ def auto_order(tasks: Sequence[UnitTask], cluster: ClusterSpec) -> list[tuple[st
             hd = shapes[id(t.dst_devices)] = (len({cluster.host_of(d) for d in t.dst_devices}), len(t.dst_devices))
         for s in counts:
             counts[s] += transfer_kind(s).jobs_per_task(*hd)
+    widest = max((hd[0] for hd in shapes.values()), default=0)
     rank = {s: i for i, s in enumerate(counts)}
-    return sorted(counts.items(), key=lambda sc: (not transfer_kind(sc[0]).groups_jobs, sc[1], rank[sc[0]]))
+    return sorted(((s, n) for s, n in counts.items() if transfer_kind(s).auto_min_hosts <= max(1, widest)),
+                  key=lambda sc: (not transfer_kind(sc[0]).groups_jobs, sc[1], rank[sc[0]]))
 
 
 def plan_for(strategy: str, plan_with: Callable[[str], Plan], bounds: "LowerBounds") -> Plan:

@@ -62,6 +62,9 @@ class TransferKind:
     """False for kinds that only time the protocol (``signal``)."""
     groups_jobs: ClassVar[bool] = False
     """True for kinds that merge many unit tasks' jobs into one transfer (``combine``)."""
+    auto_min_hosts: ClassVar[int] = 1
+    """``auto`` tries this kind only where some task has at least this many receiving
+    hosts: below that it plans as a chain (``broadcast``) would."""
 
     # ------------------------------------------------------------- planning
     def wire_bytes(self, nbytes: int) -> int:

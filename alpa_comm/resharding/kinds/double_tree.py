@@ -59,6 +59,7 @@ def chunk_bounds(lo: int, hi: int, chunks: int) -> np.ndarray:
 class DoubleTree(TransferKind):
     name = "double_tree"
     order = 42
+    auto_min_hosts = 3
     packable = True
 
     # ------------------------------------------------------------- planning
