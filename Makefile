@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install sysdeps demo test bench clean
+.PHONY: install sysdeps demo test bench bench-emulated clean
 
 $(STAMP): setup.cfg setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -41,8 +41,10 @@ test: $(STAMP) sysdeps
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/planner_speed.py
-	$(BIN)/python benchmarks/sim_scale.py
+	$(BIN)/python benchmarks/sim_scale.py --out out/scale
 	$(BIN)/python benchmarks/schedules.py
+
+bench-emulated: $(STAMP) sysdeps
 	$(BIN)/python benchmarks/runtime_1_to_m.py
 	$(BIN)/python benchmarks/allreduce.py
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import suites
-from .errors import InvalidOptionError
+from .errors import AlpaCommError, InvalidOptionError
 from .placement import Placement, Resharding
 from .report.progress import Progress
 from .resharding import plan_resharding
@@ -35,7 +35,7 @@ SUITE_NAMES = tuple(suites.SUITES)
 WEIGHT_SYNC_METHODS = ("per_array", "tree_joint", "tree_packed")
 
 
-class VerificationError(RuntimeError):
+class VerificationError(AlpaCommError, RuntimeError):
     """A destination device received wrong data."""
 
 

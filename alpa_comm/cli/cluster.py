@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..errors import AlpaCommError
 from ..topology import ClusterSpec
-from .options import add_live_cluster_args, add_schedule_args, add_strategy_arg
+from .options import add_live_cluster_args, add_schedule_args, add_strategy_arg, reject_unused
+from .values import count, number, output_dir, output_file
+
+MAX_SEQ = 8192
+"""Longer byte sequences run for many minutes a step on CPUs: a typo more likely than a plan."""
 
 
 def register(sub) -> None:
@@ -18,9 +21,10 @@ def register(sub) -> None:
                                    "bridge, tc-shaped NICs, one Ray node per host. 'down' removes everything "
                                    "it created, also after a crash.")
     p.add_argument("action", choices=["up", "down", "status"])
-    p.add_argument("--hosts", type=int, default=5, help="number of hosts (default 5)")
+    p.add_argument("--hosts", type=count(1, 256), default=5, help="number of hosts (default 5)")
     p.add_argument("--nic", default="400mbit", help="NIC rate per host and direction, e.g. 400mbit, 1gbit, none")
-    p.add_argument("--host-cpus", type=float, default=None, help="cap each host at this many CPU cores")
+    p.add_argument("--host-cpus", type=number(0, exclusive=True, maximum=4096), default=None,
+                   help="cap each host at this many CPU cores")
     p.set_defaults(func=cmd_cluster)
 
 
@@ -35,10 +39,12 @@ def _register_bench(sub) -> None:
                    help=f"all = {', '.join(suites.SUITES)}; weight-sync = per-array vs coalesced pytree resharding")
     add_live_cluster_args(p, "emulated", "emulated (root + iproute2), local, or ray://ADDR of a running Ray cluster",
                           hosts_default=5, devices_default=4)
-    p.add_argument("--size-mb", type=float, default=64, help="tensor size in MiB (default 64)")
-    p.add_argument("--repeat", type=int, default=3, help="timed runs per method after one warm-up (default 3)")
-    p.add_argument("--timeout", type=float, default=30, help="per-wait timeout, seconds (default 30)")
-    p.add_argument("--out", default="out/bench", help="directory for results.json, results.md and PNGs")
+    p.add_argument("--size-mb", type=number(0, exclusive=True, maximum=1 << 20), default=64,
+                   help="tensor size in MiB (default 64)")
+    p.add_argument("--repeat", type=count(1, 10_000), default=3,
+                   help="timed runs per method after one warm-up (default 3)")
+    p.add_argument("--timeout", type=number(0, exclusive=True), default=30, help="per-wait timeout, seconds (default 30)")
+    p.add_argument("--out", type=output_dir, default="out/bench", help="directory for results.json, results.md and PNGs")
     p.set_defaults(func=cmd_bench)
 
 
@@ -49,35 +55,49 @@ def _register_train(sub) -> None:
                                    "gradients moved by cross-mesh resharding; data: Python's standard library "
                                    "as bytes. Prints progress; --out writes the loss curve, --trace a Chrome trace.")
     p.add_argument("--model", choices=["gpt", "utransformer"], default="gpt")
-    p.add_argument("--stages", type=int, default=4)
-    p.add_argument("--layers", type=int, default=4, help="transformer layers (U-Transformer: 2L, L = layers/2)")
-    p.add_argument("--width", type=int, default=64, help="model width d (default 64)")
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--seq", type=int, default=32, help="sequence length in bytes (default 32)")
-    p.add_argument("--microbatches", type=int, default=4)
-    p.add_argument("--microbatch-size", type=int, default=4, help="rows per microbatch (all dp replicas together)")
+    p.add_argument("--stages", type=count(1, 64), default=4, help="pipeline stages, one host each (default 4)")
+    p.add_argument("--layers", type=count(1, 1024), default=4,
+                   help="transformer layers (U-Transformer: 2L, L = layers/2)")
+    p.add_argument("--width", type=count(1, 1 << 16), default=64, help="model width d (default 64)")
+    p.add_argument("--heads", type=count(1, 1024), default=4, help="attention heads, dividing --width (default 4)")
+    p.add_argument("--seq", type=count(1, MAX_SEQ), default=32, help="sequence length in bytes (default 32)")
+    p.add_argument("--microbatches", type=count(1, 4096), default=4, help="microbatches per step (default 4)")
+    p.add_argument("--microbatch-size", type=count(1, 1 << 20), default=4,
+                   help="rows per microbatch (all dp replicas together)")
     add_schedule_args(p, "delay weight gradients: 'auto', N, or one N per stage (implies --split-backward)")
     add_strategy_arg(p, "; signal: one byte, the no-communication bound")
-    p.add_argument("--dp", type=int, default=1, help="data-parallel hosts per stage (default 1)")
+    p.add_argument("--dp", type=count(1, 64), default=1, help="data-parallel hosts per stage (default 1)")
     add_live_cluster_args(p, "local", "inprocess (one process), local (Ray on this machine), emulated (root: "
                                       "shaped NICs) or ray://ADDR", hosts_default=None, devices_default=2)
-    p.add_argument("--host-cpus", type=float, default=None,
+    p.add_argument("--host-cpus", type=number(0, exclusive=True, maximum=4096), default=None,
                    help="emulated: cap each host at this many CPU cores (stages then compute side by side "
                         "at a steady rate, as separate machines would)")
-    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--steps", type=count(1, 10_000_000), default=50, help="training steps (default 50)")
     p.add_argument("--optimizer", default="adam", choices=["adam", "sgd"])
-    p.add_argument("--lr", type=float, default=3e-3, help="learning rate (default 3e-3)")
+    p.add_argument("--lr", type=number(0, exclusive=True, maximum=100), default=3e-3,
+                   help="learning rate (default 3e-3)")
     p.add_argument("--data", default="corpus", choices=["corpus", "synthetic"])
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds any transfer may wait (default 60)")
-    p.add_argument("--trace", help="write a Chrome trace of the last steps here")
-    p.add_argument("--out", help="write loss.json and loss.png here")
+    p.add_argument("--seed", type=count(0), default=0)
+    p.add_argument("--timeout", type=number(0, exclusive=True), default=60.0,
+                   help="seconds any transfer may wait (default 60)")
+    p.add_argument("--trace", type=output_file, help="write a Chrome trace of the last steps here")
+    p.add_argument("--out", type=output_dir, help="write loss.json and loss.png into this folder")
     p.set_defaults(func=cmd_train)
+
+
+def _reject_emulated_only(args) -> None:
+    """--nic and --host-cpus shape emulated hosts; elsewhere they would be ignored."""
+    if args.cluster != "emulated":
+        reject_unused(args, {"nic": "--nic", "host_cpus": "--host-cpus"},
+                      f"with --cluster {args.cluster} (they shape emulated hosts only)")
 
 
 def cmd_cluster(args) -> int:
     from ..runtime.emulated import netns  # noqa: PLC0415
 
+    if args.action != "up":
+        reject_unused(args, {"hosts": "--hosts", "nic": "--nic", "host_cpus": "--host-cpus"},
+                      f"with '{args.action}' (they describe a cluster to start)")
     if args.action == "up":
         from ..runtime.emulated.launch import launch_emulated  # noqa: PLC0415
 
@@ -112,8 +132,9 @@ def cmd_bench(args) -> int:
     from ..runtime import Cluster  # noqa: PLC0415
 
     names = bench.SUITE_NAMES if args.suite == "all" else (args.suite,)
-    if args.repeat < 1 or args.size_mb <= 0:
-        raise AlpaCommError(f"--repeat must be >= 1 and --size-mb > 0, got {args.repeat} and {args.size_mb}")
+    _reject_emulated_only(args)
+    if args.cluster.startswith("ray://"):
+        reject_unused(args, {"hosts": "--hosts"}, "with a running Ray cluster (its hosts are what it has)")
     if args.cluster in ("emulated", "local"):  # a connected cluster is checked once its size is known
         bench.check(ClusterSpec(num_hosts=args.hosts, devices_per_host=args.devices_per_host), names, args.size_mb)
     with Cluster.open(args.cluster, args.hosts, args.devices_per_host, args.nic, args.timeout) as cluster:
@@ -135,6 +156,7 @@ def cmd_bench(args) -> int:
 def cmd_train(args) -> int:
     from ..train.trainer import TrainConfig, train, write_loss  # noqa: PLC0415
 
+    _reject_emulated_only(args)
     cfg = TrainConfig(**{k: getattr(args, k) for k in TrainConfig.__dataclass_fields__ if hasattr(args, k)})
     result = train(cfg)
     timed = result.step_seconds[1:] or result.step_seconds

@@ -13,23 +13,38 @@ from ..pipeline import SCHEDULE_KINDS
 from ..resharding import LOADBALANCE_MODES, STRATEGIES, plan_resharding
 from ..resharding.planner import smallest_cluster
 from ..topology import ClusterSpec
+from .values import count, number, output_dir
+
+MAX_ELEMENTS = 1 << 60
+"""A tensor with more elements does not fit any machine (and overflows int64 byte counts)."""
 
 
 # ------------------------------------------------------------------ value types
 def shape_value(text: str) -> tuple[int, ...]:
     try:
-        return tuple(int(x) for x in text.replace("x", ",").split(",") if x.strip())
+        dims = tuple(int(x) for x in text.replace("x", ",").split(",") if x.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"shape must be comma-separated integers, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"must be comma-separated integers, got {text!r}") from None
+    if not dims or min(dims) < 1:
+        raise argparse.ArgumentTypeError(f"must be positive integers, got {text!r}")
+    total = 1
+    for d in dims:
+        total *= d
+    if total > MAX_ELEMENTS:
+        raise argparse.ArgumentTypeError(f"has {total:.3g} elements, more than any machine holds: {text!r}")
+    return dims
 
 
 def chunks_value(text: str):
     if text == "auto":
         return None
     try:
-        return int(text)
+        v = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"chunks must be a positive integer or 'auto', got {text!r}") from None
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer or 'auto', got {text!r}")
+    return v
 
 
 def delay_value(text: str):
@@ -38,21 +53,32 @@ def delay_value(text: str):
     try:
         values = [int(x) for x in text.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--delay-wgrad takes 'auto', an integer or one per stage, got {text!r}") \
-            from None
+        values = [-1]
+    if min(values) < 0:
+        raise argparse.ArgumentTypeError(f"takes 'auto', an integer >= 0 or one per stage, got {text!r}")
     return values[0] if len(values) == 1 else values
+
+
+def reject_unused(args, unused: dict[str, str], why: str) -> None:
+    """Refuse options that do nothing in the chosen mode instead of ignoring them:
+    ``unused`` maps each option's dest to its flag."""
+    given = sorted(flag for dest, flag in unused.items() if dest in getattr(args, "given", ()))
+    if given:
+        raise AlpaCommError(f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} nothing {why}")
 
 
 # --------------------------------------------------------------- argument groups
 def add_cluster_model_args(p: argparse.ArgumentParser) -> None:
     """The modelled cluster of ``plan`` and ``simulate``."""
     g = p.add_argument_group("cluster (defaults: the smallest that holds both meshes)")
-    g.add_argument("--hosts", type=int, help="number of hosts")
-    g.add_argument("--devices-per-host", type=int, help="devices per host")
-    g.add_argument("--nic-gbps", type=float, default=10.0, help="NIC bandwidth per host, Gbit/s (default 10)")
-    g.add_argument("--intra-gbps", type=float, default=1200.0,
-                   help="intra-host link bandwidth, Gbit/s (default 1200, NVLink-class)")
-    g.add_argument("--latency-us", type=float, default=20.0, help="per-message latency, microseconds (default 20)")
+    g.add_argument("--hosts", type=count(1), help="number of hosts")
+    g.add_argument("--devices-per-host", type=count(1), help="devices per host")
+    g.add_argument("--nic-gbps", type=number(0, exclusive=True), default=10.0,
+                   help="NIC bandwidth per host, Gbit/s (default 10)")
+    g.add_argument("--intra-gbps", type=number(0, exclusive=True, allow_inf=True), default=1200.0,
+                   help="intra-host link bandwidth, Gbit/s, or inf (default 1200, NVLink-class)")
+    g.add_argument("--latency-us", type=number(0, maximum=1e7), default=20.0,
+                   help="per-message latency, microseconds (default 20)")
 
 
 def add_strategy_arg(p: argparse.ArgumentParser, help_suffix: str = "") -> None:
@@ -81,15 +107,16 @@ def add_resharding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--loadbalance", default="auto", choices=LOADBALANCE_MODES,
                    help="sender choice and ordering (default auto: dfs when small, else greedy)")
     p.add_argument("--chunks", type=chunks_value, default=None, help="broadcast chunks per slice, or 'auto' (default)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the randomized greedy search")
-    p.add_argument("--plan-cache", metavar="DIR", default=os.environ.get("ALPA_COMM_PLAN_CACHE"),
+    p.add_argument("--seed", type=count(0), default=0, help="seed of the randomized greedy search")
+    p.add_argument("--plan-cache", metavar="DIR", type=output_dir, default=os.environ.get("ALPA_COMM_PLAN_CACHE"),
                    help="keep plans in DIR and serve them from there next time (default: $ALPA_COMM_PLAN_CACHE, "
                         "else in this process only)")
     p.add_argument("--suite", choices=list(suites.SUITES),
                    help="a reference suite with every method side by side instead of one resharding: "
                         + "; ".join(f"{s.name}: {s.summary}" for s in suites.SUITES.values()))
-    p.add_argument("--last-dim", type=int, default=512, help="n-to-m suites: last tensor dim (paper: 512)")
-    p.add_argument("--size-mb", type=float, default=1024, help="1-to-m suite: vector size in MiB (paper: 1024)")
+    p.add_argument("--last-dim", type=count(2), default=512, help="n-to-m suites: last tensor dim (paper: 512)")
+    p.add_argument("--size-mb", type=number(0, exclusive=True, maximum=1 << 30), default=1024,
+                   help="1-to-m and replicate suites: tensor size in MiB (paper: 1024)")
     add_cluster_model_args(p)
 
 
@@ -98,9 +125,9 @@ def add_live_cluster_args(p: argparse.ArgumentParser, default: str, kinds: str, 
     """A cluster that runs things: emulated, local or an existing Ray cluster."""
     p.add_argument("--cluster", default=default, help=f"{kinds} (default {default})")
     if hosts_default is not None:
-        p.add_argument("--hosts", type=int, default=hosts_default,
+        p.add_argument("--hosts", type=count(1, 256), default=hosts_default,
                        help=f"hosts of an emulated or local cluster (default {hosts_default})")
-    p.add_argument("--devices-per-host", type=int, default=devices_default,
+    p.add_argument("--devices-per-host", type=count(1, 1024), default=devices_default,
                    help=f"devices per host (default {devices_default})")
     p.add_argument("--nic", default="400mbit", help="emulated NIC rate per host and direction, e.g. 400mbit, "
                                                      "1gbit, none (default 400mbit)")
@@ -118,8 +145,15 @@ def cluster_from_args(args, src_mesh=None, dst_mesh=None, hosts=None, dph=None) 
     return smallest_cluster(src_mesh, dst_mesh, **kw)
 
 
+ONE_RESHARDING = {"shape": "--shape", "dtype": "--dtype", "src_mesh": "--src-mesh", "src_spec": "--src-spec",
+                  "dst_mesh": "--dst-mesh", "dst_spec": "--dst-spec", "strategy": "--strategy",
+                  "loadbalance": "--loadbalance", "plan_cache": "--plan-cache"}
+"""Options of one resharding, which a suite (every case, every method) replaces."""
+
+
 def suite_cluster(args) -> ClusterSpec:
     """The modelled cluster of a reference suite (the paper's 5 hosts x 4 devices by default)."""
+    reject_unused(args, ONE_RESHARDING, "with --suite (it plans every case with every method)")
     return cluster_from_args(args, hosts=suites.SUITE_HOSTS, dph=suites.SUITE_DEVICES_PER_HOST)
 
 
@@ -129,6 +163,8 @@ def plan_from_args(args):
     if missing:
         raise AlpaCommError("missing option(s): " + ", ".join("--" + m.replace("_", "-") for m in missing)
                             + " (or use --suite)")
+    suite_only = {"last_dim": "--last-dim", "size_mb": "--size-mb"}
+    reject_unused(args, suite_only, "without --suite")
     cluster = cluster_from_args(args, args.src_mesh, args.dst_mesh)
     if getattr(args, "plan_cache", None):
         from ..runtime.plan_store import use_disk_plan_cache  # noqa: PLC0415

@@ -12,7 +12,8 @@ from ..report.tables import table
 from ..resharding import plan_resharding
 from ..resharding.explain import fmt_bytes, fmt_seconds
 from ..resharding.strategies import carries_data
-from .options import add_resharding_args, plan_from_args, suite_cluster
+from .options import add_resharding_args, plan_from_args, reject_unused, suite_cluster
+from .values import output_dir, output_file, png_path
 
 
 def register(sub) -> None:
@@ -28,9 +29,9 @@ def register(sub) -> None:
                                    "NIC sharing, the plan's per-host order): makespan, per-host bytes and busy "
                                    "time, timeline. --suite runs every method side by side on the paper's testbed.")
     add_resharding_args(p)
-    p.add_argument("--out", help="suite mode: directory for the markdown table, JSON and PNG")
-    p.add_argument("--trace", help="single case: write a Chrome trace JSON here")
-    p.add_argument("--png", help="single case: write a Gantt chart PNG here")
+    p.add_argument("--out", type=output_dir, help="suite mode: directory for the markdown table, JSON and PNG")
+    p.add_argument("--trace", type=output_file, help="single case: write a Chrome trace JSON here")
+    p.add_argument("--png", type=png_path, help="single case: write a Gantt chart PNG here ('.png' added if missing)")
     p.set_defaults(func=cmd_simulate)
 
 
@@ -90,6 +91,7 @@ def cmd_simulate(args) -> int:
     from ..sim.simulate import effective_gbps  # noqa: PLC0415
 
     if args.suite:
+        reject_unused(args, {"trace": "--trace", "png": "--png"}, "with --suite (use --out for its table and PNG)")
         from ..report.suite_results import suite_table, wide_table, write_suite_outputs  # noqa: PLC0415
         from ..sim.suite import run_suite  # noqa: PLC0415
 
@@ -106,6 +108,7 @@ def cmd_simulate(args) -> int:
             paths = write_suite_outputs(args.suite, rows, cluster, Path(args.out))
             print("\nwrote " + ", ".join(str(p) for p in paths.values()))
         return 0
+    reject_unused(args, {"out": "--out"}, "without --suite (use --trace or --png for one resharding)")
     plan = plan_from_args(args)
     res = simulate(plan)
     print(plan.explain(max_transfers=0))

@@ -3,8 +3,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..errors import AlpaCommError
 from ..report.tables import table
-from .options import add_schedule_args
+from .options import add_schedule_args, reject_unused
+from .values import count, input_file, number, output_file, png_path
+
+MAX_STAGES = 64
+MAX_MICROBATCHES = 4096
+GENERATOR_OPTIONS = {"schedule": "--schedule", "stages": "--stages", "microbatches": "--microbatches",
+                     "split_backward": "--split-backward", "delay_wgrad": "--delay-wgrad"}
 
 
 def register(sub) -> None:
@@ -12,28 +19,37 @@ def register(sub) -> None:
                        description="Pipeline schedules (GPipe, 1F1B, eager-1F1B, split and delayed backward): "
                                    "print them, validate them, simulate them with compute and transfer times, "
                                    "draw them. --compare puts every variant side by side.")
-    p.add_argument("--stages", type=int, default=4, help="pipeline stages, one per mesh (default 4)")
-    p.add_argument("--microbatches", type=int, default=8, help="microbatches per iteration (default 8)")
+    p.add_argument("--stages", type=count(1, MAX_STAGES), default=4, help="pipeline stages, one per mesh (default 4)")
+    p.add_argument("--microbatches", type=count(1, MAX_MICROBATCHES), default=8,
+                   help="microbatches per iteration (default 8)")
     add_schedule_args(p, "delay BW: 'auto' (least delay that helps, from the cost model), N, or N0,N1,... per stage")
-    p.add_argument("--t-fwd", type=float, default=1.0, help="forward time per stage (default 1)")
-    p.add_argument("--t-bwd", type=float, default=2.0, help="backward time per stage (default 2; BI and BW half each)")
-    p.add_argument("--t-comm", type=float, default=0.5, help="time of one cross-mesh transfer (default 0.5)")
+    p.add_argument("--t-fwd", type=number(0, maximum=1e9), default=1.0, help="forward time per stage (default 1)")
+    p.add_argument("--t-bwd", type=number(0, maximum=1e9), default=2.0,
+                   help="backward time per stage (default 2; BI and BW half each)")
+    p.add_argument("--t-comm", type=number(0, maximum=1e9), default=0.5,
+                   help="time of one cross-mesh transfer (default 0.5)")
     p.add_argument("--format", choices=["text", "json", "ascii"], default="ascii",
                    help="text/json: print the schedule itself; ascii: simulate and draw (default)")
-    p.add_argument("--from-file", help="read a schedule (text form or JSON) instead of generating one")
+    p.add_argument("--from-file", type=input_file, help="read a schedule (text form or JSON) instead of generating one")
     p.add_argument("--compare", action="store_true", help="every schedule variant side by side")
-    p.add_argument("--png", help="write a timeline PNG here")
-    p.add_argument("--trace", help="write a Chrome trace JSON here")
+    p.add_argument("--png", type=png_path, help="write a timeline PNG here ('.png' added if missing)")
+    p.add_argument("--trace", type=output_file, help="write a Chrome trace JSON here")
     p.set_defaults(func=cmd_schedule)
 
 
 def cmd_schedule(args) -> int:
-    from ..pipeline import Costs, Schedule, compare, memory, simulate_schedule, validate  # noqa: PLC0415
+    from ..pipeline import Costs, compare, memory, simulate_schedule, validate  # noqa: PLC0415
     from ..report.schedule_pictures import ascii_timeline, timeline_png  # noqa: PLC0415
     from ..report.trace import write_chrome_trace  # noqa: PLC0415
 
+    if args.t_fwd + args.t_bwd == 0:
+        raise AlpaCommError(f"--t-fwd and --t-bwd cannot both be 0 (got {args.t_fwd:g} and {args.t_bwd:g}): "
+                            "a schedule of free compute has nothing to simulate")
     costs = Costs(t_fwd=args.t_fwd, t_bwd=args.t_bwd, t_comm=args.t_comm)
     if args.compare:
+        reject_unused(args, {"schedule": "--schedule", "split_backward": "--split-backward",
+                             "delay_wgrad": "--delay-wgrad", "from_file": "--from-file", "trace": "--trace",
+                             "format": "--format"}, "with --compare (it builds and draws every variant)")
         variants = compare.compare(args.stages, args.microbatches, costs)
         bound = compare.signal_bound(args.stages, args.microbatches, costs)
         limit = compare.comm_limit(args.stages, args.microbatches, costs)
@@ -49,8 +65,8 @@ def cmd_schedule(args) -> int:
             print(f"\nPNG: {args.png}")
         return 0
     if args.from_file:
-        text = Path(args.from_file).read_text()
-        sched = Schedule.from_json(text) if text.lstrip().startswith("{") else Schedule.from_text(text, args.from_file)
+        reject_unused(args, GENERATOR_OPTIONS, "with --from-file (the file is the schedule)")
+        sched = _read_schedule(args.from_file)
         label = f"{args.from_file}"
     else:
         variant = compare.build(args.schedule, args.stages, args.microbatches, costs, args.split_backward,
@@ -58,6 +74,9 @@ def cmd_schedule(args) -> int:
         sched, label = variant.schedule, variant.label
     validate(sched)
     S, M = sched.num_stages, sched.num_microbatches
+    if args.format != "ascii":
+        reject_unused(args, {"png": "--png", "trace": "--trace"}, f"with --format {args.format} (it prints the "
+                      "schedule itself; use --format ascii to simulate and draw)")
     if args.format == "text":
         print(sched.to_text(), end="")
         return 0
@@ -81,3 +100,25 @@ def cmd_schedule(args) -> int:
     if args.trace:
         print(f"Chrome trace: {write_chrome_trace(res, args.trace)}")
     return 0
+
+
+def _read_schedule(path: str):
+    """A schedule file in JSON (``Schedule.to_json``) or the text form; errors name the file."""
+    import json  # noqa: PLC0415
+
+    from ..pipeline import Schedule  # noqa: PLC0415
+    from ..pipeline.ir import ScheduleError  # noqa: PLC0415
+
+    try:
+        text = Path(path).read_text()
+    except UnicodeDecodeError:
+        raise AlpaCommError(f"--from-file {path!r}: not a text file") from None
+    try:
+        try:
+            json.loads(text)
+            is_json = True
+        except json.JSONDecodeError:
+            is_json = False
+        return Schedule.from_json(text) if is_json else Schedule.from_text(text, path)
+    except ScheduleError as e:
+        raise AlpaCommError(f"--from-file {path!r}: {e}") from None

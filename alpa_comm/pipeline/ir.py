@@ -158,11 +158,31 @@ class Schedule:
 
     @classmethod
     def from_json(cls, text: str) -> "Schedule":
-        d = json.loads(text)
-        return cls(tuple(tuple(Action.parse(t) for t in s) for s in d["stages"]), d.get("name", "custom"))
+        """The JSON form ``to_json`` writes: {"name": ..., "stages": [["F0", "B0", ...], ...]}."""
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ScheduleError(f"not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}") from None
+        shape = 'expected {"stages": [["F0", "B0", ...], ...]}'
+        if not isinstance(d, dict) or "stages" not in d:
+            raise ScheduleError(f"{shape}, got {_brief(d)}")
+        stages = d["stages"]
+        if not isinstance(stages, list) or not stages:
+            raise ScheduleError(f"'stages' must be a non-empty list of stages, got {_brief(stages)}")
+        for i, s in enumerate(stages):
+            if not isinstance(s, list) or not all(isinstance(t, str) for t in s):
+                raise ScheduleError(f"stage {i} must be a list of action strings such as \"F0\", got {_brief(s)}")
+        name = d.get("name", "custom")
+        return cls(tuple(tuple(Action.parse(t, f" (stage {i})") for t in s) for i, s in enumerate(stages)),
+                   name if isinstance(name, str) else "custom")
 
     def compute_only(self) -> list[list[Action]]:
         return [[a for a in s if a.is_compute] for s in self.stages]
+
+
+def _brief(value) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def actions(text: Iterable[str]) -> tuple[Action, ...]:

@@ -41,43 +41,101 @@ def suite_bars(cases: Sequence[str], methods: Sequence[str], seconds: dict[tuple
     return path
 
 
-KIND_COLORS = {
-    "broadcast": "#1f77b4", "send_recv": "#d62728", "local_allgather": "#2ca02c", "global_allgather": "#9467bd",
-    "local_copy": "#8c8c8c", "allgather": "#ff7f0e", "signal": "#17becf",
-}
+MAX_GANTT_BARS = 4000
+"""Above this many (transfer, NIC side) bars, or 64 hosts, a plan is drawn aggregated."""
+
+
+def kind_colors() -> dict[str, str]:
+    """One color per transfer kind, in registry order (a new kind gets its own)."""
+    from ..resharding.kinds import TRANSFER_KINDS  # noqa: PLC0415
+
+    palette = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22",
+               "#ff7f0e", "#7f7f7f", "#aec7e8", "#98df8a"]
+    return {name: palette[i % len(palette)] for i, name in enumerate(TRANSFER_KINDS)}
 
 
 def gantt_png(result: SimResult, path: str | Path, title: str = "") -> Path:
-    """Hosts as rows (send side above, receive side below), bars colored by kind."""
+    """Hosts as rows (send side above, receive side below), bars colored by kind; a large
+    plan (over ``MAX_GANTT_BARS`` bars or 64 hosts) as a heat map of NIC busy time per host
+    and time bin, which draws in a second where bars would take minutes."""
     import matplotlib  # noqa: PLC0415 - optional dependency
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    hosts = sorted({(r // 3) for e in result.timeline for r in e.resources})
-    row = {h: i for i, h in enumerate(hosts)}
-    fig, ax = plt.subplots(figsize=(10, 0.5 + 0.45 * max(1, len(hosts))))
-    used = set()
-    for e in result.timeline:
-        for res in e.resources:
-            h, kind = divmod(res, 3)
-            y = row[h] + (0.0 if kind == 0 else 0.42 if kind == 1 else 0.21)
-            ax.barh(y, e.end - e.start, left=e.start, height=0.38 if kind < 2 else 0.2,
-                    color=KIND_COLORS.get(e.kind, "#333333"), edgecolor="white", linewidth=0.3,
-                    label=e.kind if e.kind not in used else None)
-            used.add(e.kind)
-    ax.set_yticks([row[h] + 0.21 for h in hosts])
-    ax.set_yticklabels([f"host {h}\n(send / receive)" for h in hosts], fontsize=7)
-    ax.invert_yaxis()
-    ax.set_xlabel("seconds")
-    ax.set_title(title or f"simulated timeline, makespan {result.makespan:.3f} s", fontsize=9)
-    if used:
-        ax.legend(fontsize=7, loc="upper right")
-    fig.tight_layout()
+    from ..resharding.explain import fmt_seconds  # noqa: PLC0415
+    from ..resharding.resources import INTRA, RECEIVE, host_and_side  # noqa: PLC0415
+
+    bars = [(e, *host_and_side(r)) for e in result.timeline for r in e.resources]
+    bars = [(e, h, side) for e, h, side in bars if side != INTRA]
+    hosts = sorted({h for _, h, _ in bars})
+    heading = title or f"simulated timeline, makespan {fmt_seconds(result.makespan)}"
+    if len(bars) > MAX_GANTT_BARS or len(hosts) > 64:
+        fig = _busy_heatmap(plt, bars, hosts, result.makespan,
+                            f"{heading}: {len(result.timeline):,} transfers on {len(hosts)} hosts, aggregated")
+    else:
+        fig = _bars(plt, bars, hosts, heading, RECEIVE)
     path = Path(path)
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def _bars(plt, bars, hosts, heading: str, receive_side: int):
+    colors = kind_colors()
+    row = {h: i for i, h in enumerate(hosts)}
+    fig, ax = plt.subplots(figsize=(11, 0.8 + 0.45 * max(1, len(hosts))))
+    spans: dict[tuple[float, str], list[tuple[float, float]]] = {}
+    for e, h, side in bars:
+        y = row[h] + (0.42 if side == receive_side else 0.0)
+        spans.setdefault((y, e.kind), []).append((e.start, e.end - e.start))
+    for (y, kind), xs in spans.items():
+        ax.broken_barh(xs, (y - 0.19, 0.38), facecolors=colors.get(kind, "#333333"), edgecolor="white",
+                       linewidth=0.3)
+    kinds = sorted({k for _, k in spans}, key=list(colors).index)
+    ax.set_yticks([row[h] + 0.21 for h in hosts])
+    ax.set_yticklabels([f"host {h}\n(send / receive)" for h in hosts], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds")
+    ax.set_title(heading, fontsize=9)
+    if kinds:
+        from matplotlib.patches import Patch  # noqa: PLC0415
+
+        ax.legend(handles=[Patch(color=colors[k], label=k) for k in kinds], fontsize=7, loc="upper left",
+                  bbox_to_anchor=(1.01, 1.0), borderaxespad=0)  # beside the bars, never over them
+    fig.tight_layout()
+    return fig
+
+
+def _busy_heatmap(plt, bars, hosts, makespan: float, heading: str, bins: int = 400):
+    """Fraction of each time bin each host's send and receive side is busy."""
+    import numpy as np  # noqa: PLC0415
+
+    from ..resharding.resources import SEND  # noqa: PLC0415
+
+    span = makespan or 1.0
+    row = {h: i for i, h in enumerate(hosts)}
+    fine = bins * 8
+    grids = {}
+    for side in ("send", "receive"):
+        pick = [(row[h], e.start, e.end) for e, h, s in bars if (s == SEND) == (side == "send")]
+        diff = np.zeros((len(hosts), fine + 1))
+        if pick:
+            r, a, b = (np.array(x) for x in zip(*pick))
+            np.add.at(diff, (r, np.clip((a / span * fine).astype(int), 0, fine)), 1)
+            np.add.at(diff, (r, np.clip((b / span * fine).astype(int), 0, fine)), -1)
+        busy = np.minimum(np.cumsum(diff, axis=1)[:, :fine], 1.0)
+        grids[side] = busy.reshape(len(hosts), bins, 8).mean(axis=2)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), sharey=True)
+    for ax, (side, grid) in zip(axes, grids.items()):
+        im = ax.imshow(grid, aspect="auto", interpolation="nearest", cmap="viridis", vmin=0, vmax=1,
+                       extent=(0, span, len(hosts) - 0.5, -0.5))
+        ax.set_title(f"NIC {side} side", fontsize=9)
+        ax.set_xlabel("seconds")
+    axes[0].set_ylabel(f"host (rows: {hosts[0]}..{hosts[-1]})" if hosts else "host")
+    fig.colorbar(im, ax=axes, fraction=0.03, label="fraction of the time bin busy")
+    fig.suptitle(heading, fontsize=9)
+    return fig
 
 
 def loss_png(losses, path: str | Path, title: str, window: int = 10) -> Path:
@@ -95,6 +153,9 @@ def loss_png(losses, path: str | Path, title: str, window: int = 10) -> Path:
         smooth = np.convolve(losses, np.ones(window) / window, mode="valid")
         ax.plot(steps[window - 1:], smooth, lw=1.6, label=f"mean of {window}")
     ax.set_xlabel("step")
+    from matplotlib.ticker import MaxNLocator  # noqa: PLC0415
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole
     ax.set_ylabel("loss (nats per byte)")
     ax.set_title(title, fontsize=8)
     ax.legend(fontsize=8)

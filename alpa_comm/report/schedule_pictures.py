@@ -10,22 +10,35 @@ from ..pipeline.simulate import PipelineResult
 COLORS = {"F": "#4c72b0", "B": "#dd8452", "BI": "#c44e52", "BW": "#8172b3"}
 
 
+def _label(e) -> str:
+    return f"{e.kind if e.kind in ('F', 'B') else e.kind.lower()}{e.mb}"
+
+
 def ascii_timeline(result: PipelineResult, num_stages: int, quantum: float | None = None, width: int = 160) -> str:
     """One row per stage; each compute action printed as its label over its duration,
-    idle time as '.', time scaled so the row fits ``width`` characters."""
+    idle time as '.'.
+
+    Lossless: time is scaled to fit ``width`` characters only while every action still
+    gets a column per character of its label plus one; otherwise the rows grow wider
+    (the legend says so) rather than letting short actions overwrite each other."""
     if not result.events:
         return ""
-    q = quantum or max(result.iteration_time / width, min(e.end - e.start for e in result.events if e.end > e.start))
+    if quantum is None:
+        timed = [e for e in result.events if e.end > e.start]
+        longest = max(len(_label(e)) for e in result.events)
+        shortest = min((e.end - e.start for e in timed), default=result.iteration_time or 1.0)
+        quantum = min((result.iteration_time or shortest) / width, shortest / (longest + 1))
+    q = quantum
     cols = int(round(result.iteration_time / q)) + 1
     rows = []
     for i in range(num_stages):
         line = ["."] * cols
         for e in (e for e in result.events if e.stage == i):
             a, b = int(round(e.start / q)), max(int(round(e.start / q)) + 1, int(round(e.end / q)))
-            text = f"{e.kind if e.kind in ('F', 'B') else e.kind.lower()}{e.mb}"
-            line[a:b] = list(text[:b - a].ljust(b - a, "="))
+            line[a:b] = list(_label(e)[:b - a].ljust(b - a, "="))
         rows.append(f"stage {i} |" + "".join(line))
-    legend = f"(1 column = {q:g} time units; F forward, B backward, bi input-grad, bw weight-grad, . idle)"
+    wide = f"; widened to {cols} columns so every action shows" if cols > width + 1 else ""
+    legend = f"(1 column = {q:g} time units{wide}; F forward, B backward, bi input-grad, bw weight-grad, . idle)"
     return "\n".join(rows + [legend])
 
 

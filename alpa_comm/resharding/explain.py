@@ -7,11 +7,12 @@ from .strategies import ALLGATHER
 
 
 def fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
+    units = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
+    for unit in units:
+        if abs(n) < 1024 or unit == units[-1]:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
         n /= 1024
-    return f"{n:.2f} GiB"
+    return f"{n:.2f} {units[-1]}"
 
 
 def fmt_seconds(s: float) -> str:
@@ -19,7 +20,9 @@ def fmt_seconds(s: float) -> str:
         return f"{s:.3f} s"
     if s >= 1e-3:
         return f"{s * 1e3:.3f} ms"
-    return f"{s * 1e6:.1f} us"
+    if s >= 1e-6 or s == 0:
+        return f"{s * 1e6:.1f} us"
+    return f"{s * 1e9:.1f} ns"
 
 
 def explain_plan(plan, max_transfers: int = 12) -> str:

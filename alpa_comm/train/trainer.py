@@ -54,6 +54,30 @@ class TrainConfig:
     trace: str | None = None
     out: str | None = None
 
+    def __post_init__(self):
+        """Every value checked here, so an API user and the CLI get the same one-line error
+        before any process starts (not NaN losses or a crash after training)."""
+        import math  # noqa: PLC0415
+
+        for name in ("stages", "layers", "width", "heads", "seq", "microbatches", "microbatch_size", "dp", "steps",
+                     "devices_per_host"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise InvalidOptionError(f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
+        if self.width % self.heads:
+            raise InvalidOptionError(f"--width {self.width} is not divisible by --heads {self.heads}")
+        if self.model == "utransformer" and self.layers < 2:
+            raise InvalidOptionError(f"--layers must be >= 2 for the U-Transformer (L = layers/2), got {self.layers}")
+        for name in ("lr", "timeout"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise InvalidOptionError(f"--{name} must be a positive finite number, got {v!r}")
+        if self.host_cpus is not None and (not math.isfinite(self.host_cpus) or self.host_cpus <= 0):
+            raise InvalidOptionError(f"--host-cpus must be a positive number, got {self.host_cpus!r}")
+        if self.trace and self.cluster == "inprocess":
+            raise InvalidOptionError("--trace needs host workers (--cluster local, emulated or ray://...): "
+                                     "--cluster inprocess runs every stage in this process and moves no data")
+
     def model_kwargs(self) -> dict:
         return {"layers": self.layers, "d": self.width, "heads": self.heads, "seq": self.seq, "seed": self.seed}
 
