@@ -32,7 +32,7 @@ DEMO_CLUSTER := $(shell if [ "$$(id -u)" = 0 ] && command -v ip >/dev/null && co
 
 demo: $(STAMP) sysdeps
 	@if [ "$(DEMO_CLUSTER)" = local ]; then echo "note: not root or no iproute2: running on a local Ray cluster; NIC effects need the emulated one (sudo make demo)"; fi
-	$(BIN)/alpa-comm bench --suite n-to-m --cluster $(DEMO_CLUSTER) --size-mb 8 --repeat 1 --out out/demo
+	$(BIN)/alpa-comm bench --suite n-to-m --cluster $(DEMO_CLUSTER) --size-mb 16 --repeat 3 --out out/demo
 	$(BIN)/alpa-comm simulate --suite n-to-m --out out/demo/sim > /dev/null
 	@echo "Measured: out/demo/results.md and out/demo/n_to_m.png; simulated at the paper's 10 Gbit/s: out/demo/sim/n_to_m.png"
 
