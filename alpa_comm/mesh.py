@@ -16,16 +16,43 @@ import numpy as np
 
 from .errors import InvalidMeshError
 
-_MESH = re.compile(r"^\s*(\d+(?:x\d+)*)\s*(?:@\s*(\d+(?:\s*,\s*\d+)*))?\s*$")
+_HOSTS_ITEM = r"\d+(?:\s*-\s*\d+)?"
+_MESH = re.compile(rf"^\s*(\d+(?:x\d+)*)\s*(?:@\s*({_HOSTS_ITEM}(?:\s*,\s*{_HOSTS_ITEM})*))?\s*$")
+
+
+def host_list_text(hosts) -> str:
+    """``0,1,2,3,8`` as ``0-3,8``: runs of three or more consecutive hosts as a range,
+    so a 512-host mesh reads in one line; ``parse_mesh_text`` reads it back."""
+    hosts = list(hosts)
+    out, i = [], 0
+    while i < len(hosts):
+        j = i
+        while j + 1 < len(hosts) and hosts[j + 1] == hosts[j] + 1:
+            j += 1
+        out += [f"{hosts[i]}-{hosts[j]}"] if j - i >= 2 else [str(h) for h in hosts[i:j + 1]]
+        i = j + 1
+    return ",".join(out)
+
+
+def _expand_hosts(text: str, mesh_text: str) -> tuple[int, ...]:
+    hosts: list[int] = []
+    for item in text.split(","):
+        a, _, b = item.partition("-")
+        lo, hi = int(a), int(b) if b else int(a)
+        if hi < lo:
+            raise InvalidMeshError(f"mesh {mesh_text!r}: host range {item.strip()!r} runs backwards")
+        hosts += range(lo, hi + 1)
+    return tuple(hosts)
 
 
 def parse_mesh_text(text: str) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
     """Split ``'2x4@0,1'`` into its shape and host list (None when no '@')."""
     m = _MESH.match(text) if isinstance(text, str) else None
     if not m:
-        raise InvalidMeshError(f"cannot parse mesh {text!r}: expected SHAPE[@HOSTS] such as '2x4@0,1'")
+        raise InvalidMeshError(f"cannot parse mesh {text!r}: expected SHAPE[@HOSTS] such as '2x4@0,1' "
+                               "or '64x8@0-63'")
     shape = tuple(int(x) for x in m.group(1).split("x"))
-    hosts = None if m.group(2) is None else tuple(int(x) for x in m.group(2).split(","))
+    hosts = None if m.group(2) is None else _expand_hosts(m.group(2), text)
     if any(s <= 0 for s in shape):
         raise InvalidMeshError(f"mesh {text!r} has a non-positive dimension")
     return shape, hosts
@@ -64,7 +91,7 @@ class DeviceMesh:
         shape = tuple(int(s) for s in shape)
         hosts = tuple(int(h) for h in hosts)
         total = int(np.prod(shape))
-        label = "x".join(map(str, shape)) + "@" + ",".join(map(str, hosts))
+        label = "x".join(map(str, shape)) + "@" + host_list_text(hosts)
         if len(set(hosts)) != len(hosts):
             raise InvalidMeshError(f"mesh {label} lists a host twice")
         if any(h < 0 for h in hosts):
@@ -131,7 +158,7 @@ class DeviceMesh:
         shape = "x".join(map(str, self.shape))
         try:
             if DeviceMesh.on_hosts(self.shape, self.hosts, self.devices_per_host) == self:
-                return f"{shape}@{','.join(map(str, self.hosts))}"
+                return f"{shape}@{host_list_text(self.hosts)}"
         except InvalidMeshError:
             pass
         return f"{shape}{list(self.devices)}"

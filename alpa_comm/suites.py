@@ -135,15 +135,16 @@ class Suite:
     summary: str
     cases: Callable[[int, float], list[Case]]  # (last_dim, size_mb) -> cases
     methods: tuple[Method, ...]
+    sized_by: str = "size_mb"  # the size option its cases read: "last_dim" or "size_mb"
 
 
 SUITES: dict[str, Suite] = {s.name: s for s in (
     Suite("1-to-m", "one device to a replicated mesh (the paper's Figure 6)",
           lambda last_dim, size_mb: one_to_m(int(size_mb * (1 << 20))), METHODS),
     Suite("n-to-m", "Alpa's many-to-many cases (the paper's Figure 5)",
-          lambda last_dim, size_mb: n_to_m(last_dim), METHODS),
+          lambda last_dim, size_mb: n_to_m(last_dim), METHODS, "last_dim"),
     Suite("balance", "load-balancing ablation on the n-to-m cases (the paper's Figure 8)",
-          lambda last_dim, size_mb: n_to_m(last_dim), BALANCE_METHODS),
+          lambda last_dim, size_mb: n_to_m(last_dim), BALANCE_METHODS, "last_dim"),
     Suite("replicate", "sharded to replicated on 3 and 4 receiving hosts (weight sync)",
           lambda last_dim, size_mb: replicate(int(size_mb * (1 << 20))), REPLICATE_METHODS),
 )}

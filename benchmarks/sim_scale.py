@@ -74,7 +74,8 @@ def _csv(text: str, what: str, known=None) -> list[str]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--hosts", default="64,256,1024", help="comma-separated host counts, each >= 2 (default 64,256,1024)")
+    p.add_argument("--hosts", default="64,256,1024",
+                   help="comma-separated host counts, each >= 2 (default 64,256,1024)")
     p.add_argument("--cases", default=",".join(CASES), help="comma-separated cases (default: all)")
     p.add_argument("--strategies", default="broadcast,auto", help="comma-separated strategies (default broadcast,auto)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")

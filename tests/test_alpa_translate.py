@@ -2,7 +2,7 @@
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from alpa_comm import ClusterSpec, plan_resharding
+from alpa_comm import plan_resharding
 from alpa_comm.integrations.alpa_translate import (DeviceStrings, TranslationError, inputs_from_task_spec,
                                                    parse_device_str, plan_to_strategy, schedule_to_clocks,
                                                    strategy_to_sends, tileslice_box, validate_clocks)

@@ -58,6 +58,8 @@ def bad_values(action) -> list[str]:
         return ["-1", "1.5", "abc", "", "99999999999999999999999"]
     if name == "number":
         return ["nan", "-1", "abc", "-inf"]
+    if name == "rate":
+        return ["5", "fast", "0mbit", "-1gbit", ""]
     if name == "file path":
         return BAD_FILES
     if name == "folder path":
@@ -190,3 +192,19 @@ def test_json_output_is_json(capsys):
     code, out, _ = run(["plan", "--shape", "8,8", "--src-mesh", "1x2@0", "--src-spec", "RS1", "--dst-mesh", "1x2@1",
                         "--dst-spec", "S0R", "--json"], capsys)
     assert code == 0 and "latency_bound_seconds" in json.loads(out)
+
+
+JSON_LEAVES = st.none() | st.booleans() | st.integers(-3, 9) | st.sampled_from(["F0", "B0", "stages", "x"])
+JSON_VALUES = st.recursive(JSON_LEAVES,
+                           lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+                               st.sampled_from(["stages", "name", "foo"]), inner, max_size=3), max_leaves=12)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(JSON_VALUES)
+def test_any_json_schedule_file_is_run_or_refused_in_one_line(capsys, tmp_path_factory, value):
+    f = tmp_path_factory.mktemp("s") / "s.json"
+    f.write_text(json.dumps(value))
+    code, _, err = run(["schedule", "--from-file", str(f)], capsys)
+    assert "Traceback" not in err and "internal error" not in err, err
+    assert code == 0 or (code == 2 and len(err.strip().splitlines()) == 1), err

@@ -1,6 +1,7 @@
 import math
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from alpa_comm import ClusterSpec, DeviceMesh, InvalidClusterError, InvalidMeshError
 
@@ -10,7 +11,7 @@ def test_mesh_on_hosts_uses_first_devices_host_major():
     assert m.devices == (4, 5, 8, 9, 12, 13, 16, 17)
     assert m.shape == (4, 2)
     assert m.hosts == (1, 2, 3, 4)
-    assert m.label() == "4x2@1,2,3,4"
+    assert m.label() == "4x2@1-4"
 
 
 def test_mesh_from_devices_and_labels():
@@ -54,3 +55,20 @@ def test_cluster_rates_and_lists():
 def test_cluster_errors(kw, fragment):
     with pytest.raises(InvalidClusterError, match=fragment):
         ClusterSpec(**kw)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 40), min_size=1, max_size=12, unique=True))
+def test_host_lists_round_trip_through_ranges(hosts):
+    from alpa_comm.mesh import host_list_text, parse_mesh_text
+
+    text = host_list_text(hosts)
+    assert parse_mesh_text(f"{len(hosts)}x1@{text}") == ((len(hosts), 1), tuple(hosts))
+    assert parse_mesh_text("2x8@0-1") == ((2, 8), (0, 1))
+
+
+def test_a_backwards_host_range_is_refused_by_name():
+    from alpa_comm.mesh import parse_mesh_text
+
+    with pytest.raises(InvalidMeshError, match="'5-2' runs backwards"):
+        parse_mesh_text("4x1@5-2")

@@ -13,7 +13,6 @@ pytest.importorskip("ray")
 pytest.importorskip("torch")
 
 from alpa_comm import Cluster  # noqa: E402
-from alpa_comm.runtime.backend import CommunicationError  # noqa: E402
 from alpa_comm.suites import n_to_m, one_to_m  # noqa: E402
 from alpa_comm.runtime.emulated import netns  # noqa: E402
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..topology import ClusterSpec
 from .options import add_live_cluster_args, add_schedule_args, add_strategy_arg, reject_unused
-from .values import count, number, output_dir, output_file
+from .values import count, nic_rate, number, output_dir, output_file
 
 MAX_SEQ = 8192
 """Longer byte sequences run for many minutes a step on CPUs: a typo more likely than a plan."""
@@ -22,7 +22,8 @@ def register(sub) -> None:
                                    "it created, also after a crash.")
     p.add_argument("action", choices=["up", "down", "status"])
     p.add_argument("--hosts", type=count(1, 256), default=5, help="number of hosts (default 5)")
-    p.add_argument("--nic", default="400mbit", help="NIC rate per host and direction, e.g. 400mbit, 1gbit, none")
+    p.add_argument("--nic", type=nic_rate, default="400mbit",
+                   help="NIC rate per host and direction, e.g. 400mbit, 1gbit, none")
     p.add_argument("--host-cpus", type=number(0, exclusive=True, maximum=4096), default=None,
                    help="cap each host at this many CPU cores")
     p.set_defaults(func=cmd_cluster)
@@ -43,8 +44,10 @@ def _register_bench(sub) -> None:
                    help="tensor size in MiB (default 64)")
     p.add_argument("--repeat", type=count(1, 10_000), default=3,
                    help="timed runs per method after one warm-up (default 3)")
-    p.add_argument("--timeout", type=number(0, exclusive=True), default=30, help="per-wait timeout, seconds (default 30)")
-    p.add_argument("--out", type=output_dir, default="out/bench", help="directory for results.json, results.md and PNGs")
+    p.add_argument("--timeout", type=number(0, exclusive=True), default=30,
+                   help="per-wait timeout, seconds (default 30)")
+    p.add_argument("--out", type=output_dir, default="out/bench",
+                   help="directory for results.json, results.md and PNGs")
     p.set_defaults(func=cmd_bench)
 
 

@@ -13,7 +13,7 @@ from ..pipeline import SCHEDULE_KINDS
 from ..resharding import LOADBALANCE_MODES, STRATEGIES, plan_resharding
 from ..resharding.planner import smallest_cluster
 from ..topology import ClusterSpec
-from .values import count, number, output_dir
+from .values import count, nic_rate, number, output_dir
 
 MAX_ELEMENTS = 1 << 60
 """A tensor with more elements does not fit any machine (and overflows int64 byte counts)."""
@@ -129,7 +129,8 @@ def add_live_cluster_args(p: argparse.ArgumentParser, default: str, kinds: str, 
                        help=f"hosts of an emulated or local cluster (default {hosts_default})")
     p.add_argument("--devices-per-host", type=count(1, 1024), default=devices_default,
                    help=f"devices per host (default {devices_default})")
-    p.add_argument("--nic", default="400mbit", help="emulated NIC rate per host and direction, e.g. 400mbit, "
+    p.add_argument("--nic", type=nic_rate, default="400mbit",
+                   help="emulated NIC rate per host and direction, e.g. 400mbit, "
                                                      "1gbit, none (default 400mbit)")
 
 
@@ -154,6 +155,10 @@ ONE_RESHARDING = {"shape": "--shape", "dtype": "--dtype", "src_mesh": "--src-mes
 def suite_cluster(args) -> ClusterSpec:
     """The modelled cluster of a reference suite (the paper's 5 hosts x 4 devices by default)."""
     reject_unused(args, ONE_RESHARDING, "with --suite (it plans every case with every method)")
+    unread = {"last_dim": "--last-dim", "size_mb": "--size-mb"}
+    unread.pop(suites.suite(args.suite).sized_by)
+    reject_unused(args, unread, f"with --suite {args.suite} (its cases are sized by "
+                                f"--{suites.suite(args.suite).sized_by.replace('_', '-')})")
     return cluster_from_args(args, hosts=suites.SUITE_HOSTS, dph=suites.SUITE_DEVICES_PER_HOST)
 
 

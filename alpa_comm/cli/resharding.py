@@ -16,6 +16,10 @@ from .options import add_resharding_args, plan_from_args, reject_unused, suite_c
 from .values import output_dir, output_file, png_path
 
 
+LARGE_PLAN = 10_000
+"""Plans with this many transfers take seconds to simulate: say so on stderr first."""
+
+
 def register(sub) -> None:
     p = sub.add_parser("plan", help="plan one cross-mesh resharding (or a reference suite) and explain it",
                        description="Plan a cross-mesh resharding: unit tasks, strategy, sender choice and order, "
@@ -110,6 +114,9 @@ def cmd_simulate(args) -> int:
         return 0
     reject_unused(args, {"out": "--out"}, "without --suite (use --trace or --png for one resharding)")
     plan = plan_from_args(args)
+    if len(plan.transfers) >= LARGE_PLAN:
+        print(f"simulating {len(plan.transfers):,} transfers on {plan.cluster.num_hosts} hosts ...",
+              file=sys.stderr, flush=True)
     res = simulate(plan)
     print(plan.explain(max_transfers=0))
     print(f"\n  simulated: {fmt_seconds(res.makespan)}  ({effective_gbps(plan.nbytes, res.makespan):.2f} Gbit/s "

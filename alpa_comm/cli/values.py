@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 from pathlib import Path
 
 MAX_COUNT = 1 << 40
@@ -119,3 +120,18 @@ def png_path(text: str) -> str:
 
 
 png_path.__name__ = "file path"
+
+
+_RATE = re.compile(r"^(\d+(?:\.\d+)?)(kbit|mbit|gbit)$")
+
+
+def nic_rate(text: str) -> str:
+    """An emulated NIC rate as ``tc`` reads it (``400mbit``, ``1gbit``), or ``none`` (unshaped)."""
+    t = text.strip().lower()
+    m = _RATE.match(t)
+    if t != "none" and (not m or float(m.group(1)) <= 0):
+        raise argparse.ArgumentTypeError(f"must be a rate such as 400mbit or 1gbit, or none, got {text!r}")
+    return t
+
+
+nic_rate.__name__ = "rate"

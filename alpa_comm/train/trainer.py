@@ -163,6 +163,9 @@ def _bar(cfg: TrainConfig, log):
 
 
 def _status(cfg: TrainConfig, loss: float, seconds: list[float]) -> str:
+    """The rate counts the steps after the first, as the summary does (the first compiles)."""
+    if len(seconds) < 2:
+        return f"loss {loss:.4f}  (first step, compiling: {seconds[-1]:.1f} s)"
     return f"loss {loss:.4f}  {_rate(cfg, seconds):.1f} samples/s"
 
 

@@ -1,0 +1,79 @@
+"""Every command shown in README.md and docs/ that needs neither root nor a cluster runs as
+written and exits 0 (in a scratch folder, so relative output paths land there).
+
+A command is a line of a code block, or an inline code span, that starts with
+``alpa-comm`` or ``python benchmarks/``. Optional parts in brackets are dropped and
+``a|b|c`` alternatives take the first, so a synopsis line runs in its plain form; lines
+with placeholders (``...``, ``<name>``, ``DIR``) and bare command names (a reference, not
+a command) are not commands. ``sudo`` lines, ``bench``, ``cluster`` and trainer runs on
+a Ray or emulated cluster need root or a cluster and are left to their own tests.
+"""
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PLACEHOLDERS = ("...", "<", "DIR", "ADDR", "/simulate")
+NEEDS_A_CLUSTER = re.compile(r"alpa-comm (bench|cluster)\b|--cluster (local|emulated|ray)|^sudo|runtime_1_to_m"
+                             r"|allreduce|train_pipeline|gpu_check|alpa_nm_suite")
+
+
+def shown_commands() -> list[tuple[str, str]]:
+    """(document, command line) of every command the docs show, continuation lines joined."""
+    out = []
+    for md in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = md.read_text()
+        lines = []
+        for block in re.findall(r"```[a-z]*\n(.*?)```", text, re.S):
+            lines += block.replace("\\\n", " ").splitlines()
+        lines += re.findall(r"`((?:sudo )?(?:\.venv/bin/)?(?:alpa-comm|python benchmarks/)[^`]*)`", text)
+        for line in lines:
+            line = re.split(r"\s#\s|\s{2,}#", line)[0].strip()
+            if re.match(r"^(sudo )?(\.venv/bin/)?(alpa-comm|python benchmarks/)", line):
+                out.append((md.name, " ".join(line.split())))
+    return list(dict.fromkeys(out))
+
+
+def runnable(line: str) -> list[str] | None:
+    """The argv to run for a shown line, or None where it is not a runnable command here."""
+    if any(p in line for p in PLACEHOLDERS) or NEEDS_A_CLUSTER.search(line):
+        return None
+    line = re.sub(r"\[[^\]]*\]", " ", line)  # optional parts
+    words = [w.split("|")[0] for w in shlex.split(line)]
+    words = [w for w in words if w]
+    if words[0].endswith("alpa-comm"):
+        if len(words) < 3 and words[1:] != ["--help"]:
+            return None  # "alpa-comm plan": a reference to the command, not a command line
+        return [sys.executable, "-m", "alpa_comm.cli", *words[1:]]
+    return [sys.executable, str(ROOT / words[1]), *words[2:]]
+
+
+def _unique(found):
+    seen, out = set(), []
+    for doc, line, argv in found:
+        if tuple(argv) not in seen:  # the same command shown in two documents runs once
+            seen.add(tuple(argv))
+            out.append((doc, line, argv))
+    return out
+
+
+COMMANDS = _unique((doc, line, argv) for doc, line in shown_commands() if (argv := runnable(line)))
+
+
+def test_the_docs_show_runnable_commands():
+    assert len(COMMANDS) >= 12, COMMANDS
+    missing = [line for _, line, argv in COMMANDS if argv[1] != "-m" and not Path(argv[1]).exists()]
+    assert not missing, f"docs show scripts that do not exist: {missing}"
+
+
+@pytest.mark.parametrize("doc,line,argv", COMMANDS, ids=[f"{d}: {line[:70]}" for d, line, _ in COMMANDS])
+def test_a_shown_command_runs_as_written(tmp_path, doc, line, argv):
+    (tmp_path / "my_schedule.txt").write_text("stage 0: F0 F1 B0 B1\nstage 1: F0 B0 F1 B1\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "ALPA_COMM_PLAN_CACHE": ""}
+    done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"{doc}: {line}\n{done.stderr[-2000:]}"
