@@ -73,7 +73,9 @@ def test_the_docs_show_runnable_commands():
 
 @pytest.mark.parametrize("doc,line,argv", COMMANDS, ids=[f"{d}: {line[:70]}" for d, line, _ in COMMANDS])
 def test_a_shown_command_runs_as_written(tmp_path, doc, line, argv):
-    (tmp_path / "my_schedule.txt").write_text("stage 0: F0 F1 B0 B1\nstage 1: F0 B0 F1 B1\n")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "ALPA_COMM_PLAN_CACHE": ""}
+    (tmp_path / "my_schedule.txt").write_text("stage 0: F0 SEND_F0 F1 SEND_F1 RECV_B0 B0 RECV_B1 B1\n"
+                                              "stage 1: RECV_F0 F0 B0 SEND_B0 RECV_F1 F1 B1 SEND_B1\n")
+    env = {k: v for k, v in os.environ.items() if k != "ALPA_COMM_PLAN_CACHE"}
+    env["PYTHONPATH"] = str(ROOT)
     done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, f"{doc}: {line}\n{done.stderr[-2000:]}"
