@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Sequence, Tuple
 
 from .errors import InvalidSpecError
 
 _TOKEN = re.compile(r"R|S\d+")
 
-Box = tuple[tuple[int, int], ...]  # one [start, stop) pair per tensor dimension
+Box = Tuple[Tuple[int, int], ...]  # one [start, stop) pair per tensor dimension (typing: Python 3.8)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ import heapq
 import random
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import List, Sequence, Tuple
 
 from ..errors import InvalidOptionError
 from .strategies import Job
@@ -36,7 +36,7 @@ LOADBALANCE_MODES = ("naive", "loads", "size", "greedy", "dfs", "auto")
 AUTO_DFS_MAX_JOBS = 12
 DEFAULT_DFS_BUDGET_S = 0.5
 
-Assignment = list[tuple[int, int]]
+Assignment = List[Tuple[int, int]]  # typing forms: aliases run on Python 3.8
 """(job index, chosen candidate index) pairs in the order the jobs run."""
 
 

@@ -19,7 +19,7 @@ Adding a kind is adding one module beside this one: ``kinds/__init__`` finds it.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, NamedTuple, Sequence
+from typing import TYPE_CHECKING, ClassVar, Dict, List, NamedTuple, Sequence, Tuple
 
 import numpy as np
 
@@ -31,10 +31,10 @@ if TYPE_CHECKING:  # the executor is the runtime's; kinds only call its primitiv
     from ...runtime.executor import HostExecutor
     from ..plan import Transfer
 
-Phase = tuple[float, list[tuple[float, tuple[int, ...]]]]
+Phase = Tuple[float, List[Tuple[float, Tuple[int, ...]]]]  # typing forms: aliases run on Python 3.8
 """(fixed delay in seconds, [(bytes, resource keys the flow crosses), ...])."""
 
-HostGroups = dict[int, list[int]]
+HostGroups = Dict[int, List[int]]
 """Receiving devices grouped by host, hosts in chain order."""
 
 
