@@ -23,7 +23,7 @@ def test_bench_runs_verifies_and_writes(cluster, tmp_path):
     calibrated, t_copy, results = bench.run(cluster, ["1-to-m"], size_mb=0.0625, repeat=1, progress_stream=None)
     assert t_copy > 0 and calibrated.nic_send_gbps > 0
     methods = {r.method for r in results}
-    assert {"alpa_send_recv", "alpa", "broadcast_naive", "broadcast_size", "broadcast", "signal"} == methods
+    assert {"alpa_send_recv", "alpa", "broadcast_naive", "broadcast_size", "broadcast", "auto", "signal"} == methods
     assert all(r.verified is True for r in results if r.strategy != "signal")
     paths = bench_results.write_bench_outputs(results, {"description": "local"}, tmp_path)
     data = json.loads(paths["json"].read_text())

@@ -70,7 +70,7 @@ def test_train_cli_runs_and_writes(tmp_path, capsys):
     assert main(["train", "--cluster", "inprocess", "--dp", "2", "--steps", "1"]) == 2
     assert "--dp 1" in capsys.readouterr().err
     assert main(["train", "--cluster", "inprocess", "--steps", "0"]) == 2
-    assert "--steps must be >= 1, got 0" in capsys.readouterr().err
+    assert "argument --steps: must be >= 1, got '0'" in capsys.readouterr().err
     assert main(["train", "--cluster", "moon", "--steps", "1"]) == 2
     assert "unknown cluster 'moon'" in capsys.readouterr().err
 

@@ -63,7 +63,10 @@ def given_options(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]:
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help (0) or a bad command line (2, its one line already printed)
+        return e.code if isinstance(e.code, int) else USAGE_ERROR
     args.given = given_options(parser, argv)
     prog = f"alpa-comm {args.command}"
     try:
