@@ -215,3 +215,131 @@ def test_alpa_and_alpa_comm_cut_the_suites_into_the_same_pieces(harness):
             mine = tuple(slice(a, b) for a, b in boxes[d])
             assert theirs[d][mine].all(), f"case {name}: Alpa leaves part of device {d}'s shard unfilled"
             assert np.array_equal(theirs[d], ours[d]), f"case {name}: device {d} gets elements from other holders"
+
+
+ALPA_SENDS = r'''
+import json, sys
+load(ALPA_ROOT, ("alpa.device_mesh", "alpa.pipeline_parallel.resharding_tensor",
+                 "alpa.pipeline_parallel.cross_mesh_resharding"))
+from jax.interpreters.pxla import Chunked, NoSharding, Replicated, ShardedAxis, ShardingSpec
+from alpa.global_env import global_config
+from alpa.device_mesh import VirtualPhysicalMesh
+from alpa.pipeline_parallel.resharding_tensor import VirtualDistributedArray
+from alpa.pipeline_parallel.cross_mesh_resharding import (CrossMeshCommunicator, ReshardingTaskSpec,
+                                                          SymbolicReshardingTask)
+global_config.debug_with_pipeshard_runtime = True  # compile the task lists; put nothing on Ray workers
+
+class Aval:
+    def __init__(self, shape):
+        self.shape, self.dtype = tuple(shape), "float32"
+
+class Worker:  # a mesh host worker: only its identity is used when compiling
+    def __init__(self, host):
+        self.host = host
+
+def mesh_of(side):
+    mesh = VirtualPhysicalMesh(host_ids=side["hosts"], num_devices_per_host=side["dph"],
+                               host_info=[{"NodeManagerAddress": f"10.0.0.{h}"} for h in side["hosts"]])
+    mesh.workers = [Worker(h) for h in side["hosts"]]
+    return mesh
+
+def spec_of(side):
+    return ShardingSpec([NoSharding() if s == "N" else Chunked(s) for s in side["sharding"]],
+                        [ShardedAxis(a) if k == "S" else Replicated(a) for k, a in side["mapping"]])
+
+class Group:  # Alpa's CollectiveGroup maps, without NCCL
+    def __init__(self, meshes):
+        self.device_str_to_device_id_map, self.device_str_to_mesh_worker_map = {}, {}
+        self.device_str_to_rank_map = {}
+        rank = 0
+        for mesh in meshes:
+            for i, worker in enumerate(mesh.workers):
+                for j, local in enumerate(mesh.devices[i]):
+                    s = mesh.device_strs[i * mesh.num_devices_per_host + j]
+                    self.device_str_to_device_id_map[s] = local
+                    self.device_str_to_mesh_worker_map[s] = worker
+                    self.device_str_to_rank_map[s] = (rank, local)
+                rank += 1
+
+out = []
+for case in json.loads(sys.stdin.read()):
+    src_mesh, dst_mesh = mesh_of(case["src"]), mesh_of(case["dst"])
+    shape = case["shape"]
+    src = VirtualDistributedArray(device_mesh=src_mesh, aval=Aval(shape), sharding_spec=spec_of(case["src"]))
+    final = spec_of(case["dst"])
+    sent = final
+    if case["rewrite"]:
+        try:
+            sent = CrossMeshCommunicator._rewrite_allgather_spec(final, dst_mesh.num_hosts, shape)
+        except AssertionError as e:
+            out.append({"error": str(e)})
+            continue
+    dst = VirtualDistributedArray(device_mesh=dst_mesh, aval=Aval(shape), sharding_spec=sent)
+    spec = ReshardingTaskSpec(src, dst, final)
+    loads = {s: 0 for s in src_mesh.device_strs}
+    dst_loads = {s: 0 for s in dst_mesh.device_strs}
+    spec.set_resharding_strategy(
+        CrossMeshCommunicator._generate_send_recv_resharding_strategy_by_loads(spec, loads, dst_loads))
+    task = SymbolicReshardingTask(spec, Group([src_mesh, dst_mesh]), src_mesh, dst_mesh)
+    sends = []
+    for worker, tasks in task.sender_tasks.items():
+        for t in tasks:
+            n = 1
+            for o in t.tile_spec.offset:
+                n *= int(o.stop) - int(o.start)
+            where = [[int(o.start), int(o.stop)] for o in t.tile_spec.offset]
+            sends.append([worker.host, t.tile_spec.rank, n, int(t.device_id), int(t.tile_spec.gpu_idx), where])
+    out.append({"sends": sends, "rewritten": sent != final,
+                "ranks": [w.host for w in src_mesh.workers + dst_mesh.workers]})
+print(json.dumps(out))
+'''
+
+
+def _busiest(per_host: dict) -> int:
+    return max(per_host.values(), default=0)
+
+
+def test_alpa_comm_never_moves_more_through_the_busiest_host_than_alpa_does(harness):
+    """Alpa 0.2.3's own strategy (``normal`` load balance) and task compiler
+    (``SymbolicReshardingTask._compile_send_recv_tasks``) on every suite case, plain and
+    with its local-allgather rewrite where Alpa accepts the spec: the bytes through the
+    busiest host's NIC against alpa_comm's broadcast plan. Alpa sends every source tile
+    of a receiver once per (tile, receiver, piece) entry of its order, so a destination
+    tile made of m pieces costs m times its bytes; there alpa_comm must move fewer."""
+    from alpa_comm import plan_resharding
+    from alpa_comm.topology import ClusterSpec
+
+    cases, names = [], []
+    for case in suite_cases():
+        shape = SMALL[len(case.shape)]
+        _, _, src = _side(case.src_mesh, case.src_spec, len(shape))
+        _, _, dst = _side(case.dst_mesh, case.dst_spec, len(shape))
+        for rewrite in (False, True):
+            cases.append({"shape": list(shape), "src": src, "dst": dst, "rewrite": rewrite})
+            names.append(case)
+    done = harness(ALPA_SENDS, stdin=json.dumps(cases))
+    assert done.returncode == 0, done.stderr[-3000:]
+    cluster = ClusterSpec(num_hosts=5, devices_per_host=4)
+    resends = 0
+    for case, spec, got in zip(names, cases, json.loads(done.stdout)):
+        if "error" in got:  # Alpa's rewrite refuses two replicated mesh dims ("Only support 1D and 2D mesh")
+            assert spec["rewrite"] and "Only support" in got["error"]
+            continue
+        out, into = {}, {}
+        for host, rank, n, *_ in got["sends"]:
+            dst_host = got["ranks"][rank]
+            if dst_host != host:
+                out[host] = out.get(host, 0) + 4 * n
+                into[dst_host] = into.get(dst_host, 0) + 4 * n
+        shape = tuple(spec["shape"])
+        plan = plan_resharding(shape, "float32", case.src_mesh, case.src_spec, case.dst_mesh, case.dst_spec,
+                               cluster=cluster, strategy="broadcast", cache=False)
+        sent, received = plan.network_bytes()
+        ours, theirs = max(_busiest(sent), _busiest(received)), max(_busiest(out), _busiest(into))
+        assert ours <= theirs, f"case {case.name}: alpa_comm moves {ours} B through a host, Alpa {theirs} B"
+        # the same bytes (sender device, offset in its tile) to the same receiver device again
+        unique = {(h, dev, json.dumps(where), r, gpu) for h, r, _, dev, gpu, where in got["sends"]}
+        if len(got["sends"]) > len(unique):
+            resends += 1
+            assert ours < theirs, f"case {case.name}: Alpa re-sends, yet alpa_comm moves as much ({ours} B)"
+    assert resends >= 5, resends  # plain mode re-sends on cases 3, 4, 5, 7 and 9 in Alpa 0.2.3

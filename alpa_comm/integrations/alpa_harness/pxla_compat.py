@@ -48,13 +48,14 @@ class Chunked:
     """A tensor dim split into ``prod(chunks)`` equal parts (one sharded axis per entry)."""
 
     def __init__(self, chunks: Sequence[int]):
-        self.chunks = tuple(int(c) for c in chunks)
+        # a list, as jaxlib's binding returns it: Alpa extends it with ``chunks + [n]``
+        self.chunks = [int(c) for c in chunks]
 
     def __eq__(self, other):
-        return isinstance(other, Chunked) and self.chunks == other.chunks
+        return isinstance(other, Chunked) and list(self.chunks) == list(other.chunks)
 
     def __hash__(self):
-        return hash(("Chunked", self.chunks))
+        return hash(("Chunked", tuple(self.chunks)))
 
     def __repr__(self):
         return f"Chunked({list(self.chunks)})"
