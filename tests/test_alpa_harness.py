@@ -147,7 +147,8 @@ for case in json.loads(sys.stdin.read()):
     pieces = []
     for tile, slices, in_dst in spec.dst_tile_to_src_tiles_map:
         for ts, where in zip(slices, in_dst):
-            from_src = [[int(t.start) + int(o.start), int(t.start) + int(o.stop)] for t, o in zip(ts.indices, ts.offset)]
+            from_src = [[int(t.start) + int(o.start), int(t.start) + int(o.stop)]
+                        for t, o in zip(ts.indices, ts.offset)]
             from_dst = [[int(t.start) + int(w.start), int(t.start) + int(w.stop)] for t, w in zip(tile.indices, where)]
             assert from_src == from_dst, (from_src, from_dst)  # Alpa's two views of a piece agree
             pieces.append({"box": from_src, "holders": [int(d) for d in ts.replica_device_ids],

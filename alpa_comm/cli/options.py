@@ -108,7 +108,8 @@ def add_resharding_args(p: argparse.ArgumentParser) -> None:
                    help="sender choice and ordering (default auto: dfs when small, else greedy)")
     p.add_argument("--chunks", type=chunks_value, default=None, help="broadcast chunks per slice, or 'auto' (default)")
     p.add_argument("--seed", type=count(0), default=0, help="seed of the randomized greedy search")
-    p.add_argument("--plan-cache", metavar="DIR", type=output_dir, default=os.environ.get("ALPA_COMM_PLAN_CACHE") or None,
+    p.add_argument("--plan-cache", metavar="DIR", type=output_dir,
+                   default=os.environ.get("ALPA_COMM_PLAN_CACHE") or None,
                    help="keep plans in DIR and serve them from there next time (default: $ALPA_COMM_PLAN_CACHE, "
                         "else in this process only)")
     p.add_argument("--suite", choices=list(suites.SUITES),
