@@ -36,10 +36,13 @@ class Tile:
     replica_device_strs: list
 
 
-@dataclass
-class TileSlice:
-    tile: Tile
-    offset: list             # slices inside the tile
+class TileSlice(Tile):
+    """As in Alpa 0.2.3: a ``Tile`` (its own ``indices``, the whole source tile) plus the
+    ``offset`` of the slice inside it; there is no ``.tile`` attribute."""
+
+    def __init__(self, tile: Tile, offset: list):
+        super().__init__(tile.tile_index, tile.indices, tile.tile_shape, tile.replica_device_strs)
+        self.offset = offset
 
     @property
     def slice_size(self):

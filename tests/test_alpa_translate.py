@@ -57,7 +57,7 @@ def test_plan_translates_to_alpa_strategy_without_duplicate_sends(case, mode, st
     # every sender holds what it sends
     for sender, _, box in sends:
         holders = {inp.strings.to_id(s) for tile, tss, _ in spec.dst_tile_to_src_tiles_map for ts in tss
-                   if tileslice_box(ts) == box for s in ts.tile.replica_device_strs}
+                   if tileslice_box(ts) == box for s in ts.replica_device_strs}
         assert sender in holders
     if mode == "sendrecv":
         assert all(len(o) == 3 for o in order) and per_spec_plans[0].ndim == 2

@@ -62,9 +62,14 @@ class DeviceStrings:
 
     @classmethod
     def for_meshes(cls, *meshes) -> "DeviceStrings":
-        """From Alpa meshes (``host_ips``, ``num_devices_per_host``), hosts in mesh order."""
-        ips = [ip for m in meshes for ip in m.host_ips]
-        return cls(ips, max(int(m.num_devices_per_host) for m in meshes))
+        """From Alpa meshes, hosts in mesh order. Works on every mesh class Alpa passes
+        around: ``VirtualPhysicalMesh`` at compile time (``host_info``, per-host
+        ``devices``) and ``DistributedPhysicalDeviceMesh`` at run time (``host_ips``).
+        Devices per host is what the meshes' local ids need, so two meshes sliced inside
+        one host (local ids 0,1 and 2,3) stay apart."""
+        ips = [ip for m in meshes for ip in mesh_host_ips(m)]
+        locals_ = [d for m in meshes for per_host in mesh_local_devices(m) for d in per_host]
+        return cls(ips, max([int(m.num_devices_per_host) for m in meshes] + [d + 1 for d in locals_]))
 
     def to_id(self, s: str) -> int:
         ip, _, local = parse_device_str(s)
@@ -80,12 +85,35 @@ class DeviceStrings:
 
     def mesh(self, alpa_mesh, shape: Sequence[int] | None = None) -> DeviceMesh:
         """Our ``DeviceMesh`` for an Alpa mesh: hosts x devices (or ``shape``, host-major)."""
-        ids = [self.index[ip] * self.devices_per_host + d for ip in alpa_mesh.host_ips
-               for d in range(int(alpa_mesh.num_devices_per_host))]
-        shape = tuple(shape) if shape is not None else (len(alpa_mesh.host_ips), int(alpa_mesh.num_devices_per_host))
+        ips, local = mesh_host_ips(alpa_mesh), mesh_local_devices(alpa_mesh)
+        ids = [self.index[ip] * self.devices_per_host + d for ip, per_host in zip(ips, local) for d in per_host]
+        shape = tuple(shape) if shape is not None else (len(ips), int(alpa_mesh.num_devices_per_host))
         if int(np.prod(shape)) != len(ids):
             raise InvalidMeshError(f"logical mesh shape {shape} does not hold the {len(ids)} devices of the Alpa mesh")
         return DeviceMesh(np.array(ids).reshape(shape), self.devices_per_host)
+
+
+def mesh_host_ips(alpa_mesh) -> list[str]:
+    """Host addresses of an Alpa mesh: ``host_ips`` (physical meshes) or each host's
+    ``NodeManagerAddress`` in ``host_info`` (``VirtualPhysicalMesh``, what the compiler has)."""
+    ips = getattr(alpa_mesh, "host_ips", None)
+    if ips is not None:
+        return list(ips)
+    info = getattr(alpa_mesh, "host_info", None)
+    if info is None:
+        raise TranslationError(f"cannot tell the hosts of Alpa mesh {alpa_mesh!r}: it has neither host_ips nor "
+                               "host_info")
+    return [h["NodeManagerAddress"] for h in info]
+
+
+def mesh_local_devices(alpa_mesh) -> list[list[int]]:
+    """Local device ids per host: ``devices`` where Alpa keeps them (a mesh sliced inside a
+    host uses, e.g., GPUs 2 and 3), else 0 .. num_devices_per_host - 1."""
+    devices = getattr(alpa_mesh, "devices", None)
+    n = len(mesh_host_ips(alpa_mesh))
+    if isinstance(devices, (list, tuple)) and len(devices) == n and all(isinstance(d, (list, tuple)) for d in devices):
+        return [[int(x) for x in d] for d in devices]
+    return [list(range(int(alpa_mesh.num_devices_per_host))) for _ in range(n)]
 
 
 # ------------------------------------------------------------ task specs
@@ -125,8 +153,10 @@ def inputs_from_task_spec(spec) -> PlanInputs:
 
 
 def tileslice_box(tileslice) -> Box:
-    """Global index box of an Alpa ``TileSlice``: its tile's indices plus its offset."""
-    return tuple((t.start + o.start, t.start + o.stop) for t, o in zip(tileslice.tile.indices, tileslice.offset))
+    """Global index box of an Alpa ``TileSlice``: its tile's indices plus its offset.
+    (``TileSlice`` subclasses ``Tile``: the indices are its own, not a ``.tile``'s.)"""
+    return tuple((int(t.start) + int(o.start), int(t.start) + int(o.stop))
+                 for t, o in zip(tileslice.indices, tileslice.offset))
 
 
 def _assignments(plan: ReshardingPlan) -> tuple[dict, dict]:
@@ -164,28 +194,36 @@ def plan_to_strategy(plan: ReshardingPlan, spec, strings: DeviceStrings, mode: s
             continue
         table = np.empty((len(receivers), len(boxes)), dtype=object)
         for k, r in enumerate(receivers):
+            first_start = None
             for j, box in enumerate(boxes):
                 if (box, r) not in by_pair:
                     raise TranslationError(f"the plan does not deliver slice {box} to device {strings.to_str(r)}")
                 sender, start, tid = by_pair[(box, r)]
                 table[k, j] = strings.to_str(sender)
-                keyed.append(((start, tid, i, k, j), (i, k, j)))
+                first_start = min(first_start or (start, tid), (start, tid))
+            # Alpa's _compile_send_recv_tasks sends every piece of receiver k's tile for each
+            # (i, k, j) entry (it ignores j): one entry per (tile, receiver) sends each piece once
+            keyed.append(((*first_start, i, k), (i, k, 0)))
         per_spec_plans.append(table)
     order = [o for _, o in sorted(keyed)]
     return per_spec_plans, order
 
 
 def strategy_to_sends(per_spec_plans, order, spec, strings: DeviceStrings, mode: str) -> list[tuple[int, int, Box]]:
-    """The (sender, receiver, box) messages an Alpa strategy implies, in its order — each
-    once. Used to check translations (and to count Alpa's own duplicate sends)."""
+    """The (sender, receiver, box) messages Alpa 0.2.3 compiles from a strategy, in its
+    order: in "sendrecv" mode each (i, k, j) entry sends *every* piece of tile i to
+    receiver k (Alpa's ``_compile_send_recv_tasks`` ignores j; checked against Alpa's own
+    compiler in ``tests/test_alpa_harness.py``), so with Alpa's naive order a tile of m pieces
+    reaches each receiver m times. Used to check translations and to count Alpa's re-sends."""
     sends = []
     tiles = spec.dst_tile_to_src_tiles_map
     for o in order:
         if mode == "sendrecv":
-            i, k, j = o
+            i, k, _ = o  # as Alpa 0.2.3 compiles it: every piece of the tile, whatever j says
             dst_tile, tss, _ = tiles[i]
-            sends.append((strings.to_id(per_spec_plans[i][k][j]), strings.to_id(dst_tile.replica_device_strs[k]),
-                          tileslice_box(tss[j])))
+            for j, ts in enumerate(tss):
+                sends.append((strings.to_id(per_spec_plans[i][k][j]), strings.to_id(dst_tile.replica_device_strs[k]),
+                              tileslice_box(ts)))
         else:
             i, j = o
             dst_tile, tss, _ = tiles[i]
