@@ -115,3 +115,25 @@ def test_option_values_and_patching(alpa_stub):
     assert cmr.CrossMeshCommunicator()._generate_broadcast_resharding_strategy(spec, None, None) == "alpa's own"
     assert "eager_1f1b" not in schedules.pipeline_schedule
     assert alpa.global_config.resharding_mode == "send_recv"
+
+
+def test_a_failure_part_way_leaves_alpa_untouched(alpa_stub):
+    """Alpa 0.2.3 has no schedule registry (checked on its own code in test_alpa_harness):
+    asking for eager-1F1B fails, and every patch made before the failure is undone."""
+    mods, calls = alpa_stub
+    alpa = mods["alpa"]
+    del mods["alpa.pipeline_parallel.schedules"].pipeline_schedule
+    cmr = mods["alpa.pipeline_parallel.cross_mesh_resharding"]
+    own = (cmr.CrossMeshCommunicator._generate_broadcast_resharding_strategy,
+           cmr.CrossMeshCommunicator._generate_send_recv_resharding_strategy,
+           mods["alpa.device_mesh"].MeshHostWorker)
+    adapter.install()
+    with pytest.raises(adapter.AlpaIntegrationError, match="pipeline_schedule"):
+        alpa.init(cluster="ray", comm_optimization="alpa_comm_eager")
+    assert calls == []  # Alpa never started
+    assert alpa.global_config.resharding_mode == "send_recv"
+    assert (cmr.CrossMeshCommunicator._generate_broadcast_resharding_strategy,
+            cmr.CrossMeshCommunicator._generate_send_recv_resharding_strategy,
+            mods["alpa.device_mesh"].MeshHostWorker) == own
+    assert alpa.init(cluster="ray", comm_optimization="alpa_comm") == "initialized"  # the rest still works
+    assert alpa.global_config.resharding_mode == "broadcast"

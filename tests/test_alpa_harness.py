@@ -474,3 +474,15 @@ def test_our_broadcast_strategy_through_alpa_s_broadcast_compiler_is_bit_exact(h
     for case, got in zip(suite_cases(), json.loads(done.stdout)):
         assert not got["wrong"], (case.name, got)
         assert got["groups"] == got["order"], (case.name, got)
+
+
+def test_facts_the_adapter_relies_on_hold_in_alpa_0_2_3(harness):
+    """Alpa reports the version the adapter checks for, and has no schedule registry (so the
+    adapter's eager-1F1B cannot register there; it refuses and leaves Alpa untouched)."""
+    from alpa_comm.integrations.alpa import SUPPORTED_ALPA_VERSION
+
+    done = harness('mods = load(ALPA_ROOT, ("alpa.version", "alpa.pipeline_parallel.schedules"))\n'
+                   'print(mods["alpa.version"].__version__)\n'
+                   'print(hasattr(mods["alpa.pipeline_parallel.schedules"], "pipeline_schedule"))\n')
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == [SUPPORTED_ALPA_VERSION, "False"]

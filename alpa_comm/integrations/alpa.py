@@ -114,6 +114,16 @@ def configure(value: str) -> None:
     _state["mode"] = value
     if value == "off":
         return
+    try:
+        _apply(alpa, value)
+    except BaseException:
+        _restore()  # all or nothing: a failure part-way leaves Alpa exactly as it was
+        _state["mode"] = "off"
+        raise
+
+
+def _apply(alpa, value: str) -> None:
+    """Every patch ``value`` needs (``configure`` undoes them all if one fails)."""
     config = alpa.global_config
     _patch(config, "resharding_mode", "broadcast")
     cmr = _module("alpa.pipeline_parallel.cross_mesh_resharding")

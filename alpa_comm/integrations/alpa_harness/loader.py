@@ -33,6 +33,9 @@ STUBBED_ALPA = ("alpa.collective", "alpa.shard_parallel", "alpa.mesh_profiling",
                 "alpa.serve", "alpa.torch", "alpa.model")
 """Alpa modules that only drive XLA passes, NCCL or other frameworks."""
 PXLA = "jax.interpreters.pxla"
+PRELUDE = ("alpa.global_env", "alpa.device_mesh")
+"""Imported first, as Alpa's package import reaches them first: ``device_mesh`` and
+``util`` import each other, which only works with ``device_mesh`` started first."""
 
 
 class _StubMeta(type):
@@ -172,6 +175,8 @@ def load(alpa_root: Path, modules: tuple[str, ...]) -> dict[str, types.ModuleTyp
     install(alpa_root)
     env = dict(os.environ)
     try:
+        for m in PRELUDE:
+            importlib.import_module(m)
         return {m: importlib.import_module(m) for m in modules}
     finally:
         os.environ.clear()
