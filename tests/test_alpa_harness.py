@@ -8,6 +8,7 @@ Runs in a subprocess (the harness replaces ``jax`` in its process); skipped, wit
 reason, where the package registry cannot be reached."""
 import json
 import random
+from typing import NamedTuple
 
 import pytest
 
@@ -20,34 +21,109 @@ pytestmark = pytest.mark.timeout(600)
 ALPA_MODULES = ("alpa.device_mesh", "alpa.pipeline_parallel.resharding_tensor",
                 "alpa.pipeline_parallel.schedules", "alpa.pipeline_parallel.cross_mesh_resharding")
 
-PLACE = r'''
+SETUP = r'''
 import json, sys
-mods = load(ALPA_ROOT, MODULES)
+import numpy as np
+load(ALPA_ROOT, MODULES)
 from jax.interpreters.pxla import Chunked, NoSharding, Replicated, ShardedAxis, ShardingSpec
+from alpa.global_env import global_config
 from alpa.device_mesh import VirtualPhysicalMesh
 from alpa.pipeline_parallel.resharding_tensor import VirtualDistributedArray
+from alpa.pipeline_parallel.cross_mesh_resharding import (CrossMeshCommunicator, ReshardingStrategy,
+                                                          ReshardingTaskSpec, SymbolicBroadcastReshardingTask,
+                                                          SymbolicReshardingTask)
+global_config.debug_with_pipeshard_runtime = True  # compile the task lists; put nothing on Ray workers
 
-class Aval:  # what VirtualDistributedArray reads of jax's ShapedArray
+class Aval:  # what Alpa reads of jax's ShapedArray
     def __init__(self, shape):
-        self.shape = tuple(shape)
+        self.shape, self.dtype = tuple(shape), "float32"
+
+class Worker:  # a mesh host worker: only its identity is used when compiling
+    def __init__(self, host):
+        self.host = host
+
+def mesh_of(side):
+    mesh = VirtualPhysicalMesh(host_ids=side["hosts"], num_devices_per_host=side["dph"],
+                               host_info=[{"NodeManagerAddress": f"10.0.0.{h}"} for h in side["hosts"]])
+    mesh.workers = [Worker(h) for h in side["hosts"]]
+    return mesh
+
+def spec_of(side):
+    return ShardingSpec([NoSharding() if s == "N" else Chunked(s) for s in side["sharding"]],
+                        [ShardedAxis(a) if k == "S" else Replicated(a) for k, a in side["mapping"]])
+
+def array_of(mesh, shape, spec):
+    return VirtualDistributedArray(device_mesh=mesh, aval=Aval(shape), sharding_spec=spec)
 
 def box(index, shape):
     return [[0 if s.start is None else int(s.start), n if s.stop is None else int(s.stop)]
             for s, n in zip(index, shape)]
 
-out = []
-for case in json.loads(sys.stdin.read()):
-    hosts, dph, shape = case["hosts"], case["dph"], case["shape"]
-    sharding = [NoSharding() if s == "N" else Chunked(s) for s in case["sharding"]]
-    mapping = [ShardedAxis(a) if k == "S" else Replicated(a) for k, a in case["mapping"]]
-    mesh = VirtualPhysicalMesh(host_ids=list(range(hosts)), num_devices_per_host=dph,
-                               host_info=[{"NodeManagerAddress": f"10.0.0.{h}"} for h in range(hosts)])
-    array = VirtualDistributedArray(device_mesh=mesh, aval=Aval(shape), sharding_spec=ShardingSpec(sharding, mapping))
+class Group:  # Alpa's CollectiveGroup maps, without NCCL
+    def __init__(self, meshes):
+        self.device_str_to_device_id_map, self.device_str_to_mesh_worker_map = {}, {}
+        self.device_str_to_rank_map = {}
+        rank = 0
+        for mesh in meshes:
+            for i, worker in enumerate(mesh.workers):
+                for j, local in enumerate(mesh.devices[i]):
+                    s = mesh.device_strs[i * mesh.num_devices_per_host + j]
+                    self.device_str_to_device_id_map[s] = local
+                    self.device_str_to_mesh_worker_map[s] = worker
+                    self.device_str_to_rank_map[s] = (rank, local)
+                rank += 1
+
+cases, out = json.loads(sys.stdin.read()), []
+'''
+"""Run before every script below: Alpa's own modules loaded, helpers that build Alpa's
+objects from the JSON cases the test sends on stdin, and ``out`` for one result per case."""
+
+
+def run_alpa(harness, body: str, cases: list[dict]) -> list:
+    """``body`` run after ``SETUP`` on ``cases`` in the harness: the ``out`` it fills."""
+    done = harness(f"MODULES = {ALPA_MODULES!r}\n" + SETUP + body + "\nprint(json.dumps(out))\n",
+                   stdin=json.dumps(cases))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def alpa_side(mesh: DeviceMesh, spec: ShardingSpec) -> dict:
+    """A mesh and spec as the JSON the scripts turn into Alpa's objects (``to_alpa``'s forms)."""
+    alpa = spec.to_alpa(mesh.shape)
+    return {"hosts": list(mesh.hosts), "dph": mesh.devices_per_host,
+            "sharding": ["N" if type(s).__name__ == "NoSharding" else list(s.chunks) for s in alpa.sharding],
+            "mapping": [["S", m.axis] if type(m).__name__ == "ShardedAxis" else ["R", m.replicas]
+                        for m in alpa.mesh_mapping]}
+
+
+@pytest.fixture(scope="module")
+def harness():
+    from alpa_comm.integrations.alpa_harness.loader import run_in_subprocess
+    from alpa_comm.integrations.alpa_harness.sources import SourcesUnavailable, alpa_root
+
+    try:
+        alpa_root()
+    except SourcesUnavailable as e:
+        pytest.skip(str(e))
+    return run_in_subprocess
+
+
+def test_alpa_s_own_modules_import(harness):
+    done = harness(f"mods = load(ALPA_ROOT, {ALPA_MODULES!r})\n"
+                   "print(sorted(m.__file__.split('alpa-0.2.3/')[1] for m in mods.values()))")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "alpa/pipeline_parallel/cross_mesh_resharding.py" in done.stdout
+
+
+# ----------------------------------------------------------------- placements
+PLACE = r'''
+for case in cases:
+    mesh, shape = mesh_of(case["side"]), case["shape"]
+    array = array_of(mesh, shape, spec_of(case["side"]))
     tiles = [{"devices": [int(d) for d in t.replica_device_ids], "strs": t.replica_device_strs,
               "box": box(t.indices, shape)} for t in array.tiles.flat]
     out.append({"indices": [box(i, shape) for i in array.indices], "tiles": tiles,
                 "device_strs": mesh.device_strs})
-print(json.dumps(out))
 '''
 
 
@@ -76,73 +152,62 @@ def random_cases(n: int, seed: int = 0) -> list[dict]:
             for c in d[1:]:
                 parts *= sizes[int(c)]
             shape.append(parts * rng.randint(1, 3))
-        alpa = spec.to_alpa((hosts, dph))
-        cases.append({"hosts": hosts, "dph": dph, "shape": shape, "spec": str(spec),
-                      "sharding": ["N" if type(s).__name__ == "NoSharding" else list(s.chunks) for s in alpa.sharding],
-                      "mapping": [["S", m.axis] if type(m).__name__ == "ShardedAxis" else ["R", m.replicas]
-                                  for m in alpa.mesh_mapping]})
+        mesh = DeviceMesh.parse(f"{hosts}x{dph}@" + ",".join(map(str, range(hosts))), dph)
+        cases.append({"shape": shape, "spec": str(spec), "mesh": f"{hosts}x{dph}", "side": alpa_side(mesh, spec)})
     return cases
-
-
-@pytest.fixture(scope="module")
-def harness():
-    from alpa_comm.integrations.alpa_harness.loader import run_in_subprocess
-    from alpa_comm.integrations.alpa_harness.sources import SourcesUnavailable, alpa_root
-
-    try:
-        alpa_root()
-    except SourcesUnavailable as e:
-        pytest.skip(str(e))
-    return run_in_subprocess
-
-
-def test_alpa_s_own_modules_import(harness):
-    done = harness(f"mods = load(ALPA_ROOT, {ALPA_MODULES!r})\n"
-                   "print(sorted(m.__file__.split('alpa-0.2.3/')[1] for m in mods.values()))")
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "alpa/pipeline_parallel/cross_mesh_resharding.py" in done.stdout
 
 
 def test_alpa_places_every_shard_where_our_placements_do(harness):
     cases = random_cases(150)
-    done = harness(f"MODULES = {ALPA_MODULES!r}\n" + PLACE, stdin=json.dumps(cases))
-    assert done.returncode == 0, done.stderr[-3000:]
-    for case, got in zip(cases, json.loads(done.stdout)):
-        mesh = DeviceMesh.parse(f"{case['hosts']}x{case['dph']}@" + ",".join(map(str, range(case["hosts"]))),
-                                case["dph"])
+    for case, got in zip(cases, run_alpa(harness, PLACE, cases)):
+        dph = case["side"]["dph"]
+        mesh = DeviceMesh.parse(f"{case['mesh']}@" + ",".join(map(str, case["side"]["hosts"])), dph)
         ours = Placement(mesh, ShardingSpec.parse(case["spec"])).device_boxes(tuple(case["shape"]))
         flat = list(mesh.devices)  # Alpa's flat device index i is row-major over (host, local device)
         assert [list(map(list, ours[d])) for d in flat] == got["indices"], case
         for tile in got["tiles"]:
             holders = sorted(flat.index(d) for d in flat if list(map(list, ours[d])) == tile["box"])
             assert sorted(tile["devices"]) == holders, (case, tile)
-        assert got["device_strs"][:case["dph"]] == [f"10.0.0.0:gpu:{j}" for j in range(case["dph"])]
+        assert got["device_strs"][:dph] == [f"10.0.0.0:gpu:{j}" for j in range(dph)]
 
+
+# ---------------------------------------------------------------- suite cases
+SMALL = {3: (24, 8, 4), 1: (24,)}
+"""Alpa's suite cases at a size whose every element can be checked (same meshes, specs,
+divisibility)."""
+
+
+class SuiteCase(NamedTuple):
+    name: str
+    shape: tuple
+    src_mesh: DeviceMesh
+    src_spec: ShardingSpec
+    dst_mesh: DeviceMesh
+    dst_spec: ShardingSpec
+    texts: tuple  # (src mesh, dst mesh) as the suite writes them, for planning on the suite's cluster
+
+    def json(self, **extra) -> dict:
+        return {"shape": list(self.shape), "src": alpa_side(self.src_mesh, self.src_spec),
+                "dst": alpa_side(self.dst_mesh, self.dst_spec), **extra}
+
+
+def suite_cases() -> list[SuiteCase]:
+    """Every n-to-m and 1-to-m case, at ``SMALL`` size."""
+    from alpa_comm.suites import n_to_m, one_to_m
+
+    def mesh(text):
+        return DeviceMesh.parse(text, int(text.split("@")[0].split("x")[1]))
+
+    return [SuiteCase(c.name, SMALL[len(c.shape)], mesh(c.src_mesh), ShardingSpec.parse(c.src_spec),
+                      mesh(c.dst_mesh), ShardingSpec.parse(c.dst_spec), (c.src_mesh, c.dst_mesh))
+            for c in n_to_m(8) + one_to_m(1 << 20)]
 
 
 PIECES = r'''
-import json, sys
-load(ALPA_ROOT, ("alpa.device_mesh", "alpa.pipeline_parallel.resharding_tensor",
-                 "alpa.pipeline_parallel.cross_mesh_resharding"))
-from jax.interpreters.pxla import Chunked, NoSharding, Replicated, ShardedAxis, ShardingSpec
-from alpa.device_mesh import VirtualPhysicalMesh
-from alpa.pipeline_parallel.resharding_tensor import VirtualDistributedArray
-from alpa.pipeline_parallel.cross_mesh_resharding import ReshardingTaskSpec
-
-class Aval:
-    def __init__(self, shape):
-        self.shape = tuple(shape)
-
-def array(side, shape):
-    mesh = VirtualPhysicalMesh(host_ids=side["hosts"], num_devices_per_host=side["dph"],
-                               host_info=[{"NodeManagerAddress": f"10.0.0.{h}"} for h in side["hosts"]])
-    spec = ShardingSpec([NoSharding() if s == "N" else Chunked(s) for s in side["sharding"]],
-                        [ShardedAxis(a) if k == "S" else Replicated(a) for k, a in side["mapping"]])
-    return VirtualDistributedArray(device_mesh=mesh, aval=Aval(shape), sharding_spec=spec)
-
-out = []
-for case in json.loads(sys.stdin.read()):
-    src, dst = array(case["src"], case["shape"]), array(case["dst"], case["shape"])
+for case in cases:
+    shape = case["shape"]
+    src = array_of(mesh_of(case["src"]), shape, spec_of(case["src"]))
+    dst = array_of(mesh_of(case["dst"]), shape, spec_of(case["dst"]))
     spec = ReshardingTaskSpec(src, dst, dst.sharding_spec)
     pieces = []
     for tile, slices, in_dst in spec.dst_tile_to_src_tiles_map:
@@ -154,30 +219,7 @@ for case in json.loads(sys.stdin.read()):
             pieces.append({"box": from_src, "holders": [int(d) for d in ts.replica_device_ids],
                            "receivers": [int(d) for d in tile.replica_device_ids]})
     out.append(pieces)
-print(json.dumps(out))
 '''
-
-SMALL = {3: (24, 8, 4), 1: (24,)}
-"""Alpa's suite cases at a size whose every element can be checked (same meshes, specs,
-divisibility)."""
-
-
-def suite_cases():
-    from alpa_comm.suites import n_to_m, one_to_m
-    return n_to_m(8) + one_to_m(1 << 20)
-
-
-def _side(mesh_text: str, spec_text: str, rank: int) -> tuple[DeviceMesh, ShardingSpec, dict]:
-    hosts_part = mesh_text.split("@")
-    dph = int(hosts_part[0].split("x")[1])
-    mesh = DeviceMesh.parse(mesh_text, dph)
-    spec = ShardingSpec.parse(spec_text)
-    alpa = spec.to_alpa(mesh.shape)
-    return mesh, spec, {"hosts": list(mesh.hosts), "dph": dph,
-                        "sharding": ["N" if type(s).__name__ == "NoSharding" else list(s.chunks)
-                                     for s in alpa.sharding],
-                        "mapping": [["S", m.axis] if type(m).__name__ == "ShardedAxis" else ["R", m.replicas]
-                                    for m in alpa.mesh_mapping]}
 
 
 def test_alpa_and_alpa_comm_cut_the_suites_into_the_same_pieces(harness):
@@ -188,17 +230,10 @@ def test_alpa_and_alpa_comm_cut_the_suites_into_the_same_pieces(harness):
 
     from alpa_comm.resharding.unit_tasks import decompose
 
-    cases, sides = [], []
-    for case in suite_cases():
-        shape = SMALL[len(case.shape)]
-        src_mesh, src_spec, src = _side(case.src_mesh, case.src_spec, len(shape))
-        dst_mesh, dst_spec, dst = _side(case.dst_mesh, case.dst_spec, len(shape))
-        cases.append({"shape": list(shape), "src": src, "dst": dst})
-        sides.append((case.name, shape, src_mesh, src_spec, dst_mesh, dst_spec))
-    done = harness(PIECES, stdin=json.dumps(cases))
-    assert done.returncode == 0, done.stderr[-3000:]
-    for (name, shape, src_mesh, src_spec, dst_mesh, dst_spec), pieces in zip(sides, json.loads(done.stdout)):
-        src_flat, dst_flat = list(src_mesh.devices), list(dst_mesh.devices)
+    cases = suite_cases()
+    for c, pieces in zip(cases, run_alpa(harness, PIECES, [c.json() for c in cases])):
+        name, shape = c.name, c.shape
+        src_flat, dst_flat = list(c.src_mesh.devices), list(c.dst_mesh.devices)
         theirs = {d: np.zeros(shape, np.int64) for d in dst_flat}  # per element: bit mask of holders
         for p in pieces:
             mask = sum(1 << src_flat[h] for h in p["holders"])
@@ -207,66 +242,23 @@ def test_alpa_and_alpa_comm_cut_the_suites_into_the_same_pieces(harness):
                 assert not region.any(), f"case {name}: Alpa sends an element twice to device {dst_flat[r]}"
                 region[...] = mask
         ours = {d: np.zeros(shape, np.int64) for d in dst_flat}
-        for t in decompose(shape, 4, src_mesh, src_spec, dst_mesh, dst_spec):
+        for t in decompose(shape, 4, c.src_mesh, c.src_spec, c.dst_mesh, c.dst_spec):
             mask = sum(1 << s for s in t.src_devices)
             for r in t.dst_devices:
                 ours[r][tuple(slice(a, b) for a, b in t.index)] = mask
-        boxes = Placement(dst_mesh, dst_spec).device_boxes(shape)
+        boxes = Placement(c.dst_mesh, c.dst_spec).device_boxes(shape)
         for d in dst_flat:
             mine = tuple(slice(a, b) for a, b in boxes[d])
             assert theirs[d][mine].all(), f"case {name}: Alpa leaves part of device {d}'s shard unfilled"
             assert np.array_equal(theirs[d], ours[d]), f"case {name}: device {d} gets elements from other holders"
 
 
+# ------------------------------------------------- Alpa's own strategy, sent bytes
 ALPA_SENDS = r'''
-import json, sys
-load(ALPA_ROOT, ("alpa.device_mesh", "alpa.pipeline_parallel.resharding_tensor",
-                 "alpa.pipeline_parallel.cross_mesh_resharding"))
-from jax.interpreters.pxla import Chunked, NoSharding, Replicated, ShardedAxis, ShardingSpec
-from alpa.global_env import global_config
-from alpa.device_mesh import VirtualPhysicalMesh
-from alpa.pipeline_parallel.resharding_tensor import VirtualDistributedArray
-from alpa.pipeline_parallel.cross_mesh_resharding import (CrossMeshCommunicator, ReshardingTaskSpec,
-                                                          SymbolicReshardingTask)
-global_config.debug_with_pipeshard_runtime = True  # compile the task lists; put nothing on Ray workers
-
-class Aval:
-    def __init__(self, shape):
-        self.shape, self.dtype = tuple(shape), "float32"
-
-class Worker:  # a mesh host worker: only its identity is used when compiling
-    def __init__(self, host):
-        self.host = host
-
-def mesh_of(side):
-    mesh = VirtualPhysicalMesh(host_ids=side["hosts"], num_devices_per_host=side["dph"],
-                               host_info=[{"NodeManagerAddress": f"10.0.0.{h}"} for h in side["hosts"]])
-    mesh.workers = [Worker(h) for h in side["hosts"]]
-    return mesh
-
-def spec_of(side):
-    return ShardingSpec([NoSharding() if s == "N" else Chunked(s) for s in side["sharding"]],
-                        [ShardedAxis(a) if k == "S" else Replicated(a) for k, a in side["mapping"]])
-
-class Group:  # Alpa's CollectiveGroup maps, without NCCL
-    def __init__(self, meshes):
-        self.device_str_to_device_id_map, self.device_str_to_mesh_worker_map = {}, {}
-        self.device_str_to_rank_map = {}
-        rank = 0
-        for mesh in meshes:
-            for i, worker in enumerate(mesh.workers):
-                for j, local in enumerate(mesh.devices[i]):
-                    s = mesh.device_strs[i * mesh.num_devices_per_host + j]
-                    self.device_str_to_device_id_map[s] = local
-                    self.device_str_to_mesh_worker_map[s] = worker
-                    self.device_str_to_rank_map[s] = (rank, local)
-                rank += 1
-
-out = []
-for case in json.loads(sys.stdin.read()):
+for case in cases:
     src_mesh, dst_mesh = mesh_of(case["src"]), mesh_of(case["dst"])
     shape = case["shape"]
-    src = VirtualDistributedArray(device_mesh=src_mesh, aval=Aval(shape), sharding_spec=spec_of(case["src"]))
+    src = array_of(src_mesh, shape, spec_of(case["src"]))
     final = spec_of(case["dst"])
     sent = final
     if case["rewrite"]:
@@ -275,8 +267,7 @@ for case in json.loads(sys.stdin.read()):
         except AssertionError as e:
             out.append({"error": str(e)})
             continue
-    dst = VirtualDistributedArray(device_mesh=dst_mesh, aval=Aval(shape), sharding_spec=sent)
-    spec = ReshardingTaskSpec(src, dst, final)
+    spec = ReshardingTaskSpec(src, array_of(dst_mesh, shape, sent), final)
     loads = {s: 0 for s in src_mesh.device_strs}
     dst_loads = {s: 0 for s in dst_mesh.device_strs}
     spec.set_resharding_strategy(
@@ -285,14 +276,11 @@ for case in json.loads(sys.stdin.read()):
     sends = []
     for worker, tasks in task.sender_tasks.items():
         for t in tasks:
-            n = 1
-            for o in t.tile_spec.offset:
-                n *= int(o.stop) - int(o.start)
             where = [[int(o.start), int(o.stop)] for o in t.tile_spec.offset]
+            n = int(np.prod([b - a for a, b in where]))
             sends.append([worker.host, t.tile_spec.rank, n, int(t.device_id), int(t.tile_spec.gpu_idx), where])
     out.append({"sends": sends, "rewritten": sent != final,
                 "ranks": [w.host for w in src_mesh.workers + dst_mesh.workers]})
-print(json.dumps(out))
 '''
 
 
@@ -310,21 +298,13 @@ def test_alpa_comm_never_moves_more_through_the_busiest_host_than_alpa_does(harn
     from alpa_comm import plan_resharding
     from alpa_comm.topology import ClusterSpec
 
-    cases, names = [], []
-    for case in suite_cases():
-        shape = SMALL[len(case.shape)]
-        _, _, src = _side(case.src_mesh, case.src_spec, len(shape))
-        _, _, dst = _side(case.dst_mesh, case.dst_spec, len(shape))
-        for rewrite in (False, True):
-            cases.append({"shape": list(shape), "src": src, "dst": dst, "rewrite": rewrite})
-            names.append(case)
-    done = harness(ALPA_SENDS, stdin=json.dumps(cases))
-    assert done.returncode == 0, done.stderr[-3000:]
+    runs = [(c, rewrite) for c in suite_cases() for rewrite in (False, True)]
+    results = run_alpa(harness, ALPA_SENDS, [c.json(rewrite=rewrite) for c, rewrite in runs])
     cluster = ClusterSpec(num_hosts=5, devices_per_host=4)
     resends = 0
-    for case, spec, got in zip(names, cases, json.loads(done.stdout)):
+    for (c, rewrite), got in zip(runs, results):
         if "error" in got:  # Alpa's rewrite refuses two replicated mesh dims ("Only support 1D and 2D mesh")
-            assert spec["rewrite"] and "Only support" in got["error"]
+            assert rewrite and "Only support" in got["error"]
             continue
         out, into = {}, {}
         for host, rank, n, *_ in got["sends"]:
@@ -332,52 +312,58 @@ def test_alpa_comm_never_moves_more_through_the_busiest_host_than_alpa_does(harn
             if dst_host != host:
                 out[host] = out.get(host, 0) + 4 * n
                 into[dst_host] = into.get(dst_host, 0) + 4 * n
-        shape = tuple(spec["shape"])
-        plan = plan_resharding(shape, "float32", case.src_mesh, case.src_spec, case.dst_mesh, case.dst_spec,
+        plan = plan_resharding(c.shape, "float32", c.texts[0], c.src_spec, c.texts[1], c.dst_spec,
                                cluster=cluster, strategy="broadcast", cache=False)
         sent, received = plan.network_bytes()
         ours, theirs = max(_busiest(sent), _busiest(received)), max(_busiest(out), _busiest(into))
-        assert ours <= theirs, f"case {case.name}: alpa_comm moves {ours} B through a host, Alpa {theirs} B"
+        assert ours <= theirs, f"case {c.name}: alpa_comm moves {ours} B through a host, Alpa {theirs} B"
         # the same bytes (sender device, offset in its tile) to the same receiver device again
         unique = {(h, dev, json.dumps(where), r, gpu) for h, r, _, dev, gpu, where in got["sends"]}
         if len(got["sends"]) > len(unique):
             resends += 1
-            assert ours < theirs, f"case {case.name}: Alpa re-sends, yet alpa_comm moves as much ({ours} B)"
+            assert ours < theirs, f"case {c.name}: Alpa re-sends, yet alpa_comm moves as much ({ours} B)"
     assert resends >= 5, resends  # plain mode re-sends on cases 3, 4, 5, 7 and 9 in Alpa 0.2.3
 
 
-EXECUTE = ALPA_SENDS.split("out = []")[0] + r'''
-import numpy as np
+# ------------------------------------- our strategies through Alpa's own compilers
+OUR_STRATEGY = r'''
 from alpa_comm import plan_resharding
 from alpa_comm.integrations.alpa_translate import inputs_from_task_spec, plan_to_strategy
-from alpa.pipeline_parallel.cross_mesh_resharding import ReshardingStrategy
 
-out = []
-for case in json.loads(sys.stdin.read()):
+def compiled(case, strategy, mode, task_class):
+    # our plan of the case, translated to Alpa's strategy in ``mode`` and compiled by Alpa
     src_mesh, dst_mesh = mesh_of(case["src"]), mesh_of(case["dst"])
     shape = tuple(case["shape"])
-    src = VirtualDistributedArray(device_mesh=src_mesh, aval=Aval(shape), sharding_spec=spec_of(case["src"]))
-    dst = VirtualDistributedArray(device_mesh=dst_mesh, aval=Aval(shape), sharding_spec=spec_of(case["dst"]))
+    src = array_of(src_mesh, shape, spec_of(case["src"]))
+    dst = array_of(dst_mesh, shape, spec_of(case["dst"]))
     spec = ReshardingTaskSpec(src, dst, dst.sharding_spec)
     inp = inputs_from_task_spec(spec)  # our translation, on Alpa's own objects
     plan = plan_resharding(inp.shape, inp.dtype, inp.src_mesh, inp.src_spec, inp.dst_mesh, inp.dst_spec,
-                           cluster=inp.cluster(), strategy=case["strategy"])
-    per_spec_plans, order = plan_to_strategy(plan, spec, inp.strings, "sendrecv")
-    spec.set_resharding_strategy(ReshardingStrategy("sendrecv", per_spec_plans, order, False))
-    group = Group([src_mesh, dst_mesh])
-    task = SymbolicReshardingTask(spec, group, src_mesh, dst_mesh)  # Alpa's own task compiler
+                           cluster=inp.cluster(), strategy=strategy)
+    per_spec_plans, order = plan_to_strategy(plan, spec, inp.strings, mode)
+    spec.set_resharding_strategy(ReshardingStrategy(mode, per_spec_plans, order, False))
+    task = task_class(spec, Group([src_mesh, dst_mesh]), src_mesh, dst_mesh)  # Alpa's own task compiler
     x = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+
+    def held(device_str):  # what a source or destination device holds of x
+        for mesh, array in ((src_mesh, src), (dst_mesh, dst)):
+            if device_str in mesh.device_strs:
+                return x[array.indices[mesh.device_strs.index(device_str)]]
+
+    return task, order, src_mesh, dst_mesh, held
+'''
+
+EXECUTE = OUR_STRATEGY + r'''
+for case in cases:
+    task, _, src_mesh, dst_mesh, held = compiled(case, case["strategy"], "sendrecv", SymbolicReshardingTask)
     rank_host = [w.host for w in src_mesh.workers + dst_mesh.workers]
-    flat_src = {s: i for i, s in enumerate(src_mesh.device_strs)}
     queues, keys = {}, []
     for worker, tasks in task.sender_tasks.items():  # NCCL p2p: in order per (sender, receiver) pair
         for t in tasks:
             s = f"10.0.0.{worker.host}:gpu:{t.device_id}"
-            held = x[src.indices[flat_src[s]]]
             queues.setdefault((worker.host, t.device_id, rank_host[t.tile_spec.rank], t.tile_spec.gpu_idx),
-                              []).append(held[tuple(t.tile_spec.offset)].copy())
+                              []).append(held(s)[tuple(t.tile_spec.offset)].copy())
             keys.append((s, t.tile_spec.rank, t.tile_spec.gpu_idx, str(t.tile_spec.offset)))
-    flat_dst = {s: i for i, s in enumerate(dst_mesh.device_strs)}
     wrong = []
     for worker, tasks in task.receiver_tasks.items():
         for t in tasks:
@@ -386,11 +372,10 @@ for case in json.loads(sys.stdin.read()):
                 sender = (rank_host[ts.rank], ts.gpu_idx, worker.host, t.device_id)
                 buf[tuple(ts.offset)] = queues[sender].pop(0)
             d = f"10.0.0.{worker.host}:gpu:{t.device_id}"
-            if not np.array_equal(buf, x[dst.indices[flat_dst[d]]]):
+            if not np.array_equal(buf, held(d)):
                 wrong.append(d)
     left = sum(len(q) for q in queues.values())
     out.append({"sends": len(keys), "unique": len(set(keys)), "wrong": wrong, "left": left})
-print(json.dumps(out))
 '''
 
 
@@ -400,61 +385,31 @@ def test_our_strategy_through_alpa_s_compiler_is_bit_exact_and_sends_each_piece_
     ``SymbolicReshardingTask`` compiling it, and the compiled send/recv lists executed on
     NumPy buffers as NCCL pairs them (in order per sender/receiver pair): every destination
     buffer bit-exact, nothing left unreceived, no piece sent twice."""
-    cases = []
-    for case in suite_cases():
-        shape = SMALL[len(case.shape)]
-        _, _, src = _side(case.src_mesh, case.src_spec, len(shape))
-        _, _, dst = _side(case.dst_mesh, case.dst_spec, len(shape))
-        cases.append({"shape": list(shape), "src": src, "dst": dst, "strategy": strategy})
-    done = harness(EXECUTE, stdin=json.dumps(cases))
-    assert done.returncode == 0, done.stderr[-3000:]
-    for case, got in zip(suite_cases(), json.loads(done.stdout)):
-        assert not got["wrong"] and got["left"] == 0, (case.name, got)
-        assert got["sends"] == got["unique"], f"case {case.name}: a piece is sent twice ({got})"
+    cases = suite_cases()
+    for c, got in zip(cases, run_alpa(harness, EXECUTE, [c.json(strategy=strategy) for c in cases])):
+        assert not got["wrong"] and got["left"] == 0, (c.name, got)
+        assert got["sends"] == got["unique"], f"case {c.name}: a piece is sent twice ({got})"
 
 
-EXECUTE_BROADCAST = ALPA_SENDS.split("out = []")[0] + r'''
-import numpy as np
-from alpa_comm import plan_resharding
-from alpa_comm.integrations.alpa_translate import inputs_from_task_spec, plan_to_strategy
-from alpa.pipeline_parallel.cross_mesh_resharding import ReshardingStrategy, SymbolicBroadcastReshardingTask
-
-out = []
-for case in json.loads(sys.stdin.read()):
-    src_mesh, dst_mesh = mesh_of(case["src"]), mesh_of(case["dst"])
-    shape = tuple(case["shape"])
-    src = VirtualDistributedArray(device_mesh=src_mesh, aval=Aval(shape), sharding_spec=spec_of(case["src"]))
-    dst = VirtualDistributedArray(device_mesh=dst_mesh, aval=Aval(shape), sharding_spec=spec_of(case["dst"]))
-    spec = ReshardingTaskSpec(src, dst, dst.sharding_spec)
-    inp = inputs_from_task_spec(spec)
-    plan = plan_resharding(inp.shape, inp.dtype, inp.src_mesh, inp.src_spec, inp.dst_mesh, inp.dst_spec,
-                           cluster=inp.cluster(), strategy="broadcast")
-    per_spec_plans, order = plan_to_strategy(plan, spec, inp.strings, "broadcast")
-    spec.set_resharding_strategy(ReshardingStrategy("broadcast", per_spec_plans, order, False))
-    task = SymbolicBroadcastReshardingTask(spec, Group([src_mesh, dst_mesh]), src_mesh, dst_mesh)  # Alpa's compiler
-    x = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
-    flat_src = {s: i for i, s in enumerate(src_mesh.device_strs)}
-    flat_dst = {s: i for i, s in enumerate(dst_mesh.device_strs)}
+EXECUTE_BROADCAST = OUR_STRATEGY + r'''
+for case in cases:
+    task, order, _, dst_mesh, held = compiled(case, "broadcast", "broadcast", SymbolicBroadcastReshardingTask)
     data = {}  # broadcast group -> the bytes its root sends
     for worker, groups in task.broadcast_tasks.items():
         for key, g in groups.items():
             if g.devices_global_rank[:1] == [0]:
-                held = x[src.indices[flat_src[f"10.0.0.{worker.host}:gpu:{g.devices_ids[0]}"]]]
-                data[key] = held[tuple(g.tensor_slices[0])]
-    buffers, groups_run = {}, 0
+                data[key] = held(f"10.0.0.{worker.host}:gpu:{g.devices_ids[0]}")[tuple(g.tensor_slices[0])]
+    buffers = {}
     for worker, groups in task.broadcast_tasks.items():
         for key, g in groups.items():
-            groups_run += 1
             for dev, rank, where in zip(g.devices_ids, g.devices_global_rank, g.tensor_slices):
                 if rank == 0:
                     continue
                 d = f"10.0.0.{worker.host}:gpu:{dev}"
                 buf = buffers.setdefault(d, np.full(g.recv_tile_shape, np.nan, np.float32))
                 buf[tuple(where)] = data[key]
-    wrong = [d for d in dst_mesh.device_strs
-             if d not in buffers or not np.array_equal(buffers[d], x[dst.indices[flat_dst[d]]])]
+    wrong = [d for d in dst_mesh.device_strs if d not in buffers or not np.array_equal(buffers[d], held(d))]
     out.append({"wrong": wrong, "groups": len(data), "order": len(order)})
-print(json.dumps(out))
 '''
 
 
@@ -463,17 +418,10 @@ def test_our_broadcast_strategy_through_alpa_s_broadcast_compiler_is_bit_exact(h
     broadcast strategy, compiled by Alpa's own ``SymbolicBroadcastReshardingTask`` and its
     broadcast groups executed on NumPy buffers: every destination device bit-exact, one
     group per piece."""
-    cases = []
-    for case in suite_cases():
-        shape = SMALL[len(case.shape)]
-        _, _, src = _side(case.src_mesh, case.src_spec, len(shape))
-        _, _, dst = _side(case.dst_mesh, case.dst_spec, len(shape))
-        cases.append({"shape": list(shape), "src": src, "dst": dst})
-    done = harness(EXECUTE_BROADCAST, stdin=json.dumps(cases))
-    assert done.returncode == 0, done.stderr[-3000:]
-    for case, got in zip(suite_cases(), json.loads(done.stdout)):
-        assert not got["wrong"], (case.name, got)
-        assert got["groups"] == got["order"], (case.name, got)
+    cases = suite_cases()
+    for c, got in zip(cases, run_alpa(harness, EXECUTE_BROADCAST, [c.json() for c in cases])):
+        assert not got["wrong"], (c.name, got)
+        assert got["groups"] == got["order"], (c.name, got)
 
 
 def test_facts_the_adapter_relies_on_hold_in_alpa_0_2_3(harness):

@@ -11,9 +11,9 @@ from alpa_comm.resharding.kinds import transfer_kind
 from alpa_comm.resharding.kinds.double_tree import chunk_bounds, depth, halves, tree_edges
 from alpa_comm.resharding.tree import plan_resharding_tree
 from alpa_comm.resharding.verify import verify_plan
-from alpa_comm.runtime.executor import view
-from alpa_comm.runtime.local import execute_in_threads, execute_tree_in_threads, tree_layouts
 from alpa_comm.sim import simulate
+
+from exactness import run_exact, run_tree
 
 
 def _hosts(first, count):
@@ -58,9 +58,7 @@ def test_one_host_to_many_is_bit_exact(dst_hosts, dph, chunks):
     verify_plan(plan)
     assert {t.kind for t in plan.transfers} == {"double_tree"}
     x = np.random.default_rng(dst_hosts).standard_normal(shape).astype(np.float32)
-    out = execute_in_threads(plan, x, timeout=20)
-    for d, box in tree_layouts(plan)[0].dst_boxes.items():
-        assert np.array_equal(out[d], view(x, tuple((0, n) for n in shape), box)), f"device {d}"
+    run_exact(plan, x)
 
 
 def test_a_packed_tree_plan_is_bit_exact():
@@ -70,12 +68,7 @@ def test_a_packed_tree_plan_is_bit_exact():
     plan = plan_resharding_tree(tree, cluster=cluster, strategy="double_tree", bucket_bytes=1 << 20)
     verify_plan(plan)
     assert any(t.kind == "double_tree" and t.parts for t in plan.transfers)
-    rng = np.random.default_rng(2)
-    arrays = [rng.standard_normal(leaf.shape).astype(np.float32) for leaf in plan.leaves]
-    out = execute_tree_in_threads(plan, arrays, timeout=20)
-    for leaf, lay, a, got in zip(plan.leaves, tree_layouts(plan), arrays, out):
-        for d, box in lay.dst_boxes.items():
-            assert np.array_equal(got[d], view(a, tuple((0, n) for n in a.shape), box)), (leaf.path, d)
+    run_tree(plan, seed=2)
 
 
 @pytest.mark.parametrize("hosts", [3, 7, 16, 100])

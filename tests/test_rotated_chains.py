@@ -11,9 +11,10 @@ from alpa_comm.resharding.kinds import transfer_kind
 from alpa_comm.resharding.kinds.rotated_chains import MIN_RING_HOSTS, entry_hosts, runs
 from alpa_comm.resharding.tree import plan_resharding_tree
 from alpa_comm.resharding.verify import verify_plan
-from alpa_comm.runtime.executor import view
-from alpa_comm.runtime.local import execute_in_threads, execute_tree_in_threads, tree_layouts
+from alpa_comm.runtime.local import execute_in_threads
 from alpa_comm.sim import simulate
+
+from exactness import run_exact, run_tree
 
 
 def _hosts(first, count):
@@ -42,9 +43,7 @@ def test_sharded_to_replicated_is_bit_exact_and_one_ring(src_hosts, dst_hosts, d
     verify_plan(plan)
     assert len(plan.transfers) == 1 and len(plan.transfers[0].parts) == src_hosts * dph
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
-    out = execute_in_threads(plan, x, timeout=20)
-    for d, box in tree_layouts(plan)[0].dst_boxes.items():
-        assert np.array_equal(out[d], view(x, tuple((0, n) for n in shape), box)), f"device {d}"
+    run_exact(plan, x)
 
 
 def test_a_tree_to_replicated_hosts_is_bit_exact():
@@ -54,12 +53,7 @@ def test_a_tree_to_replicated_hosts_is_bit_exact():
     plan = plan_resharding_tree(tree, cluster=cluster, strategy="rotated_chains", bucket_bytes=None)
     verify_plan(plan)
     assert any(t.kind == "rotated_chains" and t.parts for t in plan.transfers)
-    rng = np.random.default_rng(1)
-    arrays = [rng.standard_normal(leaf.shape).astype(np.float32) for leaf in plan.leaves]
-    out = execute_tree_in_threads(plan, arrays, timeout=20)
-    for leaf, lay, a, got in zip(plan.leaves, tree_layouts(plan), arrays, out):
-        for d, box in lay.dst_boxes.items():
-            assert np.array_equal(got[d], view(a, tuple((0, n) for n in a.shape), box)), (leaf.path, d)
+    run_tree(plan, seed=1)
 
 
 @pytest.mark.parametrize("hosts", [3, 4, 6])

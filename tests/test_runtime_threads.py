@@ -9,20 +9,15 @@ from alpa_comm import STRATEGIES, ClusterSpec, DeviceMesh, plan_resharding
 from alpa_comm.resharding.strategies import carries_data
 from alpa_comm.resharding.verify import verify_plan
 from alpa_comm.runtime.backend import CommunicationError
-from alpa_comm.runtime.executor import view
-from alpa_comm.runtime.local import execute_in_threads, tree_layouts
+from alpa_comm.runtime.local import execute_in_threads
 from alpa_comm.suites import n_to_m, one_to_m
+
+from exactness import expect_exact
 
 from strategies_hyp import resharding_cases
 
 DATA_STRATEGIES = [s for s in STRATEGIES if carries_data(s)]  # every kind the registry offers
 CLUSTER = ClusterSpec(num_hosts=5, devices_per_host=4)
-
-
-def expect_exact(plan, x, out):
-    full = tuple((0, n) for n in x.shape)
-    for d, box in tree_layouts(plan)[0].dst_boxes.items():
-        assert np.array_equal(out[d], view(x, full, box)), f"device {d} got wrong data ({plan.strategy})"
 
 
 @pytest.mark.parametrize("case", n_to_m(2) + one_to_m(1 << 16), ids=lambda c: f"{c.suite}-{c.name}")

@@ -1,5 +1,4 @@
 """Whole-pytree resharding: joint balancing, coalescing, bit-exact delivery of every leaf."""
-import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -7,9 +6,9 @@ from alpa_comm import ClusterSpec, InvalidOptionError
 from alpa_comm.resharding.tree import (LeafLayout, auto_bucket_bytes, plan_resharding_tree, tree_flatten,
                                        tree_unflatten)
 from alpa_comm.resharding.verify import PlanError, verify_plan
-from alpa_comm.runtime.executor import view
-from alpa_comm.runtime.local import execute_tree_in_threads, tree_layouts
 from alpa_comm.sim import simulate
+
+from exactness import run_tree
 
 CLUSTER = ClusterSpec(num_hosts=4, devices_per_host=4, nic_send_gbps=0.4, latency_s=350e-6)
 SRC = ["2x4@0,1", "2x2@0,1", "1x4@0"]
@@ -32,16 +31,6 @@ def trees(draw):
         leaves.append(LeafLayout(shape, dtype, draw(st.sampled_from(SRC)), specs[0], draw(st.sampled_from(DST)),
                                  specs[1]))
     return {"layers": [{"w": leaves[i]} for i in range(0, n, 2)], "extra": leaves[1::2]}
-
-
-def run_tree(plan, seed=0):
-    rng = np.random.default_rng(seed)
-    arrays = [(rng.integers(0, 100, leaf.shape)).astype(leaf.dtype) for leaf in plan.leaves]
-    out = execute_tree_in_threads(plan, arrays, timeout=20)
-    for leaf, lay, a, got in zip(plan.leaves, tree_layouts(plan), arrays, out):
-        full = tuple((0, n) for n in a.shape)
-        for d, box in lay.dst_boxes.items():
-            assert np.array_equal(got[d], view(a, full, box)), f"{leaf.path} device {d}"
 
 
 @settings(max_examples=40, deadline=None)

@@ -71,13 +71,11 @@ def main(argv=None) -> int:
     prog = f"alpa-comm {args.command}"
     try:
         return args.func(args)
+    except BrokenPipeError:  # before OSError, which it is
+        return _quiet_broken_pipe()
     except (AlpaCommError, ValueError, OSError) as e:
-        if isinstance(e, BrokenPipeError):
-            return _quiet_broken_pipe()
         print(f"{prog}: error: {_one_line(e)}", file=sys.stderr)
         return USAGE_ERROR
-    except BrokenPipeError:
-        return _quiet_broken_pipe()
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 from ..topology import ClusterSpec
-from .options import add_live_cluster_args, add_schedule_args, add_strategy_arg, reject_unused
-from .values import count, nic_rate, number, output_dir, output_file
+from .options import add_emulated_host_args, add_live_cluster_args, add_schedule_args, add_strategy_arg, reject_unused
+from .values import count, number, output_dir, output_file
 
 MAX_SEQ = 8192
 """Longer byte sequences run for many minutes a step on CPUs: a typo more likely than a plan."""
@@ -22,10 +22,7 @@ def register(sub) -> None:
                                    "it created, also after a crash.")
     p.add_argument("action", choices=["up", "down", "status"])
     p.add_argument("--hosts", type=count(1, 256), default=5, help="number of hosts (default 5)")
-    p.add_argument("--nic", type=nic_rate, default="400mbit",
-                   help="NIC rate per host and direction, e.g. 400mbit, 1gbit, none")
-    p.add_argument("--host-cpus", type=number(0, exclusive=True, maximum=4096), default=None,
-                   help="cap each host at this many CPU cores")
+    add_emulated_host_args(p, host_cpus=True)
     p.set_defaults(func=cmd_cluster)
 
 
@@ -71,10 +68,8 @@ def _register_train(sub) -> None:
     add_strategy_arg(p, "; signal: one byte, the no-communication bound")
     p.add_argument("--dp", type=count(1, 64), default=1, help="data-parallel hosts per stage (default 1)")
     add_live_cluster_args(p, "local", "inprocess (one process), local (Ray on this machine), emulated (root: "
-                                      "shaped NICs) or ray://ADDR", hosts_default=None, devices_default=2)
-    p.add_argument("--host-cpus", type=number(0, exclusive=True, maximum=4096), default=None,
-                   help="emulated: cap each host at this many CPU cores (stages then compute side by side "
-                        "at a steady rate, as separate machines would)")
+                                      "shaped NICs) or ray://ADDR", hosts_default=None, devices_default=2,
+                          host_cpus=True)
     p.add_argument("--steps", type=count(1, 10_000_000), default=50, help="training steps (default 50)")
     p.add_argument("--optimizer", default="adam", choices=["adam", "sgd"])
     p.add_argument("--lr", type=number(0, exclusive=True, maximum=100), default=3e-3,

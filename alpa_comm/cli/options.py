@@ -122,7 +122,7 @@ def add_resharding_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_live_cluster_args(p: argparse.ArgumentParser, default: str, kinds: str, hosts_default: int | None,
-                          devices_default: int) -> None:
+                          devices_default: int, host_cpus: bool = False) -> None:
     """A cluster that runs things: emulated, local or an existing Ray cluster."""
     p.add_argument("--cluster", default=default, help=f"{kinds} (default {default})")
     if hosts_default is not None:
@@ -130,9 +130,17 @@ def add_live_cluster_args(p: argparse.ArgumentParser, default: str, kinds: str, 
                        help=f"hosts of an emulated or local cluster (default {hosts_default})")
     p.add_argument("--devices-per-host", type=count(1, 1024), default=devices_default,
                    help=f"devices per host (default {devices_default})")
+    add_emulated_host_args(p, host_cpus)
+
+
+def add_emulated_host_args(p: argparse.ArgumentParser, host_cpus: bool = False) -> None:
+    """How emulated hosts are shaped: NIC rate, and (where asked) a CPU cap per host."""
     p.add_argument("--nic", type=nic_rate, default="400mbit",
-                   help="emulated NIC rate per host and direction, e.g. 400mbit, "
-                                                     "1gbit, none (default 400mbit)")
+                   help="emulated NIC rate per host and direction, e.g. 400mbit, 1gbit, none (default 400mbit)")
+    if host_cpus:
+        p.add_argument("--host-cpus", type=number(0, exclusive=True, maximum=4096), default=None,
+                       help="emulated: cap each host at this many CPU cores (hosts then compute side by side "
+                            "at a steady rate, as separate machines would)")
 
 
 # ------------------------------------------------------------- built objects

@@ -4,6 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
+from ..resharding.explain import fmt_seconds
+from ..resharding.resources import INTRA, RECEIVE, SEND, host_and_side
 from ..sim.simulate import SimResult
 
 
@@ -63,9 +65,6 @@ def gantt_png(result: SimResult, path: str | Path, title: str = "") -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    from ..resharding.explain import fmt_seconds  # noqa: PLC0415
-    from ..resharding.resources import INTRA, RECEIVE, host_and_side  # noqa: PLC0415
-
     bars = [(e, *host_and_side(r)) for e in result.timeline for r in e.resources]
     bars = [(e, h, side) for e, h, side in bars if side != INTRA]
     hosts = sorted({h for _, h, _ in bars})
@@ -74,20 +73,20 @@ def gantt_png(result: SimResult, path: str | Path, title: str = "") -> Path:
         fig = _busy_heatmap(plt, bars, hosts, result.makespan,
                             f"{heading}: {len(result.timeline):,} transfers on {len(hosts)} hosts, aggregated")
     else:
-        fig = _bars(plt, bars, hosts, heading, RECEIVE)
+        fig = _bars(plt, bars, hosts, heading)
     path = Path(path)
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
 
 
-def _bars(plt, bars, hosts, heading: str, receive_side: int):
+def _bars(plt, bars, hosts, heading: str):
     colors = kind_colors()
     row = {h: i for i, h in enumerate(hosts)}
     fig, ax = plt.subplots(figsize=(11, 0.8 + 0.45 * max(1, len(hosts))))
     spans: dict[tuple[float, str], list[tuple[float, float]]] = {}
     for e, h, side in bars:
-        y = row[h] + (0.42 if side == receive_side else 0.0)
+        y = row[h] + (0.42 if side == RECEIVE else 0.0)
         spans.setdefault((y, e.kind), []).append((e.start, e.end - e.start))
     for (y, kind), xs in spans.items():
         ax.broken_barh(xs, (y - 0.19, 0.38), facecolors=colors.get(kind, "#333333"), edgecolor="white",
@@ -110,8 +109,6 @@ def _bars(plt, bars, hosts, heading: str, receive_side: int):
 def _busy_heatmap(plt, bars, hosts, makespan: float, heading: str, bins: int = 400):
     """Fraction of each time bin each host's send and receive side is busy."""
     import numpy as np  # noqa: PLC0415
-
-    from ..resharding.resources import SEND  # noqa: PLC0415
 
     span = makespan or 1.0
     row = {h: i for i, h in enumerate(hosts)}

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..resharding.kinds import transfer_kind
+from ..resharding.kinds.base import receiving_hosts
 from ..resharding.plan import ReshardingPlan, Transfer
 from ..resharding.resources import INTRA, RECEIVE, SEND, host_and_side, intra_link, nic_receive, nic_send
 from ..topology import ClusterSpec
@@ -51,7 +52,7 @@ class SimResult:
 
 
 def _hosts_in_order(t: Transfer, cluster: ClusterSpec) -> list[int]:
-    return list(dict.fromkeys(cluster.host_of(r) for r in t.receivers))
+    return receiving_hosts(t, cluster.host_of)
 
 
 def phases(t: Transfer, cluster: ClusterSpec) -> list[tuple[float, list[tuple[float, tuple[int, ...]]]]]:

@@ -31,82 +31,63 @@ from typing import Sequence, Tuple
 import numpy as np
 
 
-class NoSharding:
-    """A tensor dim that is not split."""
+class _Value:
+    """Immutable-by-convention value: equal, hashed and printed by its ``_fields``."""
+
+    _fields: tuple = ()
+
+    def _key(self) -> tuple:
+        return tuple(tuple(v) if isinstance(v, list) else v for v in (getattr(self, f) for f in self._fields))
 
     def __eq__(self, other):
-        return isinstance(other, NoSharding)
+        return type(other) is type(self) and other._key() == self._key()
 
     def __hash__(self):
-        return hash("NoSharding")
+        return hash((type(self).__name__, self._key()))
 
     def __repr__(self):
-        return "NoSharding()"
+        return f"{type(self).__name__}({', '.join(f'{f}={getattr(self, f)!r}' for f in self._fields)})"
 
 
-class Chunked:
+class NoSharding(_Value):
+    """A tensor dim that is not split."""
+
+
+class Chunked(_Value):
     """A tensor dim split into ``prod(chunks)`` equal parts (one sharded axis per entry)."""
+
+    _fields = ("chunks",)
 
     def __init__(self, chunks: Sequence[int]):
         # a list, as jaxlib's binding returns it: Alpa extends it with ``chunks + [n]``
         self.chunks = [int(c) for c in chunks]
 
-    def __eq__(self, other):
-        return isinstance(other, Chunked) and list(self.chunks) == list(other.chunks)
 
-    def __hash__(self):
-        return hash(("Chunked", tuple(self.chunks)))
-
-    def __repr__(self):
-        return f"Chunked({list(self.chunks)})"
-
-
-class Unstacked:
+class Unstacked(_Value):
     """A tensor dim of ``size`` taken apart into its elements (pmap)."""
+
+    _fields = ("size",)
 
     def __init__(self, size: int):
         self.size = int(size)
 
-    def __eq__(self, other):
-        return isinstance(other, Unstacked) and self.size == other.size
 
-    def __hash__(self):
-        return hash(("Unstacked", self.size))
-
-    def __repr__(self):
-        return f"Unstacked({self.size})"
-
-
-class ShardedAxis:
+class ShardedAxis(_Value):
     """A mesh dim that carries sharded axis number ``axis``."""
+
+    _fields = ("axis",)
 
     def __init__(self, axis: int):
         self.axis = int(axis)
 
-    def __eq__(self, other):
-        return isinstance(other, ShardedAxis) and self.axis == other.axis
 
-    def __hash__(self):
-        return hash(("ShardedAxis", self.axis))
-
-    def __repr__(self):
-        return f"ShardedAxis(axis={self.axis})"
-
-
-class Replicated:
+class Replicated(_Value):
     """A mesh dim of ``replicas`` devices holding the same data."""
+
+    _fields = ("replicas",)
 
     def __init__(self, replicas: int):
         self.replicas = int(replicas)
-
-    def __eq__(self, other):
-        return isinstance(other, Replicated) and self.replicas == other.replicas
-
-    def __hash__(self):
-        return hash(("Replicated", self.replicas))
-
-    def __repr__(self):
-        return f"Replicated(replicas={self.replicas})"
 
 
 class OpSharding:
@@ -131,23 +112,15 @@ class OpSharding:
                 f"devices={self.tile_assignment_devices}, last_tile_dims={self.last_tile_dims})")
 
 
-class ShardingSpec:
+class ShardingSpec(_Value):
     """How an array's dims split (``sharding``) and how the splits and replicas map onto a
     logical device mesh (``mesh_mapping``)."""
+
+    _fields = ("sharding", "mesh_mapping")
 
     def __init__(self, sharding, mesh_mapping):
         self.sharding = tuple(sharding)
         self.mesh_mapping = tuple(mesh_mapping)
-
-    def __eq__(self, other):
-        return (isinstance(other, ShardingSpec) and self.sharding == other.sharding
-                and self.mesh_mapping == other.mesh_mapping)
-
-    def __hash__(self):
-        return hash((self.sharding, self.mesh_mapping))
-
-    def __repr__(self):
-        return f"ShardingSpec({self.sharding}, {self.mesh_mapping})"
 
     # ------------------------------------------------------------ derived
     def _sharded_axis_sizes(self) -> list[int]:

@@ -105,7 +105,7 @@ class TransferKind:
         """Resource keys a planned transfer holds (the simulator releases transfers in
         plan order on each of them)."""
         sender = None if t.sender is None else cluster.host_of(t.sender)
-        return self.resources(sender, list(dict.fromkeys(cluster.host_of(r) for r in t.receivers)))
+        return self.resources(sender, receiving_hosts(t, cluster.host_of))
 
     def closed_form(self, t: float, hosts: int, devices: int, chunks: int = 1) -> float:
         """The paper's time for one slice (t = one NIC copy) to ``hosts`` x ``devices``."""
@@ -137,6 +137,12 @@ class TransferKind:
 
 
 # ------------------------------------------------------------------ geometry
+def receiving_hosts(t: "Transfer", host_of, exclude: int | None = None) -> list[int]:
+    """Hosts of ``t``'s receivers in the order the receivers list them (chain order),
+    each once, without ``exclude`` (the sender's host, which needs no network hop)."""
+    return [h for h in dict.fromkeys(host_of(r) for r in t.receivers) if h != exclude]
+
+
 def group_by_host(devices: Sequence[int], cluster: ClusterSpec) -> HostGroups:
     """Devices grouped by host, hosts and devices ascending."""
     out: HostGroups = {}

@@ -9,7 +9,8 @@ import numpy as np
 
 from .. import cost_model
 from ..resources import intra_link, nic_receive, nic_send
-from .base import TransferKind, chain_rates, groups_in_order, fan_out, receive_buffer, store_received
+from .base import (TransferKind, chain_rates, fan_out, groups_in_order, receive_buffer, receiving_hosts,
+                   store_received)
 
 
 class Broadcast(TransferKind):
@@ -61,7 +62,7 @@ class Broadcast(TransferKind):
 
     def run(self, ex, t, tag0):
         sender_host = ex.host_of(t.sender)
-        chain = [sender_host] + [h for h in dict.fromkeys(ex.host_of(r) for r in t.receivers) if h != sender_host]
+        chain = [sender_host] + receiving_hosts(t, ex.host_of, exclude=sender_host)
         if ex.host not in chain:
             return
         p = chain.index(ex.host)

@@ -24,7 +24,7 @@ import numpy as np
 
 from .. import cost_model
 from ..resources import intra_link, nic_receive, nic_send
-from .base import TransferKind, group_by_host, fan_out, receive_buffer, store_received
+from .base import TransferKind, fan_out, group_by_host, receive_buffer, receiving_hosts, store_received
 
 TREES = 2
 MAX_CHUNKS_PER_TREE = cost_model.MAX_AUTO_CHUNKS // TREES
@@ -104,7 +104,7 @@ class DoubleTree(TransferKind):
     # ----------------------------------------------------------- simulation
     def _hosts(self, t, host_of) -> tuple[int, list[int]]:
         sender = host_of(t.sender)
-        return sender, [h for h in dict.fromkeys(host_of(r) for r in t.receivers) if h != sender]
+        return sender, receiving_hosts(t, host_of, exclude=sender)
 
     def host_flows(self, t, cluster):
         sender, hosts = self._hosts(t, cluster.host_of)

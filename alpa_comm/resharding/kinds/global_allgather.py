@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..resources import nic_receive, nic_send, ring_resources
-from .base import TransferKind, groups_in_order, ring_allgather_seconds, ring_flows, ring_links
+from .base import (TransferKind, groups_in_order, receiving_hosts, ring_allgather_seconds, ring_flows,
+                   ring_links)
 
 
 class GlobalAllGather(TransferKind):
@@ -44,7 +45,7 @@ class GlobalAllGather(TransferKind):
     def run(self, ex, t, tag0):
         n = len(t.receivers)
         bounds = np.linspace(0, t.nbytes, n + 1).astype(np.int64)
-        hosts = list(dict.fromkeys(ex.host_of(r) for r in t.receivers))
+        hosts = receiving_hosts(t, ex.host_of)
         sender_host = ex.host_of(t.sender)
         if sender_host == ex.host:
             flat = ex.slice_bytes(t.sender, t.index)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..resources import ring_resources
-from .base import TransferKind, groups_in_order, ring_allgather_seconds, ring_flows, ring_links
+from .base import (TransferKind, groups_in_order, receiving_hosts, ring_allgather_seconds, ring_flows,
+                   ring_links)
 
 
 class MemberAllGather(TransferKind):
@@ -32,7 +33,7 @@ class MemberAllGather(TransferKind):
         return [((members - 1) * cluster.latency_s, [((members - 1) * n / members, ring_links(groups))])]
 
     def run(self, ex, t, tag0):
-        hosts = list(dict.fromkeys(ex.host_of(r) for r in t.receivers))
+        hosts = receiving_hosts(t, ex.host_of)
         if ex.host not in hosts:
             return
         parts = {m: ex.layout.sent_boxes[m] for m in t.receivers}

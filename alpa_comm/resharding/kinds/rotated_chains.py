@@ -33,7 +33,7 @@ import numpy as np
 
 from .. import cost_model
 from ..resources import nic_receive, nic_send
-from .base import Candidate, TransferKind, group_by_host, ring_links
+from .base import Candidate, TransferKind, group_by_host, receiving_hosts, ring_links
 from .broadcast import Broadcast
 
 MAX_SCATTER_MESSAGES = 512
@@ -237,7 +237,7 @@ class RotatedChains(TransferKind):
     # ----------------------------------------------------------- simulation
     @staticmethod
     def _layout(t, host_of):
-        ring = list(dict.fromkeys(host_of(r) for r in t.receivers))
+        ring = receiving_hosts(t, host_of)
         sizes = [p.nbytes for p in t.parts] if t.parts else [t.nbytes]
         senders = [host_of(p.sender) for p in t.parts] if t.parts else [host_of(t.sender)]
         return ring, sizes, senders
