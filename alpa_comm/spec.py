@@ -163,8 +163,30 @@ class ShardingSpec:
         return spec
 
     # ------------------------------------------------------------ Alpa form
-    def to_alpa(self, mesh_shape: Sequence[int]) -> "AlpaShardingSpec":
-        """Alpa's (jax ``pxla``) form: ``Chunked``/``NoSharding`` + ``ShardedAxis``/``Replicated``."""
+    def to_alpa(self, mesh_shape: Sequence[int], canonical: bool = False) -> "AlpaShardingSpec":
+        """Alpa's (jax ``pxla``) form: ``Chunked``/``NoSharding`` + ``ShardedAxis``/``Replicated``,
+        one ``mesh_mapping`` entry per mesh dim.
+
+        ``canonical=True`` gives the form Alpa's auto-sharding emits
+        (``hlo_sharding_to_sharding_spec``): mesh dims of size 1 dropped and adjacent
+        replicated dims merged, so a replicated tensor on a 2x4 mesh is
+        ``[Replicated(8)]``. Both place every shard on the same device (pxla orders
+        devices row-major over ``mesh_mapping``); Alpa's local all-gather rewrite only
+        accepts the canonical one."""
+        alpa = self._to_alpa(mesh_shape)
+        if not canonical:
+            return alpa
+        mapping: list = []
+        for m in alpa.mesh_mapping:
+            if isinstance(m, Replicated):
+                if m.replicas == 1:
+                    continue
+                if mapping and isinstance(mapping[-1], Replicated):
+                    m = Replicated(mapping.pop().replicas * m.replicas)
+            mapping.append(m)
+        return AlpaShardingSpec(alpa.sharding, tuple(mapping) or (Replicated(1),))
+
+    def _to_alpa(self, mesh_shape: Sequence[int]) -> "AlpaShardingSpec":
         sharding: list = []
         mesh_mapping: list = [Replicated(int(n)) for n in mesh_shape]
         axis = 0
@@ -177,6 +199,24 @@ class ShardingSpec:
                 mesh_mapping[m] = ShardedAxis(axis)
                 axis += 1
         return AlpaShardingSpec(tuple(sharding), tuple(mesh_mapping))
+
+    @staticmethod
+    def alpa_mesh_shape(alpa_spec) -> tuple[int, ...]:
+        """The logical mesh an Alpa spec is written for: one dim per ``mesh_mapping``
+        entry, ``Replicated(n)`` of size n and ``ShardedAxis(a)`` of chunk axis a's
+        size. Alpa's specs need not follow the physical (hosts, devices per host)
+        shape: its auto-sharding drops untiled dims (``[Replicated(8)]`` on 2x4)."""
+        sizes = [int(c) for s in alpa_spec.sharding if type(s).__name__ == "Chunked" for c in s.chunks]
+        shape = []
+        for m, mm in enumerate(alpa_spec.mesh_mapping):
+            kind = type(mm).__name__
+            if kind == "Replicated":
+                shape.append(int(mm.replicas))
+            elif kind == "ShardedAxis" and 0 <= mm.axis < len(sizes):
+                shape.append(sizes[mm.axis])
+            else:
+                raise InvalidSpecError(f"unsupported Alpa mesh_mapping entry {mm!r} on mesh dim {m}")
+        return tuple(shape)
 
     @classmethod
     def from_alpa(cls, alpa_spec, mesh_shape: Sequence[int] | None = None) -> "ShardingSpec":

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))  # tests import strategies_hyp and alpa_fixtures
+sys.path.insert(0, str(Path(__file__).parent))  # tests import strategies_hyp and exactness
 
 
 def emulation_marks():

@@ -128,3 +128,36 @@ class ShardedAxisLike:
 
 
 ShardedAxisLike.__name__ = "ShardedAxis"
+
+
+@given(st.data())
+def test_alpa_canonical_form_places_every_shard_on_the_same_device(data):
+    """Alpa's auto-sharding drops size-1 mesh dims and merges replicated ones
+    (``[Replicated(8)]`` on 2x4); read back on the logical mesh it implies, every flat
+    device holds the same block as with one entry per mesh dim."""
+    import numpy as np
+
+    from alpa_comm.mesh import DeviceMesh
+    from alpa_comm.placement import Placement
+
+    mshape, _ = data.draw(mesh_shapes())
+    spec = data.draw(specs(data.draw(st.integers(1, 3)), len(mshape)))
+    sizes = {m: n for m, n in enumerate(mshape)}
+    shape = tuple(int(np.prod([sizes[m] for m in d])) * 2 for d in spec.dims)
+    ids = np.arange(int(np.prod(mshape)))
+    canon = spec.to_alpa(mshape, canonical=True)
+    logical = ShardingSpec.alpa_mesh_shape(canon)
+    assert int(np.prod(logical)) == ids.size
+    ours = Placement(DeviceMesh(ids.reshape(mshape), 64), spec).device_boxes(shape)
+    theirs = Placement(DeviceMesh(ids.reshape(logical), 64),
+                       ShardingSpec.from_alpa(canon, logical)).device_boxes(shape)
+    assert {int(d): ours[d] for d in ids} == {int(d): theirs[d] for d in ids}
+
+
+def test_alpa_canonical_form_examples():
+    assert ShardingSpec.parse("RR").to_alpa((2, 4), canonical=True).mesh_mapping == (Replicated(8),)
+    assert ShardingSpec.parse("S1R").to_alpa((1, 4), canonical=True).mesh_mapping == (ShardedAxis(0),)
+    assert ShardingSpec.parse("R").to_alpa((1, 1), canonical=True).mesh_mapping == (Replicated(1),)
+    assert ShardingSpec.alpa_mesh_shape(ShardingSpec.parse("RS0").to_alpa((2, 4))) == (2, 4)
+    with pytest.raises(InvalidSpecError, match="ShardedAxis"):
+        ShardingSpec.alpa_mesh_shape(AlpaShardingSpec((NoSharding(),), (ShardedAxis(0),)))

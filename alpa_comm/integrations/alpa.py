@@ -11,11 +11,15 @@
   load-balanced and ordered at host level (DFS when small, randomized greedy
   otherwise) and handed to Alpa as its own ``ReshardingStrategy`` in
   broadcast mode (``global_config.resharding_mode = "broadcast"``).
-* ``"alpa_comm_eager"``: the above, plus the schedule ``"eager_1f1b"``
-  registered for ``PipeshardParallel(pipeline_schedule="eager_1f1b")``, built
-  from alpa_comm's eager-1F1B generator with a clock table checked for order
-  (Alpa's own ``1f1b_overlap_friendly`` fails whenever a stage sends to
-  another mesh).
+  All tensors of one stage boundary are planned together (one load state).
+  Alpa's stage-profiling cost model gets its strategies from the same planner.
+* ``"alpa_comm_eager"``: the above, plus ``PipeshardParallel(pipeline_schedule=
+  "eager_1f1b")``, dispatched through Alpa 0.2.3's own if/elif over schedule names
+  (``eager_dispatch``). Its clock table is the eager-1F1B order (Alpa's own
+  ``1f1b_overlap_friendly`` order, which 0.2.3's emitter cannot run across meshes).
+  Backward weight delaying is *not* done inside Alpa: Alpa builds one backward
+  computation per stage; the weight-gradient split exists in alpa_comm's own
+  runtime (``alpa-comm train``) only.
 
 Worker processes: Alpa's ``MeshHostWorker`` actors run in other processes, so
 patches made in the driver do not reach them. ``install`` swaps the class Alpa
@@ -25,14 +29,15 @@ alpa_worker`` to build it, and that import applies the worker-side patches
 there. This module never runs on import and is never imported by the rest of
 alpa_comm; the translation it relies on (``alpa_translate``) needs no Alpa.
 
-This glue has not run against a live Alpa (Alpa 0.2.3 pins jax 0.3.22,
-ray 2.1.0 and a custom jaxlib that no registry serves); docs/alpa.md gives
-the commands to check it on an installation.
+The adapter is tested on Alpa 0.2.3's own code (``tests/test_alpa_harness.py``: the
+wheel's modules run with stand-ins for jaxlib, XLA and Ray); what needs GPUs and
+NCCL is listed in docs/alpa.md.
 """
 from __future__ import annotations
 
 import functools
 import importlib
+import sys
 
 from ..errors import AlpaCommError, InvalidOptionError
 from .alpa_translate import inputs_from_task_spec, plan_to_strategy, schedule_to_clocks
@@ -130,38 +135,145 @@ def _apply(alpa, value: str) -> None:
     communicator = cmr.CrossMeshCommunicator
 
     def broadcast_strategy(self, spec, src_mesh, dst_mesh):
-        return _strategy(cmr, spec, "broadcast")
+        return _boundary_strategy(cmr, self, spec, "broadcast")
 
     def send_recv_strategy(self, spec, src_mesh, dst_mesh):
-        return _strategy(cmr, spec, "sendrecv")
+        return _boundary_strategy(cmr, self, spec, "sendrecv")
 
     _patch(communicator, "_generate_broadcast_resharding_strategy", broadcast_strategy)
     _patch(communicator, "_generate_send_recv_resharding_strategy", send_recv_strategy)
+    # Alpa's stage-profiling cost model plans each boundary tensor with these two
+    profiling = _module("alpa.pipeline_parallel.stage_profiling")
+    _patch(profiling, "dummy_resharding_broadcast_strategy", lambda spec: _strategy(cmr, spec, "broadcast"))
+    _patch(profiling, "dummy_resharding_send_recv_strategy", lambda spec: _strategy(cmr, spec, "sendrecv"))
     worker = importlib.import_module("alpa_comm.integrations.alpa_worker")
+    worker.worker_patches()  # in this process too, undone by _restore
     device_mesh = _module("alpa.device_mesh")
     _patch(device_mesh, "MeshHostWorker", worker.subclass(device_mesh.MeshHostWorker))
     if value == "alpa_comm_eager":
+        compile_executable = _module("alpa.pipeline_parallel.compile_executable")
         schedules = _module("alpa.pipeline_parallel.schedules")
-        registry = getattr(schedules, "pipeline_schedule", None)
-        if registry is None:
-            raise AlpaIntegrationError("alpa.pipeline_parallel.schedules has no 'pipeline_schedule' registry")
-        _patch_item(registry, EAGER_SCHEDULE_NAME, eager_schedule_class(schedules.PipelineSchedule))
+        _patch(compile_executable, "compile_pipeshard_executable_internal",
+               eager_dispatch(compile_executable, eager_schedule_class(schedules.PipeDreamFlush)))
 
 
-def _strategy(cmr, spec, mode: str):
+# ------------------------------------------------------------- strategies
+def _strategy(cmr, spec, mode: str, cluster_state=None):
+    """Alpa's ``ReshardingStrategy`` for one ``ReshardingTaskSpec``, planned alone."""
     from ..resharding import plan_resharding  # noqa: PLC0415
 
     inputs = inputs_from_task_spec(spec)
     plan = plan_resharding(inputs.shape, inputs.dtype, inputs.src_mesh, inputs.src_spec, inputs.dst_mesh,
                            inputs.dst_spec, cluster=inputs.cluster(PLANNING_NIC_GBPS),
-                           strategy="broadcast" if mode == "broadcast" else "send_recv", loadbalance="auto")
-    per_spec_plans, order = plan_to_strategy(plan, spec, inputs.strings, mode)
+                           strategy=_OUR_STRATEGY[mode], loadbalance="auto")
+    return _as_alpa(cmr, spec, plan.transfers, inputs.strings, mode)
+
+
+_OUR_STRATEGY = {"broadcast": "broadcast", "sendrecv": "send_recv"}
+
+
+def _as_alpa(cmr, spec, transfers, strings, mode: str):
+    per_spec_plans, order = plan_to_strategy(transfers, spec, strings, mode)
     is_local_allgather = spec.final_dst_spec != spec.dst_sharding_spec
     return cmr.ReshardingStrategy(mode, per_spec_plans, order, is_local_allgather)
 
 
+def _boundary_strategy(cmr, communicator, spec, mode: str):
+    """The strategy for ``spec`` from one plan of every tensor crossing its stage boundary.
+
+    Alpa's ``CrossMeshCommunicator`` asks for one tensor at a time, after it has
+    built all of them (``resharding_specs[src mesh][dst mesh]``); Alpa balances them
+    with loads shared across the communicator. Here the tensors of a boundary are
+    planned together (``plan_resharding_tree``: one load state, one order), once per
+    boundary and mode, and each tensor gets its part of that plan."""
+    boundary = _boundary_of(communicator, spec)
+    if boundary is None:  # a spec Alpa built elsewhere: plan it alone
+        return _strategy(cmr, spec, mode)
+    cache = communicator.__dict__.setdefault("_alpa_comm_plans", {})
+    key = (boundary, mode)
+    if key not in cache:
+        cache[key] = _plan_boundary(communicator.resharding_specs[boundary[0]][boundary[1]], mode)
+    per_spec, strings = cache[key]
+    return _as_alpa(cmr, spec, per_spec[id(spec)], strings, mode)
+
+
+def _boundary_of(communicator, spec):
+    for i, row in enumerate(getattr(communicator, "resharding_specs", None) or ()):
+        for j, specs in enumerate(row):
+            if any(s is spec for s in specs.values()):
+                return i, j
+    return None
+
+
+def _plan_boundary(specs: dict, mode: str):
+    """One joint plan of a boundary's tensors: {id(spec): its transfers}, device strings."""
+    from ..resharding.tree import plan_resharding_tree  # noqa: PLC0415
+
+    ordered = list(specs.values())
+    inputs = [inputs_from_task_spec(s) for s in ordered]
+    strings = inputs[0].strings
+    tree = {f"t{i:06d}": inp.resharding for i, inp in enumerate(inputs)}
+    plan = plan_resharding_tree(tree, cluster=inputs[0].cluster(PLANNING_NIC_GBPS), strategy=_OUR_STRATEGY[mode],
+                                loadbalance="auto", bucket_bytes=None)
+    per_leaf: dict[int, list] = {i: [] for i in range(len(ordered))}
+    for t in plan.transfers:
+        per_leaf[t.leaf].append(t)
+    return {id(s): per_leaf[i] for i, s in enumerate(ordered)}, strings
+
+
+# ---------------------------------------------------------------- schedule
+def eager_dispatch(compile_executable, schedule_class):
+    """``compile_pipeshard_executable_internal`` that also knows ``"eager_1f1b"``.
+
+    Alpa 0.2.3 has no schedule registry: the function picks the schedule class by
+    an if/elif over names. For ``"eager_1f1b"`` this runs Alpa's own function with
+    ``"1f1b"`` while the name ``PipeDreamFlush`` it dispatches to stands for
+    ``schedule_class`` (restored as soon as it returns), so everything else Alpa does
+    for 1F1B — stage construction, the standard instruction emitter — is unchanged."""
+    original = compile_executable.compile_pipeshard_executable_internal
+
+    @functools.wraps(original)
+    def compile_internal(*args, **kwargs):
+        args, kwargs, name = _schedule_argument(args, kwargs)
+        if name != EAGER_SCHEDULE_NAME:
+            return original(*args, **kwargs)
+        args, kwargs, _ = _schedule_argument(args, kwargs, "1f1b")
+        dispatched = compile_executable.PipeDreamFlush
+        compile_executable.PipeDreamFlush = schedule_class
+        try:
+            return original(*args, **kwargs)
+        finally:
+            compile_executable.PipeDreamFlush = dispatched
+
+    compile_internal.__module__ = __name__  # ours, whatever functools.wraps copied
+    return compile_internal
+
+
+_SCHEDULE_POSITION = 7  # compile_pipeshard_executable_internal(closed_jaxpr, ..., num_microbatch, pipeline_schedule, ...)
+
+
+def _schedule_argument(args, kwargs, replace: str | None = None):
+    """The ``pipeline_schedule`` argument (positional or keyword), optionally replaced."""
+    if "pipeline_schedule" in kwargs:
+        name = kwargs["pipeline_schedule"]
+        if replace is not None:
+            kwargs = {**kwargs, "pipeline_schedule": replace}
+        return args, kwargs, name
+    if len(args) <= _SCHEDULE_POSITION:
+        raise AlpaIntegrationError("compile_pipeshard_executable_internal was called without pipeline_schedule")
+    name = args[_SCHEDULE_POSITION]
+    if replace is not None:
+        args = args[:_SCHEDULE_POSITION] + (replace,) + args[_SCHEDULE_POSITION + 1:]
+    return args, kwargs, name
+
+
 def eager_schedule_class(base):
-    """Alpa ``PipelineSchedule`` subclass running alpa_comm's eager-1F1B."""
+    """Alpa schedule (a ``PipeDreamFlush``: same backward bookkeeping) whose clock table
+    is alpa_comm's eager-1F1B: forwards run ahead during warm-up so a stage's send
+    overlaps the next forward. This is the order of Alpa's own
+    ``OverlapFriendlyPipeDreamSchedule`` (checked in the harness), which 0.2.3 cannot
+    run once a stage sends to another mesh (its emitter's sort key raises
+    ``TypeError``); here it runs through Alpa's standard emitter."""
     from ..pipeline import generate  # noqa: PLC0415
 
     class EagerOneFOneB(base):
@@ -173,19 +285,7 @@ def eager_schedule_class(base):
             sched = generate("eager-1f1b", self.num_mesh, self.num_batch)
             return schedule_to_clocks(sched, self.apply_grad_placement)
 
-        @property
-        def first_backward_batch_index(self):
-            return 0
-
-        @property
-        def last_backward_batch_index(self):
-            return self.num_batch - 1
-
-        def previous_backward_batch_index(self, batch_idx):
-            if batch_idx <= 0:
-                raise ValueError(f"microbatch {batch_idx} has no previous backward")
-            return batch_idx - 1
-
+    EagerOneFOneB.__qualname__ = EagerOneFOneB.__name__ = "EagerOneFOneB"
     return EagerOneFOneB
 
 
@@ -204,6 +304,9 @@ def _patch_item(mapping, key, value) -> None:
 
 
 def _restore() -> None:
+    worker = sys.modules.get("alpa_comm.integrations.alpa_worker")
+    if worker is not None:
+        worker.undo_worker_patches()
     for k in [k for k in _state["originals"] if isinstance(k, tuple)]:
         target, name, old = _state["originals"].pop(k)
         if k[0] == "attr":

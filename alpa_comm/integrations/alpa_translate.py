@@ -130,12 +130,6 @@ class PlanInputs(ReshardingFields):
                            nic_send_gbps=nic_gbps, **kw)
 
 
-def _logical_shape(array) -> tuple[int, ...]:
-    mesh = array.device_mesh
-    shape = getattr(array, "logical_mesh_shape", None) or getattr(mesh, "shape", None)
-    return tuple(shape) if shape else (len(mesh.host_ips), int(mesh.num_devices_per_host))
-
-
 def inputs_from_task_spec(spec) -> PlanInputs:
     """The planner's inputs for an Alpa ``ReshardingTaskSpec`` (its ``src``/``dst`` arrays).
 
@@ -143,7 +137,9 @@ def inputs_from_task_spec(spec) -> PlanInputs:
     its local all-gather is on); planning it with our strategies is what
     replaces Alpa's strategy generation."""
     strings = DeviceStrings.for_meshes(spec.src.device_mesh, spec.dst.device_mesh)
-    src_shape, dst_shape = _logical_shape(spec.src), _logical_shape(spec.dst)
+    # the logical mesh each spec is written for (pxla orders the mesh's devices row-major over it)
+    src_shape = ShardingSpec.alpa_mesh_shape(spec.src.sharding_spec)
+    dst_shape = ShardingSpec.alpa_mesh_shape(spec.dst.sharding_spec)
     move = Resharding.between(tuple(int(n) for n in spec.src.aval.shape), dtype_name(np.dtype(spec.src.aval.dtype)),
                               strings.mesh(spec.src.device_mesh, src_shape),
                               ShardingSpec.from_alpa(spec.src.sharding_spec, src_shape),
@@ -159,11 +155,11 @@ def tileslice_box(tileslice) -> Box:
                  for t, o in zip(tileslice.indices, tileslice.offset))
 
 
-def _assignments(plan: ReshardingPlan) -> tuple[dict, dict]:
+def _assignments(transfers) -> tuple[dict, dict]:
     """(box, receiver) -> (sender, transfer start, transfer id), and box -> first sender."""
     by_pair: dict[tuple, tuple[int, float, int]] = {}
     first: dict[Box, tuple[float, int, int]] = {}
-    for t in plan.transfers:
+    for t in transfers:
         if t.kind == ALLGATHER:
             continue
         for r in t.receivers:
@@ -173,11 +169,12 @@ def _assignments(plan: ReshardingPlan) -> tuple[dict, dict]:
     return by_pair, {b: v[2] for b, v in first.items()}
 
 
-def plan_to_strategy(plan: ReshardingPlan, spec, strings: DeviceStrings, mode: str):
-    """Our plan as Alpa's (per_spec_plans, order) for ``mode`` "sendrecv" or "broadcast"."""
+def plan_to_strategy(plan, spec, strings: DeviceStrings, mode: str):
+    """Our plan (a ``ReshardingPlan``, or the transfers of one tensor of a tree plan) as
+    Alpa's (per_spec_plans, order) for ``mode`` "sendrecv" or "broadcast"."""
     if mode not in ("sendrecv", "broadcast"):
         raise TranslationError(f"unknown Alpa resharding mode {mode!r}; choose 'sendrecv' or 'broadcast'")
-    by_pair, first = _assignments(plan)
+    by_pair, first = _assignments(plan.transfers if isinstance(plan, ReshardingPlan) else plan)
     per_spec_plans, keyed = [], []
     for i, (dst_tile, src_tileslices, _) in enumerate(spec.dst_tile_to_src_tiles_map):
         boxes = [tileslice_box(ts) for ts in src_tileslices]
@@ -207,29 +204,6 @@ def plan_to_strategy(plan: ReshardingPlan, spec, strings: DeviceStrings, mode: s
         per_spec_plans.append(table)
     order = [o for _, o in sorted(keyed)]
     return per_spec_plans, order
-
-
-def strategy_to_sends(per_spec_plans, order, spec, strings: DeviceStrings, mode: str) -> list[tuple[int, int, Box]]:
-    """The (sender, receiver, box) messages Alpa 0.2.3 compiles from a strategy, in its
-    order: in "sendrecv" mode each (i, k, j) entry sends *every* piece of tile i to
-    receiver k (Alpa's ``_compile_send_recv_tasks`` ignores j; checked against Alpa's own
-    compiler in ``tests/test_alpa_harness.py``), so with Alpa's naive order a tile of m pieces
-    reaches each receiver m times. Used to check translations and to count Alpa's re-sends."""
-    sends = []
-    tiles = spec.dst_tile_to_src_tiles_map
-    for o in order:
-        if mode == "sendrecv":
-            i, k, _ = o  # as Alpa 0.2.3 compiles it: every piece of the tile, whatever j says
-            dst_tile, tss, _ = tiles[i]
-            for j, ts in enumerate(tss):
-                sends.append((strings.to_id(per_spec_plans[i][k][j]), strings.to_id(dst_tile.replica_device_strs[k]),
-                              tileslice_box(ts)))
-        else:
-            i, j = o
-            dst_tile, tss, _ = tiles[i]
-            for r in dst_tile.replica_device_strs:
-                sends.append((strings.to_id(per_spec_plans[i][j]), strings.to_id(r), tileslice_box(tss[j])))
-    return sends
 
 
 # ---------------------------------------------------------------- schedules

@@ -20,18 +20,22 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import os
 import subprocess
 import sys
 import types
 from pathlib import Path
 
-from . import pxla_compat
+from . import pxla_compat, ray_compat
 
 STUBBED_TOP = ("jax", "jaxlib", "flax", "ray", "cupy", "optax", "chex", "numba", "pulp", "torch")
 STUBBED_ALPA = ("alpa.collective", "alpa.shard_parallel", "alpa.mesh_profiling", "alpa.monkey_patch",
                 "alpa.serve", "alpa.torch", "alpa.model")
 """Alpa modules that only drive XLA passes, NCCL or other frameworks."""
+REAL_IN_STUBS = ("alpa.collective.worker_nccl_util", "alpa.collective.worker_nccl_util_cupy")
+"""Alpa's own files inside a stubbed package: the worker-side NCCL glue, so its broadcast
+runs here with NumPy stand-ins for CuPy and NCCL put in its namespace by a test."""
 PXLA = "jax.interpreters.pxla"
 PRELUDE = ("alpa.global_env", "alpa.device_mesh")
 """Imported first, as Alpa's package import reaches them first: ``device_mesh`` and
@@ -114,8 +118,9 @@ def stub_class(name: str) -> type:
 
 
 def _stub_module(name: str) -> types.ModuleType:
-    module = types.ModuleType(name)
+    module = (ray_compat.RayUtilModule if name == "ray.util" else types.ModuleType)(name)
     module.__path__ = []  # a package: submodules are stubs too
+    ray_compat.populate(module)  # the Ray driver calls alpa.init makes answer for a pretend cluster
 
     def __getattr__(attr, _name=name):
         if attr.startswith("__") and attr.endswith("__"):
@@ -143,6 +148,9 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         self.alpa_dir = alpa_dir
 
     def find_spec(self, name, path=None, target=None):
+        if name in REAL_IN_STUBS:
+            return importlib.util.spec_from_file_location(
+                name, self.alpa_dir.parent / (name.replace(".", "/") + ".py"))
         top = name.split(".")[0]
         stubbed = top in STUBBED_TOP or any(name == m or name.startswith(m + ".") for m in STUBBED_ALPA)
         if name == "alpa" or stubbed:
@@ -183,13 +191,31 @@ def load(alpa_root: Path, modules: tuple[str, ...]) -> dict[str, types.ModuleTyp
         os.environ.update(env)
 
 
+def load_package(alpa_root: Path, num_hosts: int = 4, gpus_per_host: int = 4) -> types.ModuleType:
+    """Alpa's whole package, its own ``__init__`` run (``alpa.init``, ``alpa.__version__``,
+    ``PipeshardParallel``, ...), with the pretend Ray cluster ``num_hosts`` x
+    ``gpus_per_host`` for ``alpa.init(cluster="ray")``."""
+    load(alpa_root, ())
+    ray_compat.set_cluster(num_hosts, gpus_per_host)
+    alpa = sys.modules["alpa"]
+    init = Path(alpa.__path__[0]) / "__init__.py"
+    env = dict(os.environ)
+    try:
+        exec(compile(init.read_text(), str(init), "exec"), alpa.__dict__)  # noqa: S102 - Alpa's own file
+    finally:
+        os.environ.clear()
+        os.environ.update(env)
+    return alpa
+
+
 def run_in_subprocess(code: str, stdin: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     """Run ``code`` in a fresh interpreter with this package importable (``stdin`` fed to
-    it); it may call ``load(ALPA_ROOT, ...)`` (``ALPA_ROOT`` is defined for it)."""
+    it); it may call ``load(ALPA_ROOT, ...)`` or ``load_package(ALPA_ROOT)`` (``ALPA_ROOT``
+    is defined for it)."""
     from .sources import alpa_root  # noqa: PLC0415
 
     root = alpa_root()
-    prelude = (f"from alpa_comm.integrations.alpa_harness.loader import load\n"
+    prelude = (f"from alpa_comm.integrations.alpa_harness.loader import load, load_package\n"
                f"ALPA_ROOT = {str(root)!r}\n")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
     return subprocess.run([sys.executable, "-c", prelude + code], input=stdin, capture_output=True, text=True,
