@@ -98,14 +98,13 @@ def calibrate(cluster, size_mb: float, repeat: int, progress=sys.stderr) -> tupl
 
 
 def run_case(cluster, calibrated: ClusterSpec, suite: str, case, methods, repeat: int, seed: int = 0,
-             progress=None) -> list[Result]:
+             progress=None, compiled_sends=None) -> list[Result]:
     x = np.random.default_rng(seed).standard_normal(case.shape).astype(np.float32)
     a = cluster.put(x, case.src_mesh, case.src_spec)
     full = tuple((0, n) for n in x.shape)
     out = []
     for m in methods:
-        plan = plan_resharding(case.shape, case.dtype, case.src_mesh, case.src_spec, case.dst_mesh, case.dst_spec,
-                               cluster=calibrated, strategy=m.strategy, loadbalance=m.loadbalance, seed=seed)
+        plan, source = suites.plan_method(case, m, calibrated, seed=seed, compiled_sends=compiled_sends)
         expected = None
         if carries_data(m.strategy):
             expected = {d: _digest(view(x, full, box))
@@ -127,7 +126,7 @@ def run_case(cluster, calibrated: ClusterSpec, suite: str, case, methods, repeat
                                 cluster=calibrated, strategy="broadcast", loadbalance="naive").lower_bound_seconds
         out.append(Result(suite, case.name, m.name, m.strategy, m.loadbalance, times, statistics.median(times),
                           bound, simulate(plan).makespan, plan.nbytes,
-                          None if expected is None else True))
+                          None if expected is None else True, {"baseline": source} if source else {}))
     a.delete()
     return out
 
@@ -152,8 +151,10 @@ def check(cluster_spec: ClusterSpec, suite_names, size_mb: float) -> list:
     return work
 
 
-def run(cluster, suite_names, size_mb: float, repeat: int, progress_stream=sys.stderr) -> tuple[ClusterSpec, float,
-                                                                                                list[Result]]:
+def run(cluster, suite_names, size_mb: float, repeat: int, progress_stream=sys.stderr,
+        compiled_sends=None) -> tuple[ClusterSpec, float, list[Result]]:
+    """Every case and method of ``suite_names`` (``compiled_sends``: Alpa's own messages for
+    its baselines, see ``suites.plan_method``)."""
     weight_sync = "weight-sync" in suite_names
     plan_ = check(cluster.spec, suite_names, size_mb)
     calibrated, t_copy = calibrate(cluster, size_mb, repeat, progress_stream)
@@ -162,7 +163,8 @@ def run(cluster, suite_names, size_mb: float, repeat: int, progress_stream=sys.s
     bar = Progress(total, "bench", progress_stream, unit="run") if progress_stream else None
     results = []
     for suite, case, methods in plan_:
-        results += run_case(cluster, calibrated, suite, case, methods, repeat, progress=bar)
+        results += run_case(cluster, calibrated, suite, case, methods, repeat, progress=bar,
+                            compiled_sends=compiled_sends)
     if weight_sync:
         results += run_weight_sync(cluster, calibrated, repeat, progress=bar)
     if bar:

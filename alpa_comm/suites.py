@@ -12,6 +12,7 @@ from typing import Callable
 
 from .errors import InvalidOptionError
 from .placement import Resharding, ReshardingFields
+from .resharding.planner import plan_from_sends, plan_resharding
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,32 @@ REPLICATE_METHODS = (
 """Sharded to replicated (RL weight sync, all-gather-like changes): many receiving hosts
 per slice, where one chain per slice leaves NICs idle."""
 BASELINE = "alpa"
+ALPA_BASELINES = ("alpa", "alpa_send_recv")
+"""Methods that stand for Alpa itself (``plan_method`` takes their sends from Alpa's code)."""
+FROM_ALPA_CODE = "Alpa 0.2.3's own strategy + task compiler"
+FROM_MODEL = "alpa_comm's model of Alpa"
+
+
+def plan_method(case: Case, method: Method, cluster, *, seed: int = 0, chunks: int | None = None,
+                compiled_sends: Callable | None = None):
+    """(plan, where the plan came from) for ``method`` on ``case``: the one place a suite
+    method becomes a plan, for ``plan --suite``, ``simulate`` and ``bench``.
+
+    For Alpa's baselines (``ALPA_BASELINES``), ``compiled_sends(case, method)`` may give the
+    (sender, receiver, box) messages Alpa 0.2.3's own code compiles
+    (``integrations.alpa_baseline``: re-sends included); the plan then sends exactly those
+    (``plan_from_sends``), labelled ``FROM_ALPA_CODE``. Without them (no harness, or None)
+    the baseline is alpa_comm's model of Alpa's strategy (``FROM_MODEL``), which sends
+    each piece once where Alpa 0.2.3 may send it several times. Other methods: ``""``."""
+    if method.name in ALPA_BASELINES:
+        sends = compiled_sends(case, method) if compiled_sends is not None else None
+        if sends is not None:
+            return plan_from_sends(case.shape, case.dtype, case.src_mesh, case.src_spec, case.dst_mesh,
+                                   case.dst_spec, sends, cluster=cluster, strategy=method.strategy), FROM_ALPA_CODE
+    plan = plan_resharding(case.shape, case.dtype, case.src_mesh, case.src_spec, case.dst_mesh, case.dst_spec,
+                           cluster=cluster, strategy=method.strategy, loadbalance=method.loadbalance,
+                           chunks=chunks, seed=seed)
+    return plan, FROM_MODEL if method.name in ALPA_BASELINES else ""
 SUITE_HOSTS = 5
 SUITE_DEVICES_PER_HOST = 4
 

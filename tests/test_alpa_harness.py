@@ -275,3 +275,39 @@ def test_facts_the_adapter_relies_on_hold_in_alpa_0_2_3(harness):
                    'print(hasattr(mods["alpa.pipeline_parallel.schedules"], "pipeline_schedule"))\n')
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == [SUPPORTED_ALPA_VERSION, "False"]
+
+
+BOUNDARY = r'''
+load_package(ALPA_ROOT)
+from alpa_comm.integrations import alpa as adapter
+from alpa_comm.integrations.alpa_harness import alpa_objects as ao
+from alpa_comm.integrations.alpa_harness.conformance import _communicator
+adapter.install()
+for case in cases:
+    comm, src_mesh, dst_mesh, xs = _communicator(case, "alpa_comm")
+    sent = {}
+    for i, var in enumerate(xs):
+        spec = comm.resharding_specs[0][1][var]
+        _, messages, _ = ao.execute(ao.compile_task(spec, src_mesh, dst_mesh), spec, ao.values(var.aval.shape, i))
+        for a, b, nbytes, *_ in messages:
+            if a in case["src"]["hosts"] and a != b:
+                sent[a] = sent.get(a, 0) + int(nbytes)
+    out.append(sent)
+'''
+
+
+def test_the_tensors_of_one_boundary_share_one_load_state(harness):
+    """Four replicated tensors cross one boundary from two source hosts to three, each
+    destination host needing a third: the senders are the bottleneck. Planned together the
+    two source hosts send equal bytes; planned one by one, each with a fresh load state,
+    every tensor sends two of its thirds from the same host (8 pieces against 4)."""
+    from alpa_comm.integrations.alpa_harness.conformance import side, tensor
+
+    src, dst = DeviceMesh.parse("2x4@0,1", 4), DeviceMesh.parse("3x4@2,3,4", 4)
+    case = {"name": "four replicated", "src": side(src), "dst": side(dst),
+            "tensors": [tensor((48, 32), src, "RR", dst, "S0R") for _ in range(4)]}
+    done = harness("import json, sys\ncases, out = json.loads(sys.stdin.read()), []\n" + BOUNDARY
+                   + "\nprint(json.dumps(out))\n", stdin=json.dumps([case]))
+    assert done.returncode == 0, done.stderr[-3000:]
+    sent = json.loads(done.stdout)[0]
+    assert sorted(sent) == ["0", "1"] and sent["0"] == sent["1"], sent

@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 from ..topology import ClusterSpec
-from .options import add_emulated_host_args, add_live_cluster_args, add_schedule_args, add_strategy_arg, reject_unused
+from .options import (add_alpa_baseline_arg, add_emulated_host_args, add_live_cluster_args, add_schedule_args,
+                      add_strategy_arg, alpa_baseline, reject_unused)
 from .values import count, number, output_dir, output_file
 
 MAX_SEQ = 8192
@@ -45,6 +46,7 @@ def _register_bench(sub) -> None:
                    help="per-wait timeout, seconds (default 30)")
     p.add_argument("--out", type=output_dir, default="out/bench",
                    help="directory for results.json, results.md and PNGs")
+    add_alpa_baseline_arg(p)
     p.set_defaults(func=cmd_bench)
 
 
@@ -126,7 +128,8 @@ def cmd_cluster(args) -> int:
 
 def cmd_bench(args) -> int:
     from .. import bench  # noqa: PLC0415
-    from ..report.bench_results import acceptance_table, results_table, write_bench_outputs  # noqa: PLC0415
+    from ..report.bench_results import (acceptance_table, baseline_note, results_table,  # noqa: PLC0415
+                                        write_bench_outputs)
     from ..runtime import Cluster  # noqa: PLC0415
 
     names = bench.SUITE_NAMES if args.suite == "all" else (args.suite,)
@@ -135,8 +138,11 @@ def cmd_bench(args) -> int:
         reject_unused(args, {"hosts": "--hosts"}, "with a running Ray cluster (its hosts are what it has)")
     if args.cluster in ("emulated", "local"):  # a connected cluster is checked once its size is known
         bench.check(ClusterSpec(num_hosts=args.hosts, devices_per_host=args.devices_per_host), names, args.size_mb)
+    cases = [c for n in names if n != "weight-sync" for c in bench.suite_cases(n, args.size_mb)]
+    compiled = alpa_baseline(args, cases, args.devices_per_host)
     with Cluster.open(args.cluster, args.hosts, args.devices_per_host, args.nic, args.timeout) as cluster:
-        calibrated, t_copy, results = bench.run(cluster, names, args.size_mb, args.repeat)
+        calibrated, t_copy, results = bench.run(cluster, names, args.size_mb, args.repeat,
+                                                compiled_sends=compiled)
         desc = {"kind": args.cluster, "description": cluster.spec.describe(), "nic": args.nic,
                 "hosts": cluster.spec.num_hosts, "devices_per_host": cluster.spec.devices_per_host,
                 "calibrated_nic_gbps": calibrated.nic_send_gbps, "one_copy_seconds": t_copy,
@@ -146,6 +152,8 @@ def cmd_bench(args) -> int:
     print(results_table(results))
     print()
     print(acceptance_table(results))
+    if baseline_note(results):
+        print(f"\n{baseline_note(results)}.")
     paths = write_bench_outputs(results, desc, Path(args.out))
     print("\nwrote " + ", ".join(str(p) for p in paths.values()))
     return 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from .. import suites
 from ..errors import AlpaCommError
@@ -115,10 +116,41 @@ def add_resharding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--suite", choices=list(suites.SUITES),
                    help="a reference suite with every method side by side instead of one resharding: "
                         + "; ".join(f"{s.name}: {s.summary}" for s in suites.SUITES.values()))
+    add_alpa_baseline_arg(p)
     p.add_argument("--last-dim", type=count(2), default=512, help="n-to-m suites: last tensor dim (paper: 512)")
     p.add_argument("--size-mb", type=number(0, exclusive=True, maximum=1 << 30), default=1024,
                    help="1-to-m and replicate suites: tensor size in MiB (paper: 1024)")
     add_cluster_model_args(p)
+
+
+ALPA_BASELINE_SOURCES = ("code", "model")
+
+
+def add_alpa_baseline_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--alpa-baseline", choices=ALPA_BASELINE_SOURCES, default="code",
+                   help="suites: where Alpa's baselines (alpa, alpa_send_recv) come from: 'code' = the messages "
+                        "Alpa 0.2.3's own strategy generation and task compiler produce (run from its wheel, "
+                        "fetched once; falls back to 'model', saying so, where it cannot run), 'model' = "
+                        "alpa_comm's model of Alpa (each piece sent once) (default code)")
+
+
+def alpa_baseline(args, cases, devices_per_host: int):
+    """The ``compiled_sends`` for ``suites.plan_method`` that ``--alpa-baseline`` asks for
+    (None: alpa_comm's model), with one line on stderr saying which is used."""
+    if not any(m.name in suites.ALPA_BASELINES for c in cases for m in suites.suite(c.suite).methods):
+        return None
+    if args.alpa_baseline == "model":
+        print(f"Alpa baselines: {suites.FROM_MODEL} (--alpa-baseline model)", file=sys.stderr)
+        return None
+    from ..integrations.alpa_baseline import AlpaBaseline  # noqa: PLC0415
+
+    print("Alpa baselines: compiling every case with Alpa 0.2.3's own code ...", file=sys.stderr, flush=True)
+    provider = AlpaBaseline(cases, devices_per_host)
+    if not provider.available:
+        print(f"Alpa baselines: {suites.FROM_MODEL}: Alpa's code could not run ({provider.reason})", file=sys.stderr)
+        return None
+    print(f"Alpa baselines: {suites.FROM_ALPA_CODE}", file=sys.stderr)
+    return provider
 
 
 def add_live_cluster_args(p: argparse.ArgumentParser, default: str, kinds: str, hosts_default: int | None,
@@ -177,7 +209,7 @@ def plan_from_args(args):
     if missing:
         raise AlpaCommError("missing option(s): " + ", ".join("--" + m.replace("_", "-") for m in missing)
                             + " (or use --suite)")
-    suite_only = {"last_dim": "--last-dim", "size_mb": "--size-mb"}
+    suite_only = {"last_dim": "--last-dim", "size_mb": "--size-mb", "alpa_baseline": "--alpa-baseline"}
     reject_unused(args, suite_only, "without --suite")
     cluster = cluster_from_args(args, args.src_mesh, args.dst_mesh)
     if getattr(args, "plan_cache", None):

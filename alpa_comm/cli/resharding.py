@@ -9,10 +9,9 @@ from pathlib import Path
 
 from .. import suites
 from ..report.tables import table
-from ..resharding import plan_resharding
 from ..resharding.explain import fmt_bytes, fmt_seconds
 from ..resharding.strategies import carries_data
-from .options import add_resharding_args, plan_from_args, reject_unused, suite_cluster
+from .options import add_resharding_args, alpa_baseline, plan_from_args, reject_unused, suite_cluster
 from .values import output_dir, output_file, png_path
 
 
@@ -51,20 +50,23 @@ def _plan_suite(args) -> int:
     cluster = suite_cluster(args)
     suite = suites.suite(args.suite)
     cases = suite.cases(args.last_dim, args.size_mb)
-    results = []
+    compiled = alpa_baseline(args, cases, cluster.devices_per_host)
+    results, sources = [], {}
     t0 = time.monotonic()
     for i, case in enumerate(cases):
         print(f"[{i + 1}/{len(cases)}] planning case {case.name} ...", file=sys.stderr, flush=True)
-        row = {m.name: plan_resharding(case.shape, case.dtype, case.src_mesh, case.src_spec, case.dst_mesh,
-                                       case.dst_spec, cluster=cluster, strategy=m.strategy,
-                                       loadbalance=m.loadbalance, chunks=args.chunks, seed=args.seed)
-               for m in suite.methods}
+        row = {}
+        for m in suite.methods:
+            row[m.name], source = suites.plan_method(case, m, cluster, seed=args.seed, chunks=args.chunks,
+                                                     compiled_sends=compiled)
+            if source:
+                sources[m.name] = source
         results.append((case, row))
     print(f"planned {len(cases)} cases x {len(suite.methods)} methods in {time.monotonic() - t0:.1f} s",
           file=sys.stderr)
     if args.json:
         out = [{"suite": case.suite, "case": case.name, "method": name, "predicted_seconds": plan.predicted_seconds,
-                "lower_bound_seconds": _bound(row)}
+                "lower_bound_seconds": _bound(row), **({"baseline": sources[name]} if name in sources else {})}
                for case, row in results for name, plan in row.items()]
         print(json.dumps(out, indent=1))
         return 0
@@ -82,6 +84,8 @@ def _plan_suite(args) -> int:
         rows.append(cells)
     print(table(headers, rows))
     print("\nMethods: " + "; ".join(f"{m.name} = {m.note}" for m in suite.methods))
+    if sources:
+        print("Alpa baselines from: " + "; ".join(f"{name}: {src}" for name, src in sources.items()))
     return 0
 
 
@@ -96,18 +100,23 @@ def cmd_simulate(args) -> int:
 
     if args.suite:
         reject_unused(args, {"trace": "--trace", "png": "--png"}, "with --suite (use --out for its table and PNG)")
-        from ..report.suite_results import suite_table, wide_table, write_suite_outputs  # noqa: PLC0415
+        from ..report.suite_results import (baseline_note, suite_table, wide_table,  # noqa: PLC0415
+                                             write_suite_outputs)
         from ..sim.suite import run_suite  # noqa: PLC0415
 
         cluster = suite_cluster(args)
+        compiled = alpa_baseline(args, suites.suite_cases(args.suite, args.last_dim, args.size_mb),
+                                 cluster.devices_per_host)
         t0 = time.monotonic()
         rows = run_suite(args.suite, cluster, args.last_dim, args.size_mb, args.seed,
-                         progress=lambda line: print(line, file=sys.stderr, flush=True))
+                         progress=lambda line: print(line, file=sys.stderr, flush=True), compiled_sends=compiled)
         print(f"simulated in {time.monotonic() - t0:.1f} s", file=sys.stderr)
         print(f"Simulated {args.suite} suite on {cluster.describe()}\n")
         print(wide_table(rows))
         print()
         print(suite_table(rows))
+        if baseline_note(rows):
+            print(f"\n{baseline_note(rows)}.")
         if args.out:
             paths = write_suite_outputs(args.suite, rows, cluster, Path(args.out))
             print("\nwrote " + ", ".join(str(p) for p in paths.values()))

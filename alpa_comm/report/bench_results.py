@@ -39,8 +39,9 @@ def write_bench_outputs(results: list[Result], cluster_desc: dict, out: Path) ->
     tmp.replace(js)
     paths["json"] = js
     md = out / "results.md"
+    note = baseline_note(results)
     md.write_text(f"# alpa-comm bench\n\nCluster: {cluster_desc.get('description', '')}\n\n"
-                  f"{acceptance_table(results)}\n\n{results_table(results)}\n")
+                  + (f"{note}.\n\n" if note else "") + f"{acceptance_table(results)}\n\n{results_table(results)}\n")
     paths["markdown"] = md
     for suite in dict.fromkeys(r.suite for r in results):
         rs = [r for r in results if r.suite == suite]
@@ -51,6 +52,12 @@ def write_bench_outputs(results: list[Result], cluster_desc: dict, out: Path) ->
                                   f"measured {suite} ({cluster_desc.get('description', '')})",
                                   bounds={r.case: r.lower_bound_seconds for r in rs})
     return paths
+
+
+def baseline_note(results: list[Result]) -> str:
+    """Where the Alpa baselines came from (one line; empty without them)."""
+    sources = dict.fromkeys(f"{r.method}: {r.extra['baseline']}" for r in results if r.extra.get("baseline"))
+    return "Alpa baselines from " + "; ".join(sources) if sources else ""
 
 
 def acceptance_table(results: list[Result]) -> str:

@@ -41,18 +41,26 @@ def wide_table(rows: list[Row]) -> str:
     return table(["case", "size", "lower bound", *methods], out)
 
 
+def baseline_note(rows: list[Row]) -> str:
+    """Where the Alpa baselines of ``rows`` came from (one line; empty without them)."""
+    sources = dict.fromkeys(f"{r.method}: {r.source}" for r in rows if r.source)
+    return "Alpa baselines from " + "; ".join(sources) if sources else ""
+
+
 def write_suite_outputs(name: str, rows: list[Row], cluster: ClusterSpec, out_dir: Path) -> dict[str, Path]:
     """The simulated suite as markdown tables, JSON and a bar chart PNG in ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = name.replace("-", "_")
     md = out_dir / f"{stem}.md"
+    note = baseline_note(rows)
     md.write_text(f"# Simulated {name} suite\n\nCluster: {cluster.describe()}\n\n"
-                  f"{wide_table(rows)}\n\n{suite_table(rows)}\n")
+                  + (f"{note}.\n\n" if note else "") + f"{wide_table(rows)}\n\n{suite_table(rows)}\n")
     js = out_dir / f"{stem}.json"
     js.write_text(json.dumps({"cluster": cluster.to_dict(), "results": [
         {"suite": r.suite, "case": r.case, "method": r.method, "simulated_seconds": r.seconds,
          "predicted_seconds": r.predicted, "lower_bound_seconds": r.lower_bound, "nbytes": r.nbytes,
-         "host_sent": r.host_sent, "host_received": r.host_received} for r in rows]}, indent=1))
+         "host_sent": r.host_sent, "host_received": r.host_received, **({"baseline": r.source} if r.source else {})}
+        for r in rows]}, indent=1))
     cases = list(dict.fromkeys(r.case for r in rows))
     methods = list(dict.fromkeys(r.method for r in rows if r.moves_data))
     png = suite_bars(cases, methods, {(r.case, r.method): r.seconds for r in rows}, out_dir / f"{stem}.png",

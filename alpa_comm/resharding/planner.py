@@ -21,7 +21,7 @@ from . import loadbalance as balancing
 from .cache import PlanCache, cache_for, cluster_key, move_key
 from .kinds import transfer_kind
 from .plan import Part, ReshardingPlan, Transfer
-from .strategies import (ALLGATHER, ALPA, AUTO, STRATEGIES, Job, JobMemo, allgather_job, alpa_local_allgather_spec,
+from .strategies import (ALLGATHER, ALPA, AUTO, LOCAL_COPY, STRATEGIES, Job, JobMemo, allgather_job, alpa_local_allgather_spec,
                          auto_candidates, jobs_for_task, lower_bound_payload)
 from .unit_tasks import UnitTask, decompose
 
@@ -295,6 +295,53 @@ def _plan_move(move: Resharding, cluster: ClusterSpec, strategy: str, loadbalanc
         predicted_seconds=sched.makespan,
         lower_bound_seconds=bounds.bandwidth(strategy), latency_bound_seconds=bounds.latency_aware(strategy),
         search_complete=sched.complete, host_operations=host_operations(transfers, cluster))
+
+
+def plan_from_sends(shape: Sequence[int], dtype, src_mesh, src_spec, dst_mesh, dst_spec,
+                    sends: Sequence[tuple[int, int, tuple]], *, cluster: ClusterSpec,
+                    strategy: str = ALPA) -> ReshardingPlan:
+    """A plan that sends exactly ``sends`` — (sender device, receiver device, index box),
+    in order, re-sends included — then, for ``strategy="alpa"``, Alpa's all-gathers.
+
+    Not planned: a baseline taken from another system's compiled messages (Alpa 0.2.3's
+    own strategy and task compiler, ``integrations.alpa_baseline``), so the bench runs and
+    predicts what that system really sends. Each box must be a unit task of the spec
+    actually sent (Alpa's local all-gather rewrite for ``alpa``) held by the sender and
+    needed by the receiver; the receiver's copy is overwritten by every re-send."""
+    if strategy not in (ALPA, "send_recv"):
+        raise InvalidOptionError(f"plans from sends are 'alpa' or 'send_recv', not {strategy!r}")
+    move = Resharding.between(shape, dtype, src_mesh, src_spec, dst_mesh, dst_spec).resolve(cluster)
+    size = itemsize(move.dtype)
+    sent_spec, gather_dim = move.dst_spec, None
+    if strategy == ALPA:
+        sent_spec, gather_dim = alpa_local_allgather_spec(move.dst_spec, move.dst_mesh, move.shape)
+    tasks = decompose(move.shape, size, move.src_mesh, move.src_spec, move.dst_mesh, sent_spec)
+    by_box = {}
+    for t in tasks:
+        for r in t.dst_devices:
+            by_box[(tuple(map(tuple, t.index)), r)] = t
+    jobs: list[Job] = []
+    for sender, receiver, box in sends:
+        t = by_box.get((tuple(map(tuple, box)), int(receiver)))
+        if t is None or int(sender) not in t.src_devices:
+            raise InvalidOptionError(f"send of {box} from device {sender} to device {receiver} is not a slice of "
+                                     f"{sent_spec} that the sender holds and the receiver needs")
+        s_host, r_host = cluster.host_of(int(sender)), cluster.host_of(int(receiver))
+        k = LOCAL_COPY if s_host == r_host else "send_recv"
+        cand = transfer_kind(k).candidate(t.nbytes, t.num_elements, s_host, {r_host: [int(receiver)]}, cluster, None)
+        jobs.append(Job(t.id, k, (int(receiver),), t.nbytes, t.index, (cand,)))
+    if gather_dim is not None:
+        jobs += _alpa_allgathers(jobs, move.shape, size, move.dst_mesh, move.dst_spec, gather_dim, cluster)
+    sched = balancing.balance(jobs, "naive")  # one candidate per job, in the given order
+    transfers = build_transfers(jobs, [0] * len(jobs), {}, (tasks,), sched, cluster)
+    final = decompose(move.shape, size, move.src_mesh, move.src_spec, move.dst_mesh, move.dst_spec)
+    bounds = LowerBounds(final, cluster)
+    return ReshardingPlan(
+        resharding=move, cluster=cluster, strategy=strategy, loadbalance="fixed", loadbalance_used="fixed",
+        chunks=None, sent_spec=sent_spec, unit_tasks=tuple(tasks), transfers=tuple(transfers),
+        predicted_seconds=sched.makespan, lower_bound_seconds=bounds.bandwidth(strategy),
+        latency_bound_seconds=bounds.latency_aware(strategy), search_complete=True,
+        host_operations=host_operations(transfers, cluster))
 
 
 def _alpa_allgathers(jobs: Sequence[Job], shape, size, dst: DeviceMesh, dspec: ShardingSpec, gather_dim: int,

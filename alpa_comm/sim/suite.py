@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .. import suites
-from ..resharding import plan_resharding
 from ..resharding.strategies import carries_data
 from ..topology import ClusterSpec
 from .simulate import effective_gbps, simulate
@@ -24,6 +23,7 @@ class Row:
     host_sent: dict
     host_received: dict
     moves_data: bool = True  # False for signal rows (their bound is the real data's)
+    source: str = ""  # Alpa baselines: suites.FROM_ALPA_CODE or FROM_MODEL
 
     @property
     def gbps(self) -> float:
@@ -31,9 +31,10 @@ class Row:
 
 
 def run_suite(name: str, cluster: ClusterSpec, last_dim: int = 512, size_mb: float = 1024, seed: int = 0,
-              progress: Callable[[str], None] | None = None) -> list[Row]:
+              progress: Callable[[str], None] | None = None, compiled_sends: Callable | None = None) -> list[Row]:
     """Every method of every case of suite ``name``, planned and simulated on ``cluster``.
-    ``progress`` is called with one line per case (the shell decides where it goes)."""
+    ``progress`` is called with one line per case (the shell decides where it goes);
+    ``compiled_sends``: Alpa's own messages for its baselines (``suites.plan_method``)."""
     cases = suites.suite_cases(name, last_dim, size_mb)
     methods = suites.suite(name).methods
     rows = []
@@ -41,13 +42,11 @@ def run_suite(name: str, cluster: ClusterSpec, last_dim: int = 512, size_mb: flo
         if progress:
             progress(f"[{i + 1}/{len(cases)}] {name} case {case.name}: {len(methods)} methods")
         for m in methods:
-            plan = plan_resharding(case.shape, case.dtype, case.src_mesh, case.src_spec, case.dst_mesh,
-                                   case.dst_spec, cluster=cluster, strategy=m.strategy, loadbalance=m.loadbalance,
-                                   seed=seed)
+            plan, source = suites.plan_method(case, m, cluster, seed=seed, compiled_sends=compiled_sends)
             res = simulate(plan)
             bound = plan.lower_bound_seconds if carries_data(m.strategy) else None
             rows.append(Row(name, case.name, m.name, res.makespan, plan.predicted_seconds, bound or 0.0,
-                            plan.nbytes, res.host_sent, res.host_received, carries_data(m.strategy)))
+                            plan.nbytes, res.host_sent, res.host_received, carries_data(m.strategy), source))
     # the signal rows get the real data's bound for their ratio
     bounds = {r.case: r.lower_bound for r in rows if r.lower_bound}
     for r in rows:

@@ -91,6 +91,14 @@ def values(shape, seed):
     return (np.arange(int(np.prod(shape)), dtype=np.float32) + 1000 * seed).reshape(shape)
 
 
+def global_box(spec, device_str, offset) -> tuple:
+    """The index box (start, stop per dim) in the whole tensor of ``offset`` inside the
+    source tile of ``device_str``."""
+    strs = spec.src.device_mesh.device_strs
+    index = spec.src.indices[strs.index(device_str)]
+    return tuple((int(i.start or 0) + int(o.start), int(i.start or 0) + int(o.stop)) for i, o in zip(index, offset))
+
+
 def held(spec, x, device_str):
     """What ``device_str`` holds of ``x`` on either side of a task spec (None: neither)."""
     for array in (spec.src, spec.dst):
@@ -136,7 +144,7 @@ def _execute_send_recv(task, spec, x):
             piece = held(spec, x, src)[tuple(t.tile_spec.offset)].copy()
             queues.setdefault((src, _device(dst_host, t.tile_spec.gpu_idx)), []).append(piece)
             messages.append((worker.host, dst_host, piece.nbytes, src, _device(dst_host, t.tile_spec.gpu_idx),
-                             str(t.tile_spec.offset)))
+                             global_box(spec, src, t.tile_spec.offset)))
     buffers = {}
     for worker, tasks in task.receiver_tasks.items():
         for t in tasks:

@@ -5,7 +5,9 @@ the tensors that cross it — this builds Alpa's real ``CrossMeshCommunicator`` 
 Alpa's ``XlaShardedPipelineComputation`` stages and ``PipeDreamFlush`` schedule,
 once per mode:
 
-* ``alpa``: Alpa as shipped (``resharding_mode="send_recv"``, ``normal`` load balance);
+* ``alpa``: Alpa as shipped (``resharding_mode="send_recv"``, ``normal`` load balance,
+  its local all-gather rewrite);
+* ``alpa_send_recv``: the same without the local all-gather (``use_local_allgather=False``);
 * ``alpa_broadcast``: Alpa's own broadcast mode;
 * ``alpa_comm``: after ``configure("alpa_comm")`` (alpa_comm's plan of the whole
   boundary, handed to Alpa as its broadcast strategy);
@@ -24,7 +26,7 @@ from ...mesh import DeviceMesh
 from ...spec import ShardingSpec
 from ...topology import PAPER_TESTBED
 
-MODES = ("alpa", "alpa_broadcast", "alpa_comm", "alpa_comm_sendrecv")
+MODES = ("alpa", "alpa_send_recv", "alpa_broadcast", "alpa_comm", "alpa_comm_sendrecv")
 SMALL = {3: (24, 8, 4), 1: (24,)}
 """Alpa's suite cases at a size whose every element is checked (same meshes, specs and
 divisibility as the suites)."""
@@ -32,11 +34,21 @@ divisibility as the suites)."""
 
 # ------------------------------------------------------------- the cases (pure)
 def side(mesh: DeviceMesh, devices=None) -> dict:
-    """A mesh as Alpa's ``VirtualPhysicalMesh`` arguments; ``devices``: the local GPU ids
-    per host of a mesh sliced inside its hosts (Alpa's ``num_devices_per_host`` is then
-    the slice's width)."""
-    dph = len(devices[0]) if devices else mesh.devices_per_host
-    return {"hosts": list(mesh.hosts), "dph": dph, "devices": devices}
+    """A mesh as Alpa's ``VirtualPhysicalMesh`` arguments: its hosts, the GPUs it uses on
+    each (Alpa's ``num_devices_per_host`` is the mesh's width per host, which may be less
+    than the host has) and, for a mesh sliced inside its hosts, their local ids
+    (``devices``; by default read off the mesh's device ids)."""
+    if devices is None:
+        per_host: dict[int, list[int]] = {}
+        for d in mesh.devices:
+            per_host.setdefault(int(d) // mesh.devices_per_host, []).append(int(d) % mesh.devices_per_host)
+        devices = [per_host[h] for h in mesh.hosts]
+        if all(ids == list(range(len(ids))) for ids in devices):
+            devices = None
+        width = len(per_host[mesh.hosts[0]])
+    else:
+        width = len(devices[0])
+    return {"hosts": list(mesh.hosts), "dph": width, "devices": devices}
 
 
 def tensor(shape, src_mesh: DeviceMesh, src_spec, dst_mesh: DeviceMesh, dst_spec) -> dict:
@@ -60,11 +72,17 @@ def cases() -> list[dict]:
     inside hosts (two stages on one 4-GPU host; two hosts each split between stages)."""
     from ...suites import n_to_m, one_to_m
 
+    import math
+
     out = []
-    for c in n_to_m(8) + one_to_m(1 << 20):
+    for c in n_to_m() + one_to_m():  # the paper's sizes: 2 GiB (n-to-m), 1 GiB (1-to-m)
         src, dst = _mesh(c.src_mesh), _mesh(c.dst_mesh)
-        out.append({"name": f"{c.suite} {c.name}", "src": side(src), "dst": side(dst),
-                    "tensors": [tensor(SMALL[len(c.shape)], src, c.src_spec, dst, c.dst_spec)]})
+        small = SMALL[len(c.shape)]
+        # checked element by element at ``small``; bytes and times reported at the paper's size
+        # (every piece is the same fraction of the tensor at both sizes)
+        out.append({"name": f"{c.suite} {c.name}", "src": side(src), "dst": side(dst), "paper_shape": list(c.shape),
+                    "scale": math.prod(c.shape) / math.prod(small),
+                    "tensors": [tensor(small, src, c.src_spec, dst, c.dst_spec)]})
     src, dst = _mesh("2x4@0,1"), _mesh("2x4@2,3")
     out.append({"name": "three tensors, one boundary", "src": side(src), "dst": side(dst),
                 "tensors": [tensor((24, 8, 4), src, "S0S1R", dst, "RRR"),
@@ -110,7 +128,9 @@ def _communicator(case, mode):
     from .alpa_objects import Var, mesh_of, spec_of
 
     adapter.configure("alpa_comm" if mode.startswith("alpa_comm") else "off")
-    alpa.global_config.resharding_mode = "send_recv" if mode in ("alpa", "alpa_comm_sendrecv") else "broadcast"
+    alpa.global_config.resharding_mode = ("send_recv" if mode in ("alpa", "alpa_send_recv", "alpa_comm_sendrecv")
+                                          else "broadcast")
+    alpa.global_config.use_local_allgather = mode != "alpa_send_recv"
     src_mesh, dst_mesh = mesh_of(case["src"]), mesh_of(case["dst"])
     xs = [Var(f"x{i}", t["shape"]) for i, t in enumerate(case["tensors"])]
     grad = Var("g", (1,))
@@ -151,17 +171,45 @@ def run_case(case: dict, mode: str) -> dict:
         messages += msgs
         operations += ops
         sends += [(var.name, *m[3:]) for m in msgs]
+    scale = case.get("scale", 1)
+    messages = [(a, b, nbytes * scale, *rest) for a, b, nbytes, *rest in messages]
     out, into = {}, {}
     for a, b, nbytes, *_ in messages:
         if a != b:
             out[a] = out.get(a, 0) + nbytes
             into[b] = into.get(b, 0) + nbytes
-    return {**row, "verified": not wrong, "wrong": wrong[:8], "tensors": len(xs),
-            "max_host_in_bytes": max(into.values(), default=0), "max_host_out_bytes": max(out.values(), default=0),
-            "total_bytes": sum(m[2] for m in messages), "transfers": operations,
+    return {**row, "verified": not wrong, "wrong": wrong[:8], "tensors": len(xs), "bytes_scale": scale,
+            "max_host_in_bytes": int(max(into.values(), default=0)),
+            "max_host_out_bytes": int(max(out.values(), default=0)),
+            "total_bytes": int(sum(m[2] for m in messages)), "transfers": operations,
             "resent": len(sends) - len(set(sends)),
             "predicted_seconds": nic_seconds(messages)}
 
 
 def run(cases_: list[dict], modes=MODES) -> list[dict]:
     return [run_case(c, m) for c in cases_ for m in modes]
+
+
+def compiled_sends(case: dict, mode: str) -> list[list]:
+    """Per tensor of the case, the point-to-point messages Alpa compiles in ``mode``
+    (``alpa`` or ``alpa_send_recv``), in Alpa's order: [sender device string, receiver
+    device string, global box]. Re-sends included. Compiling is symbolic: the case's
+    shapes may be any size."""
+    from .alpa_objects import HOST_IP as HOST, compile_task, global_box
+
+    if mode not in ("alpa", "alpa_send_recv"):
+        raise ValueError(f"Alpa compiles point-to-point sends in modes alpa and alpa_send_recv, not {mode!r}")
+    comm, src_mesh, dst_mesh, xs = _communicator(case, mode)
+    out = []
+    for var in xs:
+        spec = comm.resharding_specs[0][1][var]
+        task = compile_task(spec, src_mesh, dst_mesh)
+        ranks = task.collective_group.rank_host
+        sends = []
+        for worker, tasks in task.sender_tasks.items():
+            for t in tasks:
+                src = f"{HOST}:gpu:{t.device_id}".format(worker.host)
+                dst = f"{HOST}:gpu:{t.tile_spec.gpu_idx}".format(ranks[t.tile_spec.rank])
+                sends.append([src, dst, [list(b) for b in global_box(spec, src, t.tile_spec.offset)]])
+        out.append({"sends": sends, "sent_spec_rewritten": spec.dst_sharding_spec != spec.final_dst_spec})
+    return out
