@@ -311,3 +311,23 @@ def test_the_tensors_of_one_boundary_share_one_load_state(harness):
     assert done.returncode == 0, done.stderr[-3000:]
     sent = json.loads(done.stdout)[0]
     assert sorted(sent) == ["0", "1"] and sent["0"] == sent["1"], sent
+
+
+def test_the_conformance_benchmark_prints_its_rows_as_json(harness):
+    """``benchmarks/alpa_conformance.py --json``: one row per (case, mode), the keys the docs
+    list, every row verified, alpa_comm never predicted slower than Alpa."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "alpa_conformance.py"
+    done = subprocess.run([sys.executable, str(script), "--json"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(done.stdout)
+    assert {r["mode"] for r in rows} == {"alpa", "alpa_comm"} and len(rows) == 2 * len({r["case"] for r in rows})
+    for r in rows:
+        assert set(r) >= {"case", "mode", "verified", "max_host_in_bytes", "max_host_out_bytes", "transfers",
+                          "predicted_seconds"} and r["verified"], r
+    by = {(r["case"], r["mode"]): r for r in rows}
+    for case in {r["case"] for r in rows}:
+        assert by[(case, "alpa_comm")]["predicted_seconds"] <= by[(case, "alpa")]["predicted_seconds"] * 1.0001

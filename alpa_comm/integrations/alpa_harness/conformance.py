@@ -27,6 +27,8 @@ from ...spec import ShardingSpec
 from ...topology import PAPER_TESTBED
 
 MODES = ("alpa", "alpa_send_recv", "alpa_broadcast", "alpa_comm", "alpa_comm_sendrecv")
+GIB = (1 << 30) / 4
+"""float32 elements in 1 GiB."""
 SMALL = {3: (24, 8, 4), 1: (24,)}
 """Alpa's suite cases at a size whose every element is checked (same meshes, specs and
 divisibility as the suites)."""
@@ -83,17 +85,19 @@ def cases() -> list[dict]:
         out.append({"name": f"{c.suite} {c.name}", "src": side(src), "dst": side(dst), "paper_shape": list(c.shape),
                     "scale": math.prod(c.shape) / math.prod(small),
                     "tensors": [tensor(small, src, c.src_spec, dst, c.dst_spec)]})
+    # the other cases: bytes reported as if the first tensor were 1 GiB (the others in proportion)
     src, dst = _mesh("2x4@0,1"), _mesh("2x4@2,3")
-    out.append({"name": "three tensors, one boundary", "src": side(src), "dst": side(dst),
+    out.append({"name": "three tensors, one boundary", "src": side(src), "dst": side(dst), "scale": GIB / (24 * 8 * 4),
                 "tensors": [tensor((24, 8, 4), src, "S0S1R", dst, "RRR"),
                             tensor((16, 16), src, "RR", dst, "S01R"),
                             tensor((8, 32), src, "S1S0", dst, "RS0")]})
     one = DeviceMesh.parse("1x2@0", 4)
-    out.append({"name": "sliced: GPUs 0,1 -> 2,3 of one host", "src": side(one, [[0, 1]]),
+    out.append({"name": "sliced: GPUs 0,1 -> 2,3 of one host", "src": side(one, [[0, 1]]), "scale": GIB / (8 * 16),
                 "dst": side(one, [[2, 3]]),
                 "tensors": [tensor((8, 16), one, "S1R", one, "RS1"), tensor((16,), one, "R", one, "S1")]})
     two = DeviceMesh.parse("2x2@0,1", 4)
     out.append({"name": "sliced: 2 hosts, GPUs 0,1 -> 2,3", "src": side(two, [[0, 1], [0, 1]]),
+                "scale": GIB / (8 * 8 * 4),
                 "dst": side(two, [[2, 3], [2, 3]]),
                 "tensors": [tensor((8, 8, 4), two, "S0S1R", two, "RRS01"), tensor((8, 8), two, "RR", two, "S1S0")]})
     return out

@@ -208,15 +208,17 @@ def load_package(alpa_root: Path, num_hosts: int = 4, gpus_per_host: int = 4) ->
     return alpa
 
 
-def run_in_subprocess(code: str, stdin: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+def run_in_subprocess(code: str, stdin: str | None = None, timeout: float = 300,
+                      stream_stderr: bool = False) -> subprocess.CompletedProcess:
     """Run ``code`` in a fresh interpreter with this package importable (``stdin`` fed to
     it); it may call ``load(ALPA_ROOT, ...)`` or ``load_package(ALPA_ROOT)`` (``ALPA_ROOT``
-    is defined for it)."""
+    is defined for it). ``stream_stderr``: its progress lines go to this process's stderr
+    as they come (the result's ``stderr`` is then empty)."""
     from .sources import alpa_root  # noqa: PLC0415
 
     root = alpa_root()
     prelude = (f"from alpa_comm.integrations.alpa_harness.loader import load, load_package\n"
                f"ALPA_ROOT = {str(root)!r}\n")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
-    return subprocess.run([sys.executable, "-c", prelude + code], input=stdin, capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return subprocess.run([sys.executable, "-c", prelude + code], input=stdin, stdout=subprocess.PIPE,
+                          stderr=None if stream_stderr else subprocess.PIPE, text=True, timeout=timeout, env=env)
