@@ -3,6 +3,7 @@ Python 3.7-3.9; the package asks for >= 3.8): no syntax or standard-library call
 than 3.8 (vermin), and no annotation-only syntax evaluated at run time, which vermin
 does not see (``Box = tuple[...]`` at module level, ``isinstance(x, int | None)``)."""
 import ast
+import json
 import configparser
 import pathlib
 import subprocess
@@ -83,3 +84,66 @@ def test_the_package_says_3_8():
     cfg = configparser.ConfigParser()
     cfg.read(PACKAGE.parent / "setup.cfg")
     assert cfg["options"]["python_requires"].strip() == ">=3.8"
+
+
+def _interpreter(version: str):
+    """A Python ``version`` interpreter on this machine: on PATH, or one pyenv installed."""
+    import glob
+    import shutil
+
+    pyenv = sorted(glob.glob(str(pathlib.Path.home() / ".pyenv" / "versions" / f"{version}.*" / "bin" / "python")))
+    for candidate in pyenv[::-1] + [shutil.which(f"python{version}")]:
+        # a pyenv shim on PATH may exist without the version behind it: it must run
+        if candidate and subprocess.run([candidate, "-c", "import venv"], capture_output=True).returncode == 0:
+            return candidate
+    return None
+
+
+CHECK_38 = r'''
+import json, sys
+from alpa_comm import plan_resharding
+from alpa_comm.integrations import alpa as adapter, alpa_translate
+from alpa_comm.integrations.alpa_harness.loader import run_in_subprocess
+plan = plan_resharding((64, 64), "float32", "2x4@0,1", "S0R", "2x4@2,3", "RS1")
+done = run_in_subprocess("load_package(ALPA_ROOT)\nimport json\nfrom alpa_comm.integrations import alpa as adapter\n"
+                         "from alpa_comm.integrations.alpa_harness import conformance\nadapter.install()\n"
+                         "rows = conformance.run(conformance.cases(), ('alpa', 'alpa_comm'))\n"
+                         "print(json.dumps([r['verified'] for r in rows]))\n")
+print(json.dumps({"python": sys.version.split()[0], "planned": plan.predicted_seconds > 0,
+                  "harness": done.returncode, "verified": json.loads(done.stdout or "[]"), "err": done.stderr[-800:]}))
+'''
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("version", ["3.8", "3.9"])
+def test_installs_and_runs_where_alpa_lives(tmp_path, version):
+    """Where Alpa 0.2.3 lives (its jaxlib wheels: Python 3.7-3.9): a Python 3.8 or 3.9
+    virtual environment takes alpa_comm together with Alpa's pins (ray 2.1.0, numpy 1.24,
+    the last numpy for 3.8), and there the planner runs and the adapter passes the
+    conformance cases on Alpa's own code."""
+    python = _interpreter(version)
+    if python is None:
+        pytest.skip(f"no Python {version} interpreter on this machine (PATH or ~/.pyenv)")
+    from alpa_comm.integrations.alpa_harness.sources import SourcesUnavailable, alpa_root
+
+    try:
+        alpa_root()
+    except SourcesUnavailable as e:
+        pytest.skip(str(e))
+    import shutil
+
+    src = tmp_path / "src"  # a copy, so the install leaves nothing in the checkout
+    shutil.copytree(PACKAGE, src / "alpa_comm", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("setup.cfg", "setup.py", "README.md"):
+        shutil.copy(PACKAGE.parent / name, src / name)
+    venv = tmp_path / "venv"
+    subprocess.run([python, "-m", "venv", str(venv)], check=True, timeout=120)
+    pip = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                          str(src), "ray==2.1.0", "numpy==1.24.4"], capture_output=True, text=True, timeout=600)
+    assert pip.returncode == 0, pip.stdout[-2000:] + pip.stderr[-3000:]
+    done = subprocess.run([str(venv / "bin" / "python"), "-c", CHECK_38], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["python"].startswith(version + ".") and out["planned"], out
+    assert out["harness"] == 0 and out["verified"] and all(out["verified"]), out
