@@ -158,7 +158,7 @@ def _apply(alpa, value: str) -> None:
 
 
 # ------------------------------------------------------------- strategies
-def _strategy(cmr, spec, mode: str, cluster_state=None):
+def _strategy(cmr, spec, mode: str):
     """Alpa's ``ReshardingStrategy`` for one ``ReshardingTaskSpec``, planned alone."""
     from ..resharding import plan_resharding  # noqa: PLC0415
 

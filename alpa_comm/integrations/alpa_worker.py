@@ -24,9 +24,9 @@ import os
 
 from ..resharding import cost_model
 from ..topology import PAPER_TESTBED
+from .alpa import PLANNING_NIC_GBPS
 
 WORKER_MARK = "ALPA_COMM_WORKER_PATCHED"
-PLANNING_NIC_GBPS = 10.0
 _state: dict = {"broadcast": None}
 
 

@@ -17,6 +17,7 @@ differ only in the primitive calls.
 """
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -183,6 +184,88 @@ class GlooBackend(Backend):
     def close(self):
         if self._dist.is_initialized():
             self._dist.destroy_process_group()
+
+
+class GlooSubgroupBackend(Backend):
+    """gloo among some of the hosts only (``hosts``, this process being ``host``), from a
+    rendezvous store: no default process group, so processes outside ``hosts`` take no
+    part, and a program's own ``torch.distributed`` use is left alone. Peers are host
+    ids, as everywhere in the executor."""
+
+    name = "gloo"
+
+    def __init__(self, host: int, hosts, store, timeout: float = DEFAULT_TIMEOUT_S):
+        import torch.distributed as dist  # noqa: PLC0415 - optional dependency
+
+        self.hosts = sorted(int(h) for h in hosts)
+        if host not in self.hosts:
+            raise ValueError(f"host {host} is not one of the group's hosts {self.hosts}")
+        self.rank, self.world = host, len(self.hosts)
+        self._index = {h: i for i, h in enumerate(self.hosts)}
+        self._store = store
+        self._join_barrier(timeout)
+        pg_class = dist.ProcessGroupGloo
+        opts = pg_class._Options()
+        opts._timeout = timedelta(seconds=timeout)
+        ifname = os.environ.get("GLOO_SOCKET_IFNAME")
+        opts._devices = [pg_class.create_device(interface=ifname) if ifname else pg_class.create_default_device()]
+        try:
+            self._pg = pg_class(store, self._index[host], self.world, opts)
+        except Exception as e:  # noqa: BLE001 - re-raised with the hosts named
+            raise CommunicationError(f"host {host}: joining the gloo group of hosts {self.hosts} failed: {e}") from e
+
+    def _join_barrier(self, timeout: float) -> None:
+        """Every member says it is here; one missing after ``timeout`` is named."""
+        self._store.set(f"joined/{self.rank}", "1")
+        keys = [f"joined/{h}" for h in self.hosts]
+        try:
+            self._store.wait(keys, timedelta(seconds=timeout))
+        except Exception:  # noqa: BLE001 - find out who is missing
+            missing = [h for h, k in zip(self.hosts, keys) if not self._store.check([k])]
+            raise CommunicationError(f"host {self.rank}: host(s) {missing} did not join the group of hosts "
+                                     f"{self.hosts} within {timeout:g} s") from None
+
+    def report_failure(self, message: str) -> str:
+        """Record ``message`` as the group's first failure unless one is there already;
+        returns the first (a host blocked behind a failed peer learns what failed first:
+        the peers of a dead process see it go at once, the others only time out)."""
+        try:
+            first = self._store.compare_set("failure", "", message)
+            return first.decode() if isinstance(first, bytes) else str(first)
+        except Exception:  # noqa: BLE001 - the store's host may be the one that died
+            return message
+
+    def _handle(self, work, peer: int, what: str) -> Handle:
+        def wait(timeout: float) -> None:
+            try:
+                ok = work.wait(timedelta(seconds=timeout))
+            except Exception as e:  # noqa: BLE001
+                raise CommunicationError(f"host {self.rank}: {what} host {peer} failed: {e}") from e
+            if ok is False:
+                raise CommunicationError(f"host {self.rank}: {what} host {peer} timed out after {timeout:g} s")
+        return Handle(wait, f"{what} host {peer}")
+
+    def _peer(self, peer: int) -> int:
+        try:
+            return self._index[peer]
+        except KeyError:
+            raise CommunicationError(f"host {self.rank}: host {peer} is not in this group {self.hosts}") from None
+
+    def isend(self, buf, peer, tag):
+        import torch  # noqa: PLC0415
+
+        return self._handle(self._pg.send([torch.from_numpy(buf)], self._peer(peer), tag), peer, "sending to")
+
+    def irecv(self, buf, peer, tag):
+        import torch  # noqa: PLC0415
+
+        return self._handle(self._pg.recv([torch.from_numpy(buf)], self._peer(peer), tag), peer, "receiving from")
+
+    def barrier(self, timeout=DEFAULT_TIMEOUT_S):
+        try:
+            self._pg.barrier().wait(timedelta(seconds=timeout))
+        except Exception as e:  # noqa: BLE001
+            raise CommunicationError(f"host {self.rank}: barrier with hosts {self.hosts} failed: {e}") from e
 
 
 # ------------------------------------------------------------------------ nccl

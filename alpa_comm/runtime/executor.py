@@ -208,7 +208,10 @@ class HostExecutor:
         except InvalidOptionError:
             raise CommunicationError(f"host {self.host}: unknown transfer kind {t.kind!r}") from None
         self._select(t.leaf)
-        # A wait may last the timeout plus twice what this transfer's bytes need on the
-        # slowest NIC: no false alarm on a large slice, still bounded when a peer is gone.
-        self.wait_s = self.timeout + (2 * t.nbytes / self.min_rate if self.min_rate else 0.0)
+        # A wait may last the timeout plus twice the longer of what this transfer's bytes
+        # need on the slowest NIC and when the plan expects it to end (a receiver may wait
+        # behind everything its sender sends first): no false alarm on a large slice or a
+        # long queue, still bounded when a peer is gone.
+        own = t.nbytes / self.min_rate if self.min_rate else 0.0
+        self.wait_s = self.timeout + 2 * max(own, t.start + t.duration)
         kind.run(self, t, self.tag_base + (t.id % 1_000_000) * TAGS_PER_TRANSFER)

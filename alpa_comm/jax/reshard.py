@@ -1,0 +1,101 @@
+"""``reshard`` / ``reshard_tree``: a global ``jax.Array`` from one mesh to another, called by
+every process of both meshes.
+
+The source and destination ``NamedSharding`` become placements (``placement``), one plan
+is made (the same planner as everywhere, cached: a weight sync that repeats plans once),
+and this process runs its host's share of it with the runtime's ``HostExecutor`` over the
+group's backend: from its addressable source shards (read as NumPy) into fresh buffers
+for its addressable destination devices, which become the result's shards. Processes in
+neither mesh do not call. A peer that dies mid-transfer ends in a ``CommunicationError``
+naming it, within the group's timeout.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..dtypes import dtype_name
+from ..errors import InvalidOptionError
+from ..placement import Resharding
+from ..resharding import plan_resharding
+from ..resharding.host_job import HostJob
+from ..resharding.tree import plan_resharding_tree, tree_flatten, tree_unflatten
+from ..runtime.backend import CommunicationError
+from ..runtime.executor import HostExecutor, Layout
+from ..topology import ClusterSpec
+from .group import ProcessGroup, default_group
+from .placement import JaxHosts, named_sharding, placement
+
+
+def reshard(x, dst, *, group: ProcessGroup | None = None, strategy: str = "broadcast",
+            timeout: float | None = None):
+    """``x`` (a global ``jax.Array`` with a ``NamedSharding``) on ``dst`` (a
+    ``NamedSharding``, or ``(mesh, "S01R")``), as this process sees it."""
+    return reshard_tree({"x": x}, {"x": dst}, group=group, strategy=strategy, timeout=timeout,
+                        bucket_bytes=None)["x"]
+
+
+def reshard_tree(tree, dst_tree, *, group: ProcessGroup | None = None, strategy: str = "broadcast",
+                 bucket_bytes: int | str | None = "auto", timeout: float | None = None):
+    """Every ``jax.Array`` leaf of ``tree`` onto the sharding at the same place in
+    ``dst_tree`` (nested dicts/lists/tuples), in one jointly balanced plan (small arrays
+    that travel the same way packed into one message up to ``bucket_bytes``)."""
+    import jax  # noqa: PLC0415
+
+    group = group or default_group()
+    leaves = tree_flatten(tree)
+    dsts = dict(tree_flatten(dst_tree))
+    if set(dsts) != {p for p, _ in leaves}:
+        raise InvalidOptionError(f"the destination tree's leaves {sorted(dsts)} do not match the array tree's "
+                                 f"{sorted(p for p, _ in leaves)}")
+    hosts = JaxHosts(jax.devices())
+    if hosts.num_processes > group.world_size:
+        raise InvalidOptionError(f"the program has {hosts.num_processes} processes but the group only "
+                                 f"{group.world_size}")
+    cluster = ClusterSpec(num_hosts=group.world_size, devices_per_host=hosts.devices_per_host,
+                          nic_send_gbps=group.nic_gbps)
+    moves, shardings = [], []
+    for path, x in leaves:
+        sharding = named_sharding(dsts[path], x.ndim)
+        src_mesh, src_spec = placement(x.sharding, x.ndim, hosts)
+        dst_mesh, dst_spec = placement(sharding, x.ndim, hosts)
+        moves.append(Resharding.between(tuple(x.shape), dtype_name(np.dtype(x.dtype)), src_mesh, src_spec,
+                                        dst_mesh, dst_spec))
+        shardings.append(sharding)
+    if len(moves) == 1 and bucket_bytes is None:
+        m = moves[0]
+        plan = plan_resharding(m.shape, m.dtype, m.src_mesh, m.src_spec, m.dst_mesh, m.dst_spec, cluster=cluster,
+                               strategy=strategy)
+    else:  # a list keeps the leaves in order: plan leaf i is leaves[i]
+        plan = plan_resharding_tree(moves, cluster=cluster, strategy=strategy, bucket_bytes=bucket_bytes)
+    job = HostJob.for_host(plan, group.rank)
+    participants = {h for leaf in plan.leaves for m in (leaf.resharding.src_mesh, leaf.resharding.dst_mesh)
+                    for h in m.hosts}
+    backend = group.backend(participants)
+    layouts = [Layout.of(leaf) for leaf in plan.leaves]
+    src = [_local_shards(x, hosts) for _, x in leaves]
+    dst = [lay.empty_destinations(job.is_local) for lay in layouts]
+    try:
+        HostExecutor(group.rank, layouts, src, dst, backend, job.host_of, timeout or group.timeout,
+                     job.min_rate).run(job.transfers)
+    except CommunicationError as e:
+        first = backend.report_failure(str(e))
+        if first != str(e):
+            raise CommunicationError(f"{e}; the group's first failure: {first}") from e
+        raise
+    out = [_assemble(x.shape, x.dtype, sharding, buffers, hosts)
+           for (_, x), sharding, buffers in zip(leaves, shardings, dst)]
+    return tree_unflatten(tree, out)
+
+
+def _local_shards(x, hosts: JaxHosts) -> dict[int, np.ndarray]:
+    """This process's source shards of ``x``, by alpa_comm device id, as NumPy."""
+    return {hosts.id_of(s.device): np.asarray(s.data) for s in x.addressable_shards}
+
+
+def _assemble(shape, dtype, sharding, buffers: dict[int, np.ndarray], hosts: JaxHosts):
+    """The destination ``jax.Array`` from this process's received buffers (none: a process
+    that only sends gets an array without addressable shards)."""
+    import jax  # noqa: PLC0415
+
+    local = [jax.device_put(buf, hosts.device(d)) for d, buf in sorted(buffers.items())]
+    return jax.make_array_from_single_device_arrays(tuple(shape), sharding, local, dtype=dtype)

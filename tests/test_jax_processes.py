@@ -1,0 +1,118 @@
+"""``alpa_comm.jax`` in a real multi-process JAX program: one ``jax.distributed`` process
+per host (here: local processes, CPU devices, gloo between them), global ``jax.Array``s
+on named meshes moved with ``reshard``/``reshard_tree`` and every addressable shard of
+the result compared with NumPy, bit for bit."""
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import jax_processes
+
+pytest.importorskip("jax")
+pytest.importorskip("torch")
+pytestmark = pytest.mark.timeout(600)
+
+WORLD, DEVICES = 3, 2
+AXES = [("data", "model"), ("x", "y"), ("fsdp", "tp")]
+
+
+@st.composite
+def sides(draw, rank):
+    """A mesh over some of the processes (host-major, or transposed) and a spec for it."""
+    hosts = sorted(draw(st.sets(st.integers(0, WORLD - 1), min_size=1, max_size=WORLD)))
+    ids = [[h * DEVICES + d for d in range(DEVICES)] for h in hosts]
+    if draw(st.booleans()):
+        ids = [list(r) for r in zip(*ids)]  # devices major: mesh dim 0 spans a host's devices
+    dims = [[] for _ in range(rank)]
+    for m in draw(st.permutations([0, 1])):
+        where = draw(st.integers(-1, rank - 1))
+        if where >= 0:
+            dims[where].append(m)
+    spec = "".join("R" if not d else "S" + "".join(map(str, d)) for d in dims)
+    return {"ids": ids, "axes": list(draw(st.sampled_from(AXES))), "spec": spec}
+
+
+def _parts(side):
+    sizes = (len(side["ids"]), len(side["ids"][0]))
+    out, spec, i = [], side["spec"], 0
+    while i < len(spec):
+        if spec[i] == "R":
+            out.append(1)
+            i += 1
+        else:
+            j = i + 1
+            n = 1
+            while j < len(spec) and spec[j].isdigit():
+                n *= sizes[int(spec[j])]
+                j += 1
+            out.append(n)
+            i = j
+    return out
+
+
+@st.composite
+def cases(draw):
+    rank = draw(st.integers(1, 3))
+    src, dst = draw(sides(rank)), draw(sides(rank))
+    shape = []
+    for a, b in zip(_parts(src), _parts(dst)):
+        lcm = a * b // __import__("math").gcd(a, b)
+        shape.append(lcm * draw(st.integers(1, 3)))
+    return {"shape": shape, "dtype": draw(st.sampled_from(["float32", "int32", "float64", "int8"])),
+            "src": src, "dst": dst}
+
+
+def _check(results, cases_):
+    for rank, (out, err) in enumerate(results):
+        assert out is not None, f"rank {rank} failed:\n{err}"
+        for case, r in zip(cases_, out):
+            if r.get("skipped"):
+                continue
+            assert "error" not in r and not r["wrong"], (rank, case, r)
+
+
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.lists(cases(), min_size=6, max_size=6))
+def test_random_meshes_and_partition_specs_are_bit_exact(batch):
+    """Random meshes over 1-3 of 3 processes (host-major or device-major, named axes),
+    random PartitionSpecs, shapes and dtypes: one multi-process launch per batch."""
+    _check(jax_processes.run(WORLD, DEVICES, batch), batch)
+
+
+def test_examples_tree_and_overlapping_meshes():
+    """FSDP-like training layout to two tensor-parallel replicas (replicated over hosts),
+    the same layout on the same devices, a move within one process, and a pytree of three
+    arrays in one coalesced plan."""
+    train = {"ids": [[0, 1], [2, 3]], "axes": ["fsdp", "tp"], "spec": "S01R"}
+    infer = {"ids": [[4, 5]], "axes": ["dp", "tp"], "spec": "RS1"}
+    same = {"ids": [[0, 1], [2, 3]], "axes": ["a", "b"], "spec": "S01R"}
+    one = {"ids": [[0, 1]], "axes": ["a", "b"], "spec": "S1R"}
+    batch = [
+        {"shape": [8, 6], "dtype": "float32", "src": train, "dst": infer},
+        {"shape": [8, 6], "dtype": "float32", "src": train, "dst": same},
+        {"shape": [4, 2], "dtype": "int32", "src": one, "dst": {**one, "spec": "RS1"}},
+        {"tree": [{"shape": [16, 4], "dtype": "float32", "src": train, "dst": infer},
+                  {"shape": [4], "dtype": "float32", "src": {**train, "spec": "S0"}, "dst": {**infer, "spec": "R"}},
+                  {"shape": [6, 6], "dtype": "int32", "src": {**train, "spec": "RR"}, "dst": {**infer, "spec": "S1R"}}]},
+    ]
+    _check(jax_processes.run(WORLD, DEVICES, batch), batch)
+
+
+@pytest.mark.parametrize("hosts,dead", [((0, 1, 2), 2), ((1, 2), 1)])
+def test_a_process_killed_mid_transfer_is_named_within_60_s(hosts, dead):
+    """The group is up (one resharding done); then one process exits instead of taking
+    part in the next: every surviving process of the resharding gets a CommunicationError
+    naming it within 60 s (group timeout 10 s), also when the dead one hosted the
+    subgroup's store (the lowest member, host 1 of hosts 1 and 2). Not tested: killing
+    process 0, which runs JAX's coordination service: JAX then ends every process."""
+    ids = [[2 * h, 2 * h + 1] for h in hosts]
+    src = {"ids": ids, "axes": ["x", "y"], "spec": "S0R"}
+    dst = {"ids": ids, "axes": ["x", "y"], "spec": "RS0"}
+    case = {"shape": [6, 6], "dtype": "float32", "src": src, "dst": dst, "timeout": 10}
+    results = jax_processes.run(WORLD, DEVICES, [case, {**case, "kill": dead}], timeout=120)
+    assert results[dead][0] is None  # the killed rank printed nothing
+    for rank in set(hosts) - {dead}:
+        out, err = results[rank]
+        assert out is not None, err
+        assert not out[0].get("error") and not out[0]["wrong"], out[0]
+        r = out[1]
+        assert "error" in r and f"host {dead}" in r["error"] and r["seconds"] < 60, r
