@@ -4,8 +4,8 @@ process prints one JSON result line; ``run`` returns them by rank.
 
 A case: ``{"shape", "dtype", "src": {"ids", "axes", "spec"}, "dst": {...}}`` with device
 ids in alpa_comm's numbering (process * devices + position); optional ``"tree"`` (a
-list of cases moved by one ``reshard_tree``) and ``"kill"`` (a rank that exits at the
-start of the transfer)."""
+list of cases moved by one ``reshard_tree``), ``"kill"`` (a rank that exits instead of
+taking part), ``"wire"``/``"out_dtype"`` (``wire_dtype``/``dtype`` of the call)."""
 from __future__ import annotations
 
 import json
@@ -25,6 +25,7 @@ import numpy as np
 rank, world, devices = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 import jax
 jax.config.update("jax_num_cpu_devices", devices)
+jax.config.update("jax_enable_x64", True)  # float64/int64 cases stay 64-bit
 jax.distributed.initialize(coordinator_address=sys.argv[4], num_processes=world, process_id=rank)
 from jax.sharding import Mesh, NamedSharding
 from alpa_comm import ShardingSpec
@@ -60,17 +61,22 @@ for c, case in enumerate(cases):
         os._exit(3)
     t0 = time.monotonic()
     try:
+        extra = {"timeout": case.get("timeout"), "wire_dtype": case.get("wire"), "dtype": case.get("out_dtype")}
         if "tree" in case:
-            ys = reshard_tree(xs, dsts, timeout=case.get("timeout"))
+            ys = reshard_tree(xs, dsts, **extra)
         else:
-            ys = [reshard(xs[0], dsts[0], timeout=case.get("timeout"))]
+            ys = [reshard(xs[0], dsts[0], **extra)]
     except CommunicationError as e:
         out.append({"error": str(e), "seconds": time.monotonic() - t0})
         continue
+    if case.get("wire"):  # what the receivers should get: rounded to the wire type, then cast
+        from alpa_comm.runtime.executor import numpy_dtype
+        refs = [r.astype(numpy_dtype(case["wire"])).astype(numpy_dtype(case.get("out_dtype") or r.dtype.name))
+                if np.issubdtype(r.dtype, np.floating) else r for r in refs]
     wrong, shards = [], 0
     for y, r, d in zip(ys, refs, dsts):
-        if y.sharding != d or tuple(y.shape) != tuple(r.shape):
-            wrong.append("sharding or shape")
+        if y.sharding != d or tuple(y.shape) != tuple(r.shape) or np.dtype(y.dtype) != r.dtype:
+            wrong.append(f"sharding, shape or dtype ({y.dtype} for {r.dtype})")
         for s in y.addressable_shards:
             shards += 1
             if not np.array_equal(np.asarray(s.data), r[s.index]):
@@ -91,15 +97,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run(world: int, devices: int, cases: list[dict], timeout: float = 240) -> list[list[dict] | None]:
-    """Every rank's results (None for a rank that died); the test decides what that means."""
-    address = f"127.0.0.1:{free_port()}"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu", "GLOO_SOCKET_IFNAME": "lo"}
+def run(world: int, devices: int, cases: list[dict], timeout: float = 240,
+        network=None) -> list[list[dict] | None]:
+    """Every rank's results (None for a rank that died); the test decides what that means.
+    ``network``: an ``EmulatedNetwork`` that is up: rank i runs as emulated host i (in its
+    namespace, over its shaped NIC); else all ranks on loopback."""
+    from alpa_comm.runtime.emulated import netns
+
+    coordinator = netns.host_ip(0) if network else "127.0.0.1"
+    address = f"{coordinator}:{free_port() if not network else 7000 + os.getpid() % 1000}"
+    base_env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(cases, f)
-    procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(r), str(world), str(devices), address, f.name],
-                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=env) for r in range(world)]
+    os.chmod(f.name, 0o644)
+    procs = []
+    for r in range(world):
+        env = dict(base_env, GLOO_SOCKET_IFNAME=netns.host_ifname(r) if network else "lo")
+        if network:
+            env["ALPA_COMM_GROUP_ADDR"] = netns.host_ip(r)
+        prefix = network.exec_prefix(r) if network else []
+        procs.append(subprocess.Popen(prefix + [sys.executable, "-c", WORKER, str(r), str(world), str(devices),
+                                                address, f.name], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True, env=env))
+        if network:
+            network.track(procs[-1].pid)
     outs = []
     deadline = time.monotonic() + timeout
     try:

@@ -3,7 +3,7 @@ per host (here: local processes, CPU devices, gloo between them), global ``jax.A
 on named meshes moved with ``reshard``/``reshard_tree`` and every addressable shard of
 the result compared with NumPy, bit for bit."""
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
 import jax_processes
 
@@ -70,7 +70,8 @@ def _check(results, cases_):
             assert "error" not in r and not r["wrong"], (rank, case, r)
 
 
-@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=3, deadline=None, phases=[Phase.explicit, Phase.generate],  # no shrinking: a launch each
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(st.lists(cases(), min_size=6, max_size=6))
 def test_random_meshes_and_partition_specs_are_bit_exact(batch):
     """Random meshes over 1-3 of 3 processes (host-major or device-major, named axes),
@@ -79,9 +80,10 @@ def test_random_meshes_and_partition_specs_are_bit_exact(batch):
 
 
 def test_examples_tree_and_overlapping_meshes():
-    """FSDP-like training layout to two tensor-parallel replicas (replicated over hosts),
-    the same layout on the same devices, a move within one process, and a pytree of three
-    arrays in one coalesced plan."""
+    """FSDP-like training layout to a tensor-parallel layout, the same layout on the same
+    devices, a move within one process, bfloat16 on the wire (received as float32, and
+    kept as bfloat16; an int32 leaf travels as it is), and a pytree of three arrays in one
+    coalesced plan."""
     train = {"ids": [[0, 1], [2, 3]], "axes": ["fsdp", "tp"], "spec": "S01R"}
     infer = {"ids": [[4, 5]], "axes": ["dp", "tp"], "spec": "RS1"}
     same = {"ids": [[0, 1], [2, 3]], "axes": ["a", "b"], "spec": "S01R"}
@@ -90,6 +92,11 @@ def test_examples_tree_and_overlapping_meshes():
         {"shape": [8, 6], "dtype": "float32", "src": train, "dst": infer},
         {"shape": [8, 6], "dtype": "float32", "src": train, "dst": same},
         {"shape": [4, 2], "dtype": "int32", "src": one, "dst": {**one, "spec": "RS1"}},
+        {"tree": [{"shape": [16, 4], "dtype": "float32", "src": train, "dst": infer},
+                  {"shape": [8, 2], "dtype": "int32", "src": train, "dst": infer}],
+         "wire": "bfloat16", "out_dtype": None},
+        {"shape": [8, 6], "dtype": "float32", "src": train, "dst": infer, "wire": "bfloat16",
+         "out_dtype": "bfloat16"},
         {"tree": [{"shape": [16, 4], "dtype": "float32", "src": train, "dst": infer},
                   {"shape": [4], "dtype": "float32", "src": {**train, "spec": "S0"}, "dst": {**infer, "spec": "R"}},
                   {"shape": [6, 6], "dtype": "int32", "src": {**train, "spec": "RR"}, "dst": {**infer, "spec": "S1R"}}]},

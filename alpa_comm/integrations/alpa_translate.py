@@ -1,17 +1,20 @@
 """Translation between Alpa 0.2.3's data formats and alpa_comm's — without importing Alpa.
 
-Everything here takes Alpa's objects by duck typing (their field names), so it
-runs against the real classes inside Alpa and against plain fixtures in tests.
+Everything here takes Alpa's objects by duck typing (their field names); it is tested
+on Alpa 0.2.3's real classes (``alpa_harness``).
 
 * Device strings: Alpa names a device ``"<host ip>:<type>:<local id>"``
   (``device_id_to_str``); ``DeviceStrings`` maps them to our global ids.
-* Sharding specs: ``ShardingSpec.from_alpa`` / ``to_alpa`` (in ``alpa_comm.spec``).
+* Sharding specs: ``ShardingSpec.from_alpa`` / ``to_alpa`` (in ``alpa_comm.spec``), on
+  the logical mesh each spec is written for (``ShardingSpec.alpa_mesh_shape``: Alpa's
+  auto-sharding drops untiled dims, ``[Replicated(8)]`` on a 2x4 mesh).
 * A ``ReshardingTaskSpec`` (``src``/``dst`` arrays with ``device_mesh``,
   ``sharding_spec``, ``aval``; ``dst_tile_to_src_tiles_map``) becomes the
   inputs of ``plan_resharding``; our plan becomes Alpa's ``per_spec_plans`` and
   ``order`` in both modes ("sendrecv": ``[n_dst_replicas, n_src_pieces]``
   sender strings with ``(i, k, j)`` order tuples; "broadcast": ``[n_src_pieces]``
-  with ``(i, j)``). Each (receiver, piece) appears once: no m² re-sends.
+  with ``(i, j)``). One send/recv entry per (tile, receiver): Alpa's compiler sends
+  every piece of the tile for each entry, so each piece reaches each receiver once.
 * Our pipeline ``Schedule`` becomes Alpa's clock table: per clock, per mesh,
   ``(microbatch, stage)`` or None, forward stage of mesh i = i, backward
   stage = 2S-1-i, apply-grad tasks in a final clock.

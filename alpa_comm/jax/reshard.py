@@ -20,25 +20,32 @@ from ..resharding import plan_resharding
 from ..resharding.host_job import HostJob
 from ..resharding.tree import plan_resharding_tree, tree_flatten, tree_unflatten
 from ..runtime.backend import CommunicationError
-from ..runtime.executor import HostExecutor, Layout
+from ..runtime.executor import HostExecutor, Layout, numpy_dtype
 from ..topology import ClusterSpec
 from .group import ProcessGroup, default_group
 from .placement import JaxHosts, named_sharding, placement
 
 
 def reshard(x, dst, *, group: ProcessGroup | None = None, strategy: str = "broadcast",
-            timeout: float | None = None):
+            wire_dtype=None, dtype=None, timeout: float | None = None):
     """``x`` (a global ``jax.Array`` with a ``NamedSharding``) on ``dst`` (a
-    ``NamedSharding``, or ``(mesh, "S01R")``), as this process sees it."""
+    ``NamedSharding``, or ``(mesh, "S01R")``), as this process sees it. ``wire_dtype``
+    and ``dtype``: as for ``reshard_tree``."""
     return reshard_tree({"x": x}, {"x": dst}, group=group, strategy=strategy, timeout=timeout,
-                        bucket_bytes=None)["x"]
+                        bucket_bytes=None, wire_dtype=wire_dtype, dtype=dtype)["x"]
 
 
 def reshard_tree(tree, dst_tree, *, group: ProcessGroup | None = None, strategy: str = "broadcast",
-                 bucket_bytes: int | str | None = "auto", timeout: float | None = None):
+                 bucket_bytes: int | str | None = "auto", wire_dtype=None, dtype=None,
+                 timeout: float | None = None):
     """Every ``jax.Array`` leaf of ``tree`` onto the sharding at the same place in
     ``dst_tree`` (nested dicts/lists/tuples), in one jointly balanced plan (small arrays
-    that travel the same way packed into one message up to ``bucket_bytes``)."""
+    that travel the same way packed into one message up to ``bucket_bytes``).
+
+    ``wire_dtype`` (e.g. ``"bfloat16"``): floating-point leaves travel in that type (the
+    senders cast their shards, round to nearest even; half the bytes from float32);
+    ``dtype``: the type the results have (default: each leaf's own), so a float32 model
+    can be received as float32 after a bfloat16 trip, or kept in bfloat16."""
     import jax  # noqa: PLC0415
 
     group = group or default_group()
@@ -53,14 +60,15 @@ def reshard_tree(tree, dst_tree, *, group: ProcessGroup | None = None, strategy:
                                  f"{group.world_size}")
     cluster = ClusterSpec(num_hosts=group.world_size, devices_per_host=hosts.devices_per_host,
                           nic_send_gbps=group.nic_gbps)
-    moves, shardings = [], []
+    moves, shardings, wires = [], [], []
     for path, x in leaves:
         sharding = named_sharding(dsts[path], x.ndim)
         src_mesh, src_spec = placement(x.sharding, x.ndim, hosts)
         dst_mesh, dst_spec = placement(sharding, x.ndim, hosts)
-        moves.append(Resharding.between(tuple(x.shape), dtype_name(np.dtype(x.dtype)), src_mesh, src_spec,
-                                        dst_mesh, dst_spec))
+        wire = _wire_type(np.dtype(x.dtype), wire_dtype)
+        moves.append(Resharding.between(tuple(x.shape), dtype_name(wire), src_mesh, src_spec, dst_mesh, dst_spec))
         shardings.append(sharding)
+        wires.append(wire)
     if len(moves) == 1 and bucket_bytes is None:
         m = moves[0]
         plan = plan_resharding(m.shape, m.dtype, m.src_mesh, m.src_spec, m.dst_mesh, m.dst_spec, cluster=cluster,
@@ -72,7 +80,7 @@ def reshard_tree(tree, dst_tree, *, group: ProcessGroup | None = None, strategy:
                     for h in m.hosts}
     backend = group.backend(participants)
     layouts = [Layout.of(leaf) for leaf in plan.leaves]
-    src = [_local_shards(x, hosts) for _, x in leaves]
+    src = [_local_shards(x, hosts, wire) for (_, x), wire in zip(leaves, wires)]
     dst = [lay.empty_destinations(job.is_local) for lay in layouts]
     try:
         HostExecutor(group.rank, layouts, src, dst, backend, job.host_of, timeout or group.timeout,
@@ -82,14 +90,23 @@ def reshard_tree(tree, dst_tree, *, group: ProcessGroup | None = None, strategy:
         if first != str(e):
             raise CommunicationError(f"{e}; the group's first failure: {first}") from e
         raise
-    out = [_assemble(x.shape, x.dtype, sharding, buffers, hosts)
+    want = None if dtype is None else numpy_dtype(dtype) if isinstance(dtype, str) else np.dtype(dtype)
+    out = [_assemble(x.shape, want or np.dtype(x.dtype), sharding, buffers, hosts)
            for (_, x), sharding, buffers in zip(leaves, shardings, dst)]
     return tree_unflatten(tree, out)
 
 
-def _local_shards(x, hosts: JaxHosts) -> dict[int, np.ndarray]:
-    """This process's source shards of ``x``, by alpa_comm device id, as NumPy."""
-    return {hosts.id_of(s.device): np.asarray(s.data) for s in x.addressable_shards}
+def _wire_type(own: np.dtype, wire_dtype) -> np.dtype:
+    """The type a leaf travels in: ``wire_dtype`` for floating-point leaves, else its own."""
+    if wire_dtype is None or not np.issubdtype(own, np.floating) and own.name != "bfloat16":
+        return own
+    return numpy_dtype(str(np.dtype(wire_dtype)) if not isinstance(wire_dtype, str) else wire_dtype)
+
+
+def _local_shards(x, hosts: JaxHosts, wire: np.dtype) -> dict[int, np.ndarray]:
+    """This process's source shards of ``x``, by alpa_comm device id, as NumPy of the
+    wire type."""
+    return {hosts.id_of(s.device): np.asarray(s.data).astype(wire, copy=False) for s in x.addressable_shards}
 
 
 def _assemble(shape, dtype, sharding, buffers: dict[int, np.ndarray], hosts: JaxHosts):
@@ -97,5 +114,5 @@ def _assemble(shape, dtype, sharding, buffers: dict[int, np.ndarray], hosts: Jax
     that only sends gets an array without addressable shards)."""
     import jax  # noqa: PLC0415
 
-    local = [jax.device_put(buf, hosts.device(d)) for d, buf in sorted(buffers.items())]
+    local = [jax.device_put(buf.astype(dtype, copy=False), hosts.device(d)) for d, buf in sorted(buffers.items())]
     return jax.make_array_from_single_device_arrays(tuple(shape), sharding, local, dtype=dtype)
