@@ -56,6 +56,8 @@ for c, case in enumerate(cases):
     xs = [jax.make_array_from_callback(tuple(p["shape"]), sharding(p["src"], len(p["shape"])),
                                        lambda idx, r=r: r[idx], dtype=r.dtype) for p, r in zip(parts, refs)]
     dsts = [sharding(p["dst"], len(p["shape"])) for p in parts]
+    # "notation": the destinations given as (mesh, "S01R") in alpa_comm's notation
+    given = [(d.mesh, p["dst"]["spec"]) for d, p in zip(dsts, parts)] if case.get("notation") else dsts
     if case.get("kill") == rank:
         time.sleep(0.5)
         os._exit(3)
@@ -63,9 +65,9 @@ for c, case in enumerate(cases):
     try:
         extra = {"timeout": case.get("timeout"), "wire_dtype": case.get("wire"), "dtype": case.get("out_dtype")}
         if "tree" in case:
-            ys = reshard_tree(xs, dsts, **extra)
+            ys = reshard_tree(xs, given, **extra)
         else:
-            ys = [reshard(xs[0], dsts[0], **extra)]
+            ys = [reshard(xs[0], given[0], **extra)]
     except CommunicationError as e:
         out.append({"error": str(e), "seconds": time.monotonic() - t0})
         continue

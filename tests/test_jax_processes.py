@@ -81,7 +81,7 @@ def test_random_meshes_and_partition_specs_are_bit_exact(batch):
 
 def test_examples_tree_and_overlapping_meshes():
     """FSDP-like training layout to a tensor-parallel layout, the same layout on the same
-    devices, a move within one process, bfloat16 on the wire (received as float32, and
+    devices, a move within one process, destinations as (mesh, "RS1") (one array and a tree), bfloat16 on the wire (received as float32, and
     kept as bfloat16; an int32 leaf travels as it is), and a pytree of three arrays in one
     coalesced plan."""
     train = {"ids": [[0, 1], [2, 3]], "axes": ["fsdp", "tp"], "spec": "S01R"}
@@ -92,6 +92,10 @@ def test_examples_tree_and_overlapping_meshes():
         {"shape": [8, 6], "dtype": "float32", "src": train, "dst": infer},
         {"shape": [8, 6], "dtype": "float32", "src": train, "dst": same},
         {"shape": [4, 2], "dtype": "int32", "src": one, "dst": {**one, "spec": "RS1"}},
+        {"shape": [8, 6], "dtype": "float32", "src": train, "dst": infer, "notation": True},
+        {"tree": [{"shape": [16, 4], "dtype": "float32", "src": train, "dst": infer},
+                  {"shape": [4], "dtype": "float32", "src": {**train, "spec": "S0"}, "dst": {**infer, "spec": "R"}}],
+         "notation": True},
         {"tree": [{"shape": [16, 4], "dtype": "float32", "src": train, "dst": infer},
                   {"shape": [8, 2], "dtype": "int32", "src": train, "dst": infer}],
          "wire": "bfloat16", "out_dtype": None},

@@ -21,6 +21,7 @@ from ..resharding.host_job import HostJob
 from ..resharding.tree import plan_resharding_tree, tree_flatten, tree_unflatten
 from ..runtime.backend import CommunicationError
 from ..runtime.executor import HostExecutor, Layout, numpy_dtype
+from ..spec import ShardingSpec
 from ..topology import ClusterSpec
 from .group import ProcessGroup, default_group
 from .placement import JaxHosts, named_sharding, placement
@@ -50,7 +51,7 @@ def reshard_tree(tree, dst_tree, *, group: ProcessGroup | None = None, strategy:
 
     group = group or default_group()
     leaves = tree_flatten(tree)
-    dsts = dict(tree_flatten(dst_tree))
+    dsts = dict(_flatten_destinations(dst_tree))
     if set(dsts) != {p for p, _ in leaves}:
         raise InvalidOptionError(f"the destination tree's leaves {sorted(dsts)} do not match the array tree's "
                                  f"{sorted(p for p, _ in leaves)}")
@@ -94,6 +95,18 @@ def reshard_tree(tree, dst_tree, *, group: ProcessGroup | None = None, strategy:
     out = [_assemble(x.shape, want or np.dtype(x.dtype), sharding, buffers, hosts)
            for (_, x), sharding, buffers in zip(leaves, shardings, dst)]
     return tree_unflatten(tree, out)
+
+
+def _flatten_destinations(tree, prefix: str = "") -> list:
+    """(path, destination) pairs with the paths ``tree_flatten`` gives the array tree; a
+    ``(mesh, "S01R")`` pair is one destination, not a tuple of two."""
+    if isinstance(tree, tuple) and len(tree) == 2 and isinstance(tree[1], (str, ShardingSpec)):
+        return [(prefix or "/", tree)]
+    if isinstance(tree, dict):
+        return [pl for k in sorted(tree, key=str) for pl in _flatten_destinations(tree[k], f"{prefix}/{k}")]
+    if isinstance(tree, (list, tuple)):
+        return [pl for i, v in enumerate(tree) for pl in _flatten_destinations(v, f"{prefix}/{i}")]
+    return [(prefix or "/", tree)]
 
 
 def _wire_type(own: np.dtype, wire_dtype) -> np.dtype:
