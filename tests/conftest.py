@@ -18,3 +18,16 @@ def emulation_marks():
     except netns.EmulationUnavailable as e:
         reason = str(e)
     return [pytest.mark.skipif(reason is not None, reason=reason or ""), pytest.mark.slow]
+
+
+def alpa_harness_runner():
+    """``run_in_subprocess`` of the Alpa harness, or a skip with the reason where Alpa
+    0.2.3's wheel cannot be fetched."""
+    from alpa_comm.integrations.alpa_harness.loader import run_in_subprocess
+    from alpa_comm.integrations.alpa_harness.sources import SourcesUnavailable, alpa_root
+
+    try:
+        alpa_root()
+    except SourcesUnavailable as e:
+        pytest.skip(str(e))
+    return run_in_subprocess

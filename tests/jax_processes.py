@@ -85,10 +85,16 @@ for c, case in enumerate(cases):
                 wrong.append(str(s.device))
     out.append({"wrong": wrong, "shards": shards, "seconds": time.monotonic() - t0})
 print("RESULT " + json.dumps(out), flush=True)
-if any("kill" in c for c in cases):
+killed = {c["kill"] for c in cases if "kill" in c}
+if killed:
     # jax.distributed's shutdown barrier would wait for the killed process: leave without
-    # it, process 0 (JAX's coordinator, whose exit ends the others) last
-    time.sleep(3 if rank == 0 else 0)
+    # it, process 0 (JAX's coordinator, whose exit ends the others) after every survivor
+    from jax._src import distributed
+    client = distributed.global_state.client
+    client.key_value_set(f"tests/done/{rank}", "1")
+    if rank == 0:
+        for r in set(range(world)) - killed:
+            client.blocking_key_value_get(f"tests/done/{r}", 120_000)
     os._exit(0)
 '''
 

@@ -22,13 +22,9 @@ def test_missing_alpa_is_a_clear_error(monkeypatch):
 
 @pytest.fixture(scope="module")
 def harness():
-    from alpa_comm.integrations.alpa_harness.loader import run_in_subprocess
-    from alpa_comm.integrations.alpa_harness.sources import SourcesUnavailable, alpa_root
+    from conftest import alpa_harness_runner
 
-    try:
-        alpa_root()
-    except SourcesUnavailable as e:
-        pytest.skip(str(e))
+    run_in_subprocess = alpa_harness_runner()
 
     def run(body: str) -> dict:
         done = run_in_subprocess("import json\nalpa = load_package(ALPA_ROOT)\n"

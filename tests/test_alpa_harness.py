@@ -57,14 +57,9 @@ def alpa_side(mesh: DeviceMesh, spec: ShardingSpec) -> dict:
 
 @pytest.fixture(scope="module")
 def harness():
-    from alpa_comm.integrations.alpa_harness.loader import run_in_subprocess
-    from alpa_comm.integrations.alpa_harness.sources import SourcesUnavailable, alpa_root
+    from conftest import alpa_harness_runner
 
-    try:
-        alpa_root()
-    except SourcesUnavailable as e:
-        pytest.skip(str(e))
-    return run_in_subprocess
+    return alpa_harness_runner()
 
 
 def test_alpa_s_own_modules_import(harness):

@@ -110,6 +110,18 @@ def ring_allreduce_sum(backend: Backend, flat: np.ndarray, hosts: Sequence[int],
 
 
 # ------------------------------------------------------------------------ gloo
+def gloo_handle(rank: int, work, peer: int | str, what: str) -> Handle:
+    """A handle on a gloo ``Work``: its wait is bounded and names the peer host."""
+    def wait(timeout: float) -> None:
+        try:
+            ok = work.wait(timedelta(seconds=timeout))
+        except Exception as e:  # noqa: BLE001
+            raise CommunicationError(f"host {rank}: {what} host {peer} failed: {e}") from e
+        if ok is False:
+            raise CommunicationError(f"host {rank}: {what} host {peer} timed out after {timeout:g} s")
+    return Handle(wait, f"{what} host {peer}")
+
+
 class GlooBackend(Backend):
     """torch.distributed gloo; one process group over all host workers."""
 
@@ -129,14 +141,7 @@ class GlooBackend(Backend):
                                      f"failed: {e}") from e
 
     def _handle(self, work, peer: int | str, what: str) -> Handle:
-        def wait(timeout: float) -> None:
-            try:
-                ok = work.wait(timedelta(seconds=timeout))
-            except Exception as e:  # noqa: BLE001
-                raise CommunicationError(f"host {self.rank}: {what} host {peer} failed: {e}") from e
-            if ok is False:
-                raise CommunicationError(f"host {self.rank}: {what} host {peer} timed out after {timeout:g} s")
-        return Handle(wait, f"{what} host {peer}")
+        return gloo_handle(self.rank, work, peer, what)
 
     def isend(self, buf, peer, tag):
         import torch  # noqa: PLC0415
@@ -236,14 +241,7 @@ class GlooSubgroupBackend(Backend):
             return message
 
     def _handle(self, work, peer: int, what: str) -> Handle:
-        def wait(timeout: float) -> None:
-            try:
-                ok = work.wait(timedelta(seconds=timeout))
-            except Exception as e:  # noqa: BLE001
-                raise CommunicationError(f"host {self.rank}: {what} host {peer} failed: {e}") from e
-            if ok is False:
-                raise CommunicationError(f"host {self.rank}: {what} host {peer} timed out after {timeout:g} s")
-        return Handle(wait, f"{what} host {peer}")
+        return gloo_handle(self.rank, work, peer, what)
 
     def _peer(self, peer: int) -> int:
         try:
