@@ -51,7 +51,7 @@ def reshard_tree(tree, dst_tree, *, group: ProcessGroup | None = None, strategy:
 
     group = group or default_group()
     leaves = tree_flatten(tree)
-    dsts = dict(_flatten_destinations(dst_tree))
+    dsts = dict(tree_flatten(dst_tree, is_leaf=_is_notation_pair))
     if set(dsts) != {p for p, _ in leaves}:
         raise InvalidOptionError(f"the destination tree's leaves {sorted(dsts)} do not match the array tree's "
                                  f"{sorted(p for p, _ in leaves)}")
@@ -97,16 +97,9 @@ def reshard_tree(tree, dst_tree, *, group: ProcessGroup | None = None, strategy:
     return tree_unflatten(tree, out)
 
 
-def _flatten_destinations(tree, prefix: str = "") -> list:
-    """(path, destination) pairs with the paths ``tree_flatten`` gives the array tree; a
-    ``(mesh, "S01R")`` pair is one destination, not a tuple of two."""
-    if isinstance(tree, tuple) and len(tree) == 2 and isinstance(tree[1], (str, ShardingSpec)):
-        return [(prefix or "/", tree)]
-    if isinstance(tree, dict):
-        return [pl for k in sorted(tree, key=str) for pl in _flatten_destinations(tree[k], f"{prefix}/{k}")]
-    if isinstance(tree, (list, tuple)):
-        return [pl for i, v in enumerate(tree) for pl in _flatten_destinations(v, f"{prefix}/{i}")]
-    return [(prefix or "/", tree)]
+def _is_notation_pair(node) -> bool:
+    """A ``(mesh, "S01R")`` destination: one leaf, not a tuple of two."""
+    return isinstance(node, tuple) and len(node) == 2 and isinstance(node[1], (str, ShardingSpec))
 
 
 def _wire_type(own: np.dtype, wire_dtype) -> np.dtype:

@@ -78,12 +78,15 @@ class TreePlan:
 
 
 # ------------------------------------------------------------------ pytrees
-def tree_flatten(tree, prefix: str = "") -> list[tuple[str, Any]]:
-    """(path, leaf) pairs of nested dicts (keys sorted) and lists/tuples."""
+def tree_flatten(tree, prefix: str = "", is_leaf=None) -> list[tuple[str, Any]]:
+    """(path, leaf) pairs of nested dicts (keys sorted) and lists/tuples; ``is_leaf(node)``
+    marks containers that are leaves themselves (e.g. a ``(mesh, "S01R")`` pair)."""
+    if is_leaf is not None and is_leaf(tree):
+        return [(prefix or "/", tree)]
     if isinstance(tree, dict):
-        return [pl for k in sorted(tree, key=str) for pl in tree_flatten(tree[k], f"{prefix}/{k}")]
+        return [pl for k in sorted(tree, key=str) for pl in tree_flatten(tree[k], f"{prefix}/{k}", is_leaf)]
     if isinstance(tree, (list, tuple)):
-        return [pl for i, v in enumerate(tree) for pl in tree_flatten(v, f"{prefix}/{i}")]
+        return [pl for i, v in enumerate(tree) for pl in tree_flatten(v, f"{prefix}/{i}", is_leaf)]
     return [(prefix or "/", tree)]
 
 
