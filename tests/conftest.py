@@ -20,6 +20,16 @@ def emulation_marks():
     return [pytest.mark.skipif(reason is not None, reason=reason or ""), pytest.mark.slow]
 
 
+def require_machine_free():
+    """Fail (naming it) when a live emulated cluster is up; a stale one, left by a run that was
+    killed before tearing down, is removed by ``EmulatedNetwork.up`` itself."""
+    from alpa_comm.runtime.emulated import netns
+
+    if netns.cluster_exists() and netns.stale_reason() is None:
+        pytest.fail(f"an emulated cluster is already up ({netns.describe_existing()}); "
+                    "run 'alpa-comm cluster down'")
+
+
 def alpa_harness_runner():
     """``run_in_subprocess`` of the Alpa harness, or a skip with the reason where Alpa
     0.2.3's wheel cannot be fetched."""

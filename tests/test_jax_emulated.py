@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
 import jax_processes
-from conftest import emulation_marks
+from conftest import emulation_marks, require_machine_free
 from test_jax_processes import DEVICES, WORLD, cases
 
 pytest.importorskip("jax")
@@ -20,8 +20,7 @@ pytestmark = emulation_marks() + [pytest.mark.timeout(900)]
 def network():
     from alpa_comm.runtime.emulated import netns
 
-    if netns.existing_namespaces() or netns.STATE_FILE.exists():
-        pytest.fail("an emulated cluster is already up; run 'alpa-comm cluster down'")
+    require_machine_free()
     net = netns.EmulatedNetwork(WORLD, "400mbit").up()
     pids = net.pids
     try:

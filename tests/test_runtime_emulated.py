@@ -16,7 +16,7 @@ from alpa_comm import Cluster  # noqa: E402
 from alpa_comm.suites import n_to_m, one_to_m  # noqa: E402
 from alpa_comm.runtime.emulated import netns  # noqa: E402
 
-from conftest import emulation_marks  # noqa: E402
+from conftest import emulation_marks, require_machine_free  # noqa: E402
 
 pytestmark = emulation_marks()
 from alpa_comm.resharding.strategies import auto_candidates  # noqa: E402
@@ -26,8 +26,7 @@ STRATEGIES = [*auto_candidates(), "alpa", "auto", "signal"]  # every kind that m
 
 @pytest.fixture(scope="module")
 def cluster():
-    if netns.existing_namespaces() or netns.STATE_FILE.exists():
-        pytest.fail("an emulated cluster is already up; run 'alpa-comm cluster down'")
+    require_machine_free()
     c = Cluster.emulated(5, 4, nic="1gbit", timeout=30, log=None)
     pids = list(c.network.pids)
     try:

@@ -52,3 +52,36 @@ def test_link_down_raises_naming_a_host_within_60_s():
             c.reshard(a, "2x2@1,2", "R", strategy="send_recv")
         assert time.monotonic() - t0 < 60
     assert not netns.existing_namespaces()
+
+
+def test_a_cluster_left_by_a_killed_run_is_removed_by_the_next_up(tmp_path):
+    """A run SIGKILLed before tearing down leaves namespaces behind: the next ``up`` removes
+    them (saying why) instead of failing every later run; a live owner still blocks."""
+    import subprocess
+    import sys
+
+    script = ("import sys, time\n"
+              "from alpa_comm.runtime.emulated import netns\n"
+              "netns.EmulatedNetwork(2, None).up()\n"
+              "print('up', flush=True)\n"
+              "time.sleep(600)\n")
+    owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert owner.stdout.readline().strip() == "up"
+        assert netns.stale_reason() is None  # its owner lives: in use
+        with pytest.raises(netns.ClusterExistsError, match=f"PID {owner.pid}"):
+            netns.EmulatedNetwork(2, None).up()
+        owner.kill()
+        owner.wait()
+        assert f"PID {owner.pid}" in netns.stale_reason()
+        net = netns.EmulatedNetwork(3, None).up()  # removes the stale one, then builds its own
+        try:
+            assert netns.existing_namespaces() == [netns.namespace(h) for h in range(3)]
+        finally:
+            net.down()
+    finally:
+        owner.kill()
+        owner.wait()
+        if netns.cluster_exists() and netns.stale_reason() is not None:
+            netns.remove_existing()
+    assert not netns.cluster_exists()

@@ -114,6 +114,7 @@ def cmd_cluster(args) -> int:
             print("no emulated cluster is up")
             return 0
         status = network.status() if network else {"namespaces": leftovers, "note": "state file missing"}
+        status["stale"] = netns.stale_reason()  # why the next 'up' would remove it; None: in use
         print(json.dumps(status, indent=1))
         return 0
     from ..runtime.emulated.launch import teardown_emulated  # noqa: PLC0415

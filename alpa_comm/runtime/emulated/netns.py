@@ -11,8 +11,10 @@ Everything created is recorded in a state file *before* it is created, so
 ``down()`` (also ``alpa-comm cluster down``) removes it after a crash too:
 processes inside the namespaces (by PID, from ``ip netns pids``), processes we
 started (by PID), the root-side veths (which removes both ends at once), the
-bridge and the namespaces. A second ``up()`` while one exists fails with a
-clear message.
+bridge and the namespaces. A second ``up()`` while a live one exists fails with
+a clear message naming its owner; a *stale* one (its owning process is gone and
+no process runs inside its namespaces: a run that was SIGKILLed before it could
+tear down) is removed first, saying so, instead of blocking every later run.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,6 +114,7 @@ class EmulatedNetwork:
     pids: list[int] = field(default_factory=list)
     info: dict = field(default_factory=dict)  # e.g. the Ray address and token of `alpa-comm cluster up`
     cpu: float | None = None  # CPU cores per host (a cgroup quota); None: uncapped
+    owner: list | None = None  # [pid, start time] of the process that brought it up
 
     # ------------------------------------------------------------------ up
     def up(self) -> "EmulatedNetwork":
@@ -121,11 +125,15 @@ class EmulatedNetwork:
             _burst(self.rate)  # validate before touching anything
         if self.cpu is not None:
             check_cpu_cap(self.cpu)
-        leftovers = existing_namespaces()
-        if self.state_file.exists() or leftovers or Path(f"/sys/class/net/{BRIDGE}").exists():
-            raise ClusterExistsError(
-                f"an emulated cluster is already up ({', '.join(leftovers) or BRIDGE or self.state_file}); "
-                "run 'alpa-comm cluster down' first")
+        if cluster_exists(self.state_file):
+            reason = stale_reason(self.state_file)
+            if reason is None:
+                raise ClusterExistsError(
+                    f"an emulated cluster is already up ({describe_existing(self.state_file)}); "
+                    "run 'alpa-comm cluster down' first")
+            print(f"alpa-comm: removing a stale emulated cluster ({reason})", file=sys.stderr, flush=True)
+            remove_existing(self.state_file)
+        self.owner = _process_identity(os.getpid())
         self._save()
         try:
             _run("ip", "link", "add", BRIDGE, "type", "bridge")
@@ -161,7 +169,8 @@ class EmulatedNetwork:
         tmp = self.state_file.with_suffix(".tmp")
         tmp.touch(mode=0o600)  # it may hold a Ray auth token
         tmp.write_text(json.dumps({"num_hosts": self.num_hosts, "rate": self.rate, "pids": self.pids,
-                                   "info": self.info, "cpu": self.cpu}))
+                                   "info": self.info, "cpu": self.cpu,
+                                   "owner": self.owner}))
         tmp.replace(self.state_file)
 
     def remember(self, **info) -> None:
@@ -178,7 +187,8 @@ class EmulatedNetwork:
         if not state_file.exists():
             return None
         d = json.loads(state_file.read_text())
-        return cls(d["num_hosts"], d["rate"], state_file, d.get("pids", []), d.get("info", {}), d.get("cpu"))
+        return cls(d["num_hosts"], d["rate"], state_file, d.get("pids", []), d.get("info", {}), d.get("cpu"),
+                   d.get("owner"))
 
     def exec_prefix(self, host: int) -> list[str]:
         """Run a command as host ``host``: in its namespace and, with a CPU cap, in its
@@ -213,6 +223,69 @@ class EmulatedNetwork:
                 "namespaces": existing_namespaces(),
                 "processes": {ns: namespace_pids(ns) for ns in existing_namespaces()},
                 "tracked_pids": [p for p in self.pids if _alive(p)]}
+
+
+def cluster_exists(state_file: Path = STATE_FILE) -> bool:
+    """Anything of an emulated cluster on this machine: state file, namespaces or bridge."""
+    return state_file.exists() or bool(existing_namespaces()) or Path(f"/sys/class/net/{BRIDGE}").exists()
+
+
+def _load_quietly(state_file: Path) -> "EmulatedNetwork | None":
+    try:
+        return EmulatedNetwork.load(state_file)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # a half-written or foreign file: judged by what runs, below
+
+
+def _process_identity(pid: int) -> list | None:
+    """[pid, start time in clock ticks]: a PID alone may be reused by an unrelated process."""
+    try:
+        return [pid, int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])]
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _owner_alive(owner) -> bool:
+    if not owner:
+        return False
+    pid = int(owner[0])
+    return _alive(pid) and _process_identity(pid) == [pid, int(owner[1])]
+
+
+def stale_reason(state_file: Path = STATE_FILE) -> str | None:
+    """Why the cluster on this machine is stale and safe to remove, or None when it may be in use.
+
+    Stale means nobody can still be using it: the process that brought it up has
+    ended (or no state says who did), no process we started is alive and no
+    process runs inside any of its namespaces. A cluster from ``alpa-comm cluster
+    up`` always has Ray inside, so it is never judged stale while it works.
+    """
+    net = _load_quietly(state_file)
+    if net is not None and _owner_alive(net.owner):
+        return None
+    if net is not None and any(_alive(p) for p in net.pids):
+        return None
+    if any(namespace_pids(ns) for ns in existing_namespaces()):
+        return None
+    if net is None:
+        return "no state file names an owner and no process runs inside its namespaces"
+    if net.owner:
+        return f"its owner, PID {net.owner[0]}, has ended and no process runs inside it"
+    return "no process runs inside it and none it started is alive"
+
+
+def describe_existing(state_file: Path = STATE_FILE) -> str:
+    net = _load_quietly(state_file)
+    what = ", ".join(existing_namespaces()) or BRIDGE
+    if net is not None and _owner_alive(net.owner):
+        what += f"; brought up by PID {net.owner[0]}, still running"
+    return what
+
+
+def remove_existing(state_file: Path = STATE_FILE) -> None:
+    """Tear down whatever cluster is on this machine (what ``alpa-comm cluster down`` does)."""
+    net = _load_quietly(state_file) or EmulatedNetwork(len(existing_namespaces()), None, state_file)
+    net.down()
 
 
 def cpu_cgroup(host: int) -> Path:
