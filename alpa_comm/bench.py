@@ -177,7 +177,7 @@ def speedups(results: list[Result]) -> dict[tuple[str, str, str], dict[str, floa
     out = {}
     for r in results:
         out[(r.suite, r.case, r.method)] = {b: base[(r.suite, r.case, b)] / r.median_seconds
-                                            for b in ("alpa", "alpa_send_recv", "per_array")
+                                            for b in ("alpa", "alpa_send_recv", "per_array", "gather_broadcast")
                                             if (r.suite, r.case, b) in base}
     return out
 
@@ -239,6 +239,7 @@ def acceptance(results: list[Result]) -> list[tuple[str, bool, str]]:
                     f"{gain:.2f}x (median leaf {per.extra.get('median_leaf_bytes')} B)"))
         out.append((f"weight-sync {case}: joint balancing not slower than per-array",
                     joint.median_seconds <= per.median_seconds, f"{per.median_seconds / joint.median_seconds:.2f}x"))
+    out += _processes_acceptance(results, by)
     bc = [r for r in results if r.strategy in ("broadcast", "auto") and r.suite in ("n-to-m", "1-to-m")]
     for label, tolerance, pick in SIMULATOR_CHECKS:
         errs = [(abs(r.predicted_seconds - r.median_seconds) / r.median_seconds, r) for r in bc if pick(r)]
@@ -246,6 +247,29 @@ def acceptance(results: list[Result]) -> list[tuple[str, bool, str]]:
             worst_err, worst_r = max(errs, key=lambda e: e[0])
             out.append((f"simulator within {100 * tolerance:.0f} % of measured ({label})", worst_err <= tolerance,
                         f"worst {100 * worst_err:.0f} % ({worst_r.suite} case {worst_r.case}, {worst_r.method})"))
+    return out
+
+
+def _processes_acceptance(results: list[Result], by: dict) -> list[tuple[str, bool, str]]:
+    """Weight sync in the user's own processes (``--mode processes``): the planned sync near
+    the bound into the busiest receiving host, far ahead of gather-then-broadcast, and
+    bfloat16 on the wire moving half the bytes."""
+    out, suite = [], "weight-sync-processes"
+    for case in dict.fromkeys(r.case for r in results if r.suite == suite):
+        planned = by[(suite, case, "planned")]
+        ratio = planned.median_seconds / planned.lower_bound_seconds
+        out.append((f"weight-sync (processes) {case}: planned within 1.2x of the bound into the busiest host",
+                    ratio <= 1.2, f"{ratio:.2f}x"))
+        gb = by[(suite, case, "gather_broadcast")].median_seconds / planned.median_seconds
+        out.append((f"weight-sync (processes) {case}: planned >= 3x faster than gather + gloo broadcast", gb >= 3,
+                    f"{gb:.2f}x (vs gather + pipelined broadcast: "
+                    f"{by[(suite, case, 'gather_pipelined')].median_seconds / planned.median_seconds:.2f}x, "
+                    f"vs per-leaf: {by[(suite, case, 'per_leaf')].median_seconds / planned.median_seconds:.2f}x)"))
+        half = by[(suite, case, "planned_bf16")]
+        out.append((f"weight-sync (processes) {case}: bfloat16 on the wire moves half the bytes",
+                    half.nbytes * 2 == planned.nbytes,
+                    f"{half.nbytes / 2**20:.1f} of {planned.nbytes / 2**20:.1f} MiB, "
+                    f"{planned.median_seconds / half.median_seconds:.2f}x faster"))
     return out
 
 

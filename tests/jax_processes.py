@@ -10,29 +10,21 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
 import sys
 import tempfile
-import time
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
 
 WORKER = r'''
 import json, os, sys, time
 import numpy as np
-rank, world, devices = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+from alpa_comm.jax.launch import worker_init
+rank, world, devices = worker_init(x64=True)  # float64/int64 cases stay 64-bit
 import jax
-jax.config.update("jax_num_cpu_devices", devices)
-jax.config.update("jax_enable_x64", True)  # float64/int64 cases stay 64-bit
-jax.distributed.initialize(coordinator_address=sys.argv[4], num_processes=world, process_id=rank)
 from jax.sharding import Mesh, NamedSharding
 from alpa_comm import ShardingSpec
 from alpa_comm.jax import JaxHosts, reshard, reshard_tree
 from alpa_comm.runtime.backend import CommunicationError
 hosts = JaxHosts(jax.devices())
-cases = json.loads(open(sys.argv[5]).read())
+cases = json.loads(open(sys.argv[1]).read())
 
 def sharding(side, ndim):
     ids = np.array(side["ids"])
@@ -99,50 +91,18 @@ if killed:
 '''
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run(world: int, devices: int, cases: list[dict], timeout: float = 240,
-        network=None) -> list[list[dict] | None]:
-    """Every rank's results (None for a rank that died); the test decides what that means.
-    ``network``: an ``EmulatedNetwork`` that is up: rank i runs as emulated host i (in its
-    namespace, over its shaped NIC); else all ranks on loopback."""
-    from alpa_comm.runtime.emulated import netns
+        network=None) -> list[tuple[list[dict] | None, str]]:
+    """Every rank's (results or None for a rank that died, the end of its stderr); the test
+    decides what that means. ``network``: an ``EmulatedNetwork`` that is up: rank i runs
+    as emulated host i (in its namespace, over its shaped NIC); else all on loopback."""
+    from alpa_comm.jax.launch import launch
 
-    coordinator = netns.host_ip(0) if network else "127.0.0.1"
-    address = f"{coordinator}:{free_port() if not network else 7000 + os.getpid() % 1000}"
-    base_env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(cases, f)
     os.chmod(f.name, 0o644)
-    procs = []
-    for r in range(world):
-        env = dict(base_env, GLOO_SOCKET_IFNAME=netns.host_ifname(r) if network else "lo")
-        if network:
-            env["ALPA_COMM_GROUP_ADDR"] = netns.host_ip(r)
-        prefix = network.exec_prefix(r) if network else []
-        procs.append(subprocess.Popen(prefix + [sys.executable, "-c", WORKER, str(r), str(world), str(devices),
-                                                address, f.name], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True, env=env))
-        if network:
-            network.track(procs[-1].pid)
-    outs = []
-    deadline = time.monotonic() + timeout
     try:
-        for p in procs:
-            try:
-                out, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                out, err = p.communicate()
-            line = next((ln for ln in out.splitlines() if ln.startswith("RESULT ")), None)
-            outs.append((json.loads(line[7:]) if line else None, err[-3000:]))
+        outs = launch(world, devices, [sys.executable, "-c", WORKER, f.name], network=network, timeout=timeout)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
         os.unlink(f.name)
-    return outs
+    return [(json.loads(o.lines("RESULT ")[0]) if o.lines("RESULT ") else None, o.stderr[-3000:]) for o in outs]

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import sys
+import time
 from pathlib import Path
 
+from ..errors import AlpaCommError
 from ..topology import ClusterSpec
 from .options import (add_alpa_baseline_arg, add_emulated_host_args, add_live_cluster_args, add_schedule_args,
                       add_strategy_arg, alpa_baseline, reject_unused)
@@ -38,8 +41,12 @@ def _register_bench(sub) -> None:
                    help=f"all = {', '.join(suites.SUITES)}; weight-sync = per-array vs coalesced pytree resharding")
     add_live_cluster_args(p, "emulated", "emulated (root + iproute2), local, or ray://ADDR of a running Ray cluster",
                           hosts_default=5, devices_default=4)
+    p.add_argument("--mode", choices=["cluster", "processes"], default="cluster",
+                   help="cluster: tensors in alpa_comm's own host workers (default); processes: weight sync "
+                        "between the user's own JAX processes (alpa_comm.jax), with --suite weight-sync only, "
+                        "against gather-to-one-rank-then-broadcast and per-leaf transfers")
     p.add_argument("--size-mb", type=number(0, exclusive=True, maximum=1 << 20), default=64,
-                   help="tensor size in MiB (default 64)")
+                   help="tensor size in MiB (default 64; processes mode: the model's size)")
     p.add_argument("--repeat", type=count(1, 10_000), default=3,
                    help="timed runs per method after one warm-up (default 3)")
     p.add_argument("--timeout", type=number(0, exclusive=True), default=30,
@@ -135,6 +142,8 @@ def cmd_bench(args) -> int:
 
     names = bench.SUITE_NAMES if args.suite == "all" else (args.suite,)
     _reject_emulated_only(args)
+    if args.mode == "processes":
+        return _bench_processes(args)
     if args.cluster.startswith("ray://"):
         reject_unused(args, {"hosts": "--hosts"}, "with a running Ray cluster (its hosts are what it has)")
     if args.cluster in ("emulated", "local"):  # a connected cluster is checked once its size is known
@@ -155,6 +164,34 @@ def cmd_bench(args) -> int:
     print(acceptance_table(results))
     if baseline_note(results):
         print(f"\n{baseline_note(results)}.")
+    paths = write_bench_outputs(results, desc, Path(args.out))
+    print("\nwrote " + ", ".join(str(p) for p in paths.values()))
+    return 0
+
+
+def _bench_processes(args) -> int:
+    """``--mode processes``: the weight-sync suite in six JAX processes of our own."""
+    from ..jax import sync_bench  # noqa: PLC0415
+    from ..report.bench_results import acceptance_table, results_table, write_bench_outputs  # noqa: PLC0415
+    if args.suite != "weight-sync":
+        raise AlpaCommError(f"--mode processes runs the weight-sync suite only, not --suite {args.suite}")
+    if args.cluster not in ("emulated", "local"):
+        raise AlpaCommError(f"--mode processes starts its own processes: --cluster emulated or local, "
+                            f"not {args.cluster!r}")
+    reject_unused(args, {"hosts": "--hosts", "devices_per_host": "--devices-per-host",
+                         "alpa_baseline": "--alpa-baseline"},
+                  f"with --mode processes ({sync_bench.WORLD} processes x {sync_bench.DEVICES} devices, no Alpa)")
+    t0 = time.monotonic()
+
+    def say(msg: str) -> None:
+        print(f"[{time.monotonic() - t0:5.0f} s] {msg}", file=sys.stderr, flush=True)
+    results, desc = sync_bench.run(None if args.nic == "none" else args.nic, args.size_mb, args.repeat,
+                                   timeout=args.timeout, emulated=args.cluster == "emulated", progress=say)
+    print(f"\nalpa-comm bench --mode processes on {desc['description']}; one process-to-process copy: "
+          f"{desc['measured_copy_gbps']:.3f} Gbit/s (the lower bounds use it)\n")
+    print(results_table(results))
+    print()
+    print(acceptance_table(results))
     paths = write_bench_outputs(results, desc, Path(args.out))
     print("\nwrote " + ", ".join(str(p) for p in paths.values()))
     return 0

@@ -19,12 +19,14 @@ def results_table(results: list[Result]) -> str:
     for r in results:
         s = sp[(r.suite, r.case, r.method)]
         spread = f"{min(r.seconds):.3f}-{max(r.seconds):.3f}"
+        base = next((s[b] for b in ("alpa", "per_array", "gather_broadcast") if b in s), float("nan"))
+        simulated = fmt_seconds(r.predicted_seconds) if r.predicted_seconds == r.predicted_seconds else "-"
         rows.append([r.suite, r.case, r.method, fmt_seconds(r.median_seconds), spread, f"{r.gbps:.3f}",
                      f"{r.median_seconds / r.lower_bound_seconds:.2f}" if carries_data(r.strategy) else "-",
-                     f"{s.get('alpa', s.get('per_array', float('nan'))):.2f}x", fmt_seconds(r.predicted_seconds),
+                     f"{base:.2f}x", simulated,
                      "yes" if r.verified else ("n/a" if r.verified is None else "NO")])
     return table(["suite", "case", "method", "median", "spread (s)", "effective Gbit/s", "x lower bound",
-                  "speedup vs alpa (weight-sync: vs per_array)", "simulator", "verified"], rows)
+                  "speedup vs alpa (weight-sync: per_array; processes: gather_broadcast)", "simulator", "verified"], rows)
 
 
 def write_bench_outputs(results: list[Result], cluster_desc: dict, out: Path) -> dict[str, Path]:
@@ -35,7 +37,8 @@ def write_bench_outputs(results: list[Result], cluster_desc: dict, out: Path) ->
     js = out / "results.json"
     tmp = js.with_suffix(".tmp")
     tmp.write_text(json.dumps({"cluster": cluster_desc, "results": [
-        {k: v for k, v in asdict(r).items() if k != "extra" or v} for r in results]}, indent=1))
+        {k: (None if v != v else v) for k, v in asdict(r).items() if k != "extra" or v}  # NaN: not simulated
+        for r in results]}, indent=1))
     tmp.replace(js)
     paths["json"] = js
     md = out / "results.md"

@@ -8,8 +8,9 @@ host; ``send``/``recv`` are the blocking forms; plus ``barrier`` and
 differ only in the primitive calls.
 
 * ``GlooBackend``: ``torch.distributed`` gloo on CPU tensors, zero-copy from
-  NumPy (``torch.from_numpy``). gloo's own broadcast is one-to-all and does
-  not pipeline, so chunked broadcasts are built from isend/irecv.
+  NumPy (``torch.from_numpy``). gloo's own broadcast (``gloo::broadcast``, what
+  torch's ProcessGroupGloo calls) sends the whole buffer along a binomial tree
+  and does not pipeline, so chunked broadcasts are built from isend/irecv.
 * ``NcclBackend``: CuPy ``NcclCommunicator`` send/recv on a CUDA stream, for
   CuPy buffers; imported lazily, exercised only where a GPU exists.
 * ``ThreadBackend``: ranks as threads of one process, for fast tests of the
@@ -110,6 +111,18 @@ def ring_allreduce_sum(backend: Backend, flat: np.ndarray, hosts: Sequence[int],
 
 
 # ------------------------------------------------------------------------ gloo
+def _readable_tensor(buf):
+    """A torch view of ``buf`` for sending: a read-only array (a jax.Array's host view) is
+    shared as is, without torch's warning about writes (a send never writes)."""
+    import warnings  # noqa: PLC0415
+
+    import torch  # noqa: PLC0415
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(buf)
+
+
 def gloo_handle(rank: int, work, peer: int | str, what: str) -> Handle:
     """A handle on a gloo ``Work``: its wait is bounded and names the peer host."""
     def wait(timeout: float) -> None:
@@ -144,9 +157,7 @@ class GlooBackend(Backend):
         return gloo_handle(self.rank, work, peer, what)
 
     def isend(self, buf, peer, tag):
-        import torch  # noqa: PLC0415
-
-        return self._handle(self._dist.isend(torch.from_numpy(buf), peer, tag=tag), peer, "sending to")
+        return self._handle(self._dist.isend(_readable_tensor(buf), peer, tag=tag), peer, "sending to")
 
     def irecv(self, buf, peer, tag):
         import torch  # noqa: PLC0415
@@ -250,9 +261,7 @@ class GlooSubgroupBackend(Backend):
             raise CommunicationError(f"host {self.rank}: host {peer} is not in this group {self.hosts}") from None
 
     def isend(self, buf, peer, tag):
-        import torch  # noqa: PLC0415
-
-        return self._handle(self._pg.send([torch.from_numpy(buf)], self._peer(peer), tag), peer, "sending to")
+        return self._handle(self._pg.send([_readable_tensor(buf)], self._peer(peer), tag), peer, "sending to")
 
     def irecv(self, buf, peer, tag):
         import torch  # noqa: PLC0415
@@ -264,6 +273,17 @@ class GlooSubgroupBackend(Backend):
             self._pg.barrier().wait(timedelta(seconds=timeout))
         except Exception as e:  # noqa: BLE001
             raise CommunicationError(f"host {self.rank}: barrier with hosts {self.hosts} failed: {e}") from e
+
+    def collective_broadcast(self, buf, root: int, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+        """gloo's own broadcast of ``buf`` (in place) from host ``root`` to every member: what
+        ``torch.distributed.broadcast`` does on gloo (a binomial tree, the whole buffer each
+        round). Not used by plans; it is the gather-then-broadcast baseline's second half."""
+        import torch  # noqa: PLC0415
+        import torch.distributed as dist  # noqa: PLC0415
+
+        opts = dist.BroadcastOptions()
+        opts.rootRank, opts.rootTensor = self._peer(root), 0
+        self._handle(self._pg.broadcast([torch.from_numpy(buf)], opts), root, "broadcast from").wait(timeout)
 
 
 # ------------------------------------------------------------------------ nccl

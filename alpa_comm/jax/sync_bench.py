@@ -1,0 +1,276 @@
+"""``alpa-comm bench --suite weight-sync --mode processes``: weight sync between the user's
+own JAX processes, our planned sync against what RL systems do without it.
+
+Six ``jax.distributed`` processes, one per emulated host, 2 CPU devices each (the
+launcher: ``alpa_comm.jax.launch``). A training group (hosts 0-1, mesh (data=2,
+fsdp=2), every weight sharded FSDP-style along dim 0 over its 4 devices) pushes a
+transformer's weights to inference replicas on hosts 2-5, in two layouts:
+
+* ``tp-in-host``: 4 replicas, each tensor-parallel over one host's 2 devices (mesh
+  (replica=4, tp=2)): every inference host needs the whole model;
+* ``tp-across-hosts``: 2 replicas, each tensor-parallel over 2 hosts x 2 devices (mesh
+  (replica=2, tp=4)): every inference host needs half of it.
+
+Methods, each run by every process that takes part, timed from a common barrier to the
+last process's end (the run's time is the slowest process's):
+
+* ``planned``: one ``reshard_tree`` call (one jointly balanced plan, made once and cached,
+  small leaves packed, chunk-pipelined broadcasts);
+* ``planned_bf16``: the same with ``wire_dtype="bfloat16"`` (half the bytes; receivers
+  get float32 values rounded to bfloat16);
+* ``per_leaf``: one ``reshard`` call per weight (each planned once and cached);
+* ``gather_broadcast``: the common baseline: every weight gathered whole on process 0,
+  then ``torch.distributed``'s gloo broadcast of each whole weight to every inference
+  process (gloo's algorithm: a binomial tree, the whole buffer each round), each of which
+  cuts out its own shards;
+* ``gather_pipelined``: the same gather, then one chunk-pipelined broadcast of every
+  whole weight to the inference hosts (what NCCL's ring broadcast does on GPUs: the
+  baseline at its best).
+
+The lower bound of a layout is the bytes the busiest inference host must receive divided
+by the NIC rate (measured in the same run: one process-to-process copy). Every received
+shard is compared with the NumPy reference (bit-exact; ``planned_bf16`` against the
+values rounded to bfloat16).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+WORLD, DEVICES, TRAIN, INFER = 6, 2, (0, 1), (2, 3, 4, 5)
+LAYOUTS = {"tp-in-host": (4, 2), "tp-across-hosts": (2, 4)}  # inference mesh (replica, tp)
+METHODS = ("planned", "planned_bf16", "per_leaf", "gather_broadcast", "gather_pipelined")
+BASELINES = ("gather_broadcast", "gather_pipelined")
+WIDTH = 256
+
+
+def model(size_mb: float, width: int = WIDTH, seed: int = 0) -> dict[str, np.ndarray]:
+    """A transformer's weights, flat by name, about ``size_mb`` MiB of float32: per layer
+    attention (4 d x d) and MLP (d x 4d, 4d x d) matrices plus two norm vectors."""
+    per_layer = 12 * width * width * 4
+    layers = max(1, round(size_mb * 2**20 / per_layer))
+    rng = np.random.default_rng(seed)
+    out = {}
+    for i in range(layers):
+        for k in ("wq", "wk", "wv", "wo"):
+            out[f"l{i}.attn.{k}"] = rng.standard_normal((width, width), dtype=np.float32)
+        out[f"l{i}.mlp.w1"] = rng.standard_normal((width, 4 * width), dtype=np.float32)
+        out[f"l{i}.mlp.w2"] = rng.standard_normal((4 * width, width), dtype=np.float32)
+        out[f"l{i}.norm1"] = rng.standard_normal((width,), dtype=np.float32)
+        out[f"l{i}.norm2"] = rng.standard_normal((width,), dtype=np.float32)
+    return out
+
+
+def host_bytes_in(weights: dict[str, np.ndarray], replica: int, tp: int) -> dict[int, int]:
+    """Bytes each inference host must receive (the union of its devices' shards): matrices
+    split by column over ``tp`` devices, vectors whole on every device."""
+    hosts_per_replica = tp // DEVICES
+    out = {h: 0 for h in INFER[: replica * hosts_per_replica]}
+    for w in weights.values():
+        share = w.nbytes // hosts_per_replica if w.ndim == 2 else w.nbytes
+        for h in out:
+            out[h] += share
+    return out
+
+
+# ------------------------------------------------------------------ one process
+def _worker(config_path: str) -> int:
+    from .launch import worker_init
+
+    rank, world, _ = worker_init()
+    import jax
+    from jax._src import distributed
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    from . import default_group, reshard, reshard_tree
+    from ..runtime.executor import numpy_dtype
+
+    cfg = json.loads(Path(config_path).read_text())
+    client = distributed.global_state.client
+    weights = model(cfg["size_mb"])
+    names = list(weights)
+    devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+    of = {p: [d for d in devices if d.process_index == p] for p in range(world)}
+    train = Mesh(np.array(of[0] + of[1]).reshape(2, 2), ("data", "fsdp"))
+    in_train = rank in TRAIN
+    params = {k: jax.make_array_from_callback(w.shape, NamedSharding(train, P(("data", "fsdp"))),
+                                              lambda idx, w=w: w[idx], dtype=w.dtype)
+              for k, w in weights.items()}
+    bf16 = {k: w.astype(numpy_dtype("bfloat16")).astype(np.float32) for k, w in weights.items()}
+    barrier_n = [0]
+
+    def barrier():
+        barrier_n[0] += 1
+        client.wait_at_barrier(f"alpa_comm/sync_bench/{barrier_n[0]}", 600_000)
+
+    def check(got: dict, want: dict) -> int:
+        return sum(not np.array_equal(np.asarray(s.data), want[k][s.index])
+                   for k, y in got.items() for s in y.addressable_shards)
+
+    report = {"rank": rank, "layouts": {}}
+    # the NIC rate as processes see it: one whole-model-sized copy, process 0 -> process 1
+    one = NamedSharding(Mesh(np.array(of[0][:1]), ("x",)), P())
+    to1 = NamedSharding(Mesh(np.array(of[1][:1]), ("x",)), P())
+    probe = jax.make_array_from_callback((int(cfg["size_mb"] * 2**18),), one,
+                                         lambda idx: np.ones(int(cfg["size_mb"] * 2**18), np.float32)[idx],
+                                         dtype=np.float32)
+    copies = []
+    for i in range(cfg["repeat"] + 1):
+        barrier()
+        t0 = time.perf_counter()
+        if rank in (0, 1):
+            reshard(probe, to1, strategy="send_recv")
+        copies.append(time.perf_counter() - t0)
+    report["copy"] = {"bytes": probe.nbytes, "seconds": copies[1:]}
+
+    for layout, (replica, tp) in LAYOUTS.items():
+        infer_ids = [d for p in INFER for d in of[p]]
+        infer = Mesh(np.array(infer_ids).reshape(replica, tp), ("replica", "tp"))
+        hosts = {d.process_index for d in infer.devices.flat}
+        targets = {k: NamedSharding(infer, P(None, "tp") if w.ndim == 2 else P()) for k, w in weights.items()}
+        mine = in_train or rank in hosts
+        firsts = [of[p][0] for p in sorted(hosts)]
+        root = NamedSharding(Mesh(np.array(of[0][:1]), ("x",)), P())
+        fanout = NamedSharding(Mesh(np.array(firsts), ("x",)), P())
+        rows = {}
+        for method in METHODS:
+            seconds, wrong = [], 0
+            for i in range(cfg["repeat"] + 1):
+                barrier()
+                t0 = time.perf_counter()
+                got = None
+                if mine and method == "planned":
+                    got = reshard_tree(params, targets)
+                elif mine and method == "planned_bf16":
+                    got = reshard_tree(params, targets, wire_dtype="bfloat16", dtype="float32")
+                elif mine and method == "per_leaf":
+                    got = {k: reshard(params[k], targets[k]) for k in names}
+                elif mine and method in BASELINES:
+                    full = None
+                    if in_train:  # 1. every weight whole on process 0
+                        full = reshard_tree(params, {k: root for k in names}, strategy="send_recv",
+                                            bucket_bytes=None)
+                    if rank == 0 or rank in hosts:  # 2. whole weights to every inference process
+                        if method == "gather_broadcast":
+                            backend = default_group().backend({0} | hosts)
+                            bufs = {}
+                            for k in names:
+                                buf = (np.array(full[k].addressable_shards[0].data) if rank == 0
+                                       else np.empty(weights[k].shape, np.float32))
+                                backend.collective_broadcast(buf, 0, timeout=cfg["timeout"])
+                                bufs[k] = buf
+                        else:
+                            spread = reshard_tree(
+                                full if rank == 0 else {k: _placeholder(weights[k], root) for k in names},
+                                {k: fanout for k in names}, strategy="broadcast")
+                            bufs = ({k: np.asarray(spread[k].addressable_shards[0].data) for k in names}
+                                    if rank in hosts else {})
+                        if rank in hosts:  # 3. each cuts out its own shards
+                            got = {k: jax.make_array_from_callback(weights[k].shape, targets[k],
+                                                                   lambda idx, b=bufs[k]: b[idx], dtype=np.float32)
+                                   for k in names}
+                    if got is not None:
+                        jax.block_until_ready(got)
+                seconds.append(time.perf_counter() - t0)
+                if got is not None and rank in hosts:
+                    wrong += check(got, bf16 if method == "planned_bf16" else weights)
+            rows[method] = {"seconds": seconds[1:], "wrong": wrong, "checked": rank in hosts}
+            if rank == 0:
+                print(f"progress: {layout}: {method} done ({cfg['repeat'] + 1} runs)", file=sys.stderr, flush=True)
+        report["layouts"][layout] = rows
+    print("RESULT " + json.dumps(report), flush=True)
+    jax.distributed.shutdown()
+    return 0
+
+
+def _placeholder(w: np.ndarray, root):
+    """What a process that holds none of a gathered weight passes for it: an array of the
+    right shape and sharding with no shards of its own (it only receives)."""
+    import jax
+
+    return jax.make_array_from_single_device_arrays(w.shape, root, [], dtype=w.dtype)
+
+
+# ------------------------------------------------------------------ the driver
+def run(nic: str | None, size_mb: float, repeat: int, timeout: float = 60.0, emulated: bool = True,
+        progress=None) -> tuple[list, dict]:
+    """Launch the six processes (on the emulated cluster, or on loopback), collect their
+    reports, and return (``bench.Result`` rows, a description of the run)."""
+    from ..bench import Result, VerificationError
+    from ..runtime.emulated import netns
+    from ..runtime.emulated.launch import teardown_emulated
+    from .launch import launch, python_command
+
+    say = progress or (lambda msg: None)
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump({"size_mb": size_mb, "repeat": repeat, "timeout": timeout}, f)
+    Path(f.name).chmod(0o644)
+    network = netns.EmulatedNetwork(WORLD, nic).up() if emulated else None
+    try:
+        say(f"{WORLD} JAX processes ({'emulated hosts, NIC ' + str(nic) if emulated else 'loopback'}), "
+            f"{size_mb:g} MiB of weights, {len(LAYOUTS)} layouts x {len(METHODS)} methods x {repeat + 1} runs")
+        t0 = time.monotonic()
+        outs = launch(WORLD, DEVICES, python_command(__name__, "--worker", f.name), network=network,
+                      timeout=max(300.0, 40 * (repeat + 1) * size_mb / 8), fail_fast=True, progress=say)
+        say(f"processes done in {time.monotonic() - t0:.0f} s")
+    finally:
+        if network is not None:
+            teardown_emulated(network)
+        Path(f.name).unlink(missing_ok=True)
+    reports = []
+    for o in outs:
+        if not o.lines("RESULT "):
+            raise RuntimeError(f"process {o.rank} (host {o.rank}) ended without a result (exit code "
+                               f"{o.returncode}):\n{o.stderr[-2000:]}")
+        reports.append(json.loads(o.lines("RESULT ")[0]))
+    copy = reports[1]["copy"]
+    copy_s = statistics.median(max(r["copy"]["seconds"][i] for r in reports[:2]) for i in range(repeat))
+    rate = copy["bytes"] / copy_s  # bytes/s one process sends another
+    weights = model(size_mb)
+    nbytes = sum(w.nbytes for w in weights.values())
+    results = []
+    for layout, (replica, tp) in LAYOUTS.items():
+        into = host_bytes_in(weights, replica, tp)
+        bound = max(into.values()) / rate
+        for method in METHODS:
+            runs = [max(r["layouts"][layout][method]["seconds"][i] for r in reports) for i in range(repeat)]
+            wrong = sum(r["layouts"][layout][method]["wrong"] for r in reports)
+            if wrong:
+                raise VerificationError(f"weight-sync (processes) {layout}, {method}: {wrong} shards wrong")
+            results.append(Result("weight-sync-processes", layout, method,
+                                  "broadcast" if method != "gather_broadcast" else "send_recv", "auto", runs,
+                                  statistics.median(runs), bound, float("nan"),
+                                  nbytes // (2 if method == "planned_bf16" else 1), True,
+                                  {"busiest_host_in_bytes": max(into.values()), "leaves": len(weights)}))
+    desc = {"kind": "emulated" if emulated else "local", "processes": WORLD, "devices_per_process": DEVICES,
+            "nic": nic, "measured_copy_gbps": rate * 8 / 1e9, "size_mb": size_mb, "repeat": repeat,
+            "description": f"{WORLD} JAX processes x {DEVICES} CPU devices"
+                           + (f", NIC {nic}" if emulated else ", loopback")}
+    return results, desc
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description="one process of the weight-sync processes benchmark "
+                                            "(run by 'alpa-comm bench --suite weight-sync --mode processes')")
+    p.add_argument("--worker", required=True, help="the benchmark's JSON configuration")
+    args = p.parse_args(argv)
+    try:
+        return _worker(args.worker)
+    except BaseException:  # noqa: BLE001 - say why, then leave without JAX's shutdown barrier
+        import os
+        import traceback
+
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
