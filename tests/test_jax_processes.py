@@ -127,3 +127,38 @@ def test_a_process_killed_mid_transfer_is_named_within_60_s(hosts, dead):
         assert not out[0].get("error") and not out[0]["wrong"], out[0]
         r = out[1]
         assert "error" in r and f"host {dead}" in r["error"] and r["seconds"] < 60, r
+
+
+def test_the_weight_sync_processes_bench_verifies_every_method(tmp_path):
+    """``alpa-comm bench --suite weight-sync --mode processes`` on loopback (its regime is the
+    emulated cluster; here only that it runs, verifies every shard and writes its files)."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "alpa_comm.cli", "bench", "--suite", "weight-sync", "--mode",
+                           "processes", "--cluster", "local", "--size-mb", "1", "--repeat", "1", "--out",
+                           str(tmp_path)], capture_output=True, text=True, timeout=500)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads((tmp_path / "results.json").read_text())["results"]
+    from alpa_comm.jax.sync_bench import LAYOUTS, METHODS
+    assert {(r["case"], r["method"]) for r in rows} == {(c, m) for c in LAYOUTS for m in METHODS}
+    assert all(r["verified"] and r["lower_bound_seconds"] > 0 for r in rows)
+    half = {r["case"]: r["nbytes"] for r in rows if r["method"] == "planned_bf16"}
+    assert all(2 * half[r["case"]] == r["nbytes"] for r in rows if r["method"] == "planned")
+    assert "progress" not in done.stderr and "planned done" in done.stderr  # rank 0's progress, passed on
+    assert (tmp_path / "weight_sync_processes.png").exists()
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--suite", "n-to-m"], "weight-sync suite only"),
+    (["--suite", "weight-sync", "--cluster", "ray://h:1"], "emulated or local"),
+    (["--suite", "weight-sync", "--hosts", "3"], "--hosts does nothing with --mode processes"),
+])
+def test_the_processes_bench_refuses_what_it_cannot_do(argv, message):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "alpa_comm.cli", "bench", "--mode", "processes", *argv],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and message in done.stderr, done.stderr[-2000:]

@@ -187,8 +187,9 @@ def _bench_processes(args) -> int:
         print(f"[{time.monotonic() - t0:5.0f} s] {msg}", file=sys.stderr, flush=True)
     results, desc = sync_bench.run(None if args.nic == "none" else args.nic, args.size_mb, args.repeat,
                                    timeout=args.timeout, emulated=args.cluster == "emulated", progress=say)
-    print(f"\nalpa-comm bench --mode processes on {desc['description']}; one process-to-process copy: "
-          f"{desc['measured_copy_gbps']:.3f} Gbit/s (the lower bounds use it)\n")
+    print(f"\nalpa-comm bench --mode processes on {desc['description']}; process-to-process copies move "
+          f"{desc['measured_copy_gbps']:.3f} Gbit/s (the slope between two sizes; the lower bounds use it) "
+          f"after {1e3 * desc['fixed_seconds_per_call']:.0f} ms that every call costs\n")
     print(results_table(results))
     print()
     print(acceptance_table(results))

@@ -76,7 +76,8 @@ class ProcessGroup:
     """This process's membership (``rank`` of ``world_size``) of a resharding group."""
 
     def __init__(self, rank: int, world_size: int, address: str | None = None, backend: str = "gloo",
-                 timeout: float = DEFAULT_TIMEOUT_S, nic_gbps: float = 10.0, _kv=None, _name: str = "group"):
+                 timeout: float = DEFAULT_TIMEOUT_S, nic_gbps: float = 10.0, latency_s: float = 20e-6, _kv=None,
+                 _name: str = "group"):
         if backend not in BACKENDS:
             raise InvalidOptionError(f"backend {backend!r} is not available; choose one of {', '.join(BACKENDS)}")
         if not (isinstance(world_size, int) and world_size >= 1 and isinstance(rank, int)
@@ -84,7 +85,12 @@ class ProcessGroup:
             raise InvalidOptionError(f"rank {rank!r} must be in [0, world_size) with world_size {world_size!r} >= 1")
         if not (isinstance(timeout, (int, float)) and timeout > 0):
             raise InvalidOptionError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        if not (isinstance(nic_gbps, (int, float)) and nic_gbps > 0):
+            raise InvalidOptionError(f"nic_gbps must be a positive number (Gbit/s), got {nic_gbps!r}")
+        if not (isinstance(latency_s, (int, float)) and latency_s >= 0):
+            raise InvalidOptionError(f"latency_s must be a number of seconds >= 0, got {latency_s!r}")
         self.rank, self.world_size, self.timeout, self.nic_gbps = rank, world_size, float(timeout), nic_gbps
+        self.latency_s = float(latency_s)  # what one message costs beyond its bytes: sets chunk and bucket sizes
         self.address, self.name = address, _name
         self._subgroups: dict[tuple[int, ...], GlooSubgroupBackend] = {}
         self._stores: list = []

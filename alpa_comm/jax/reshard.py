@@ -2,7 +2,9 @@
 every process of both meshes.
 
 The source and destination ``NamedSharding`` become placements (``placement``), one plan
-is made (the same planner as everywhere, cached: a weight sync that repeats plans once),
+is made (the same planner as everywhere) and, with this process's share of it and the
+layouts, cached by the tree's shapes, types and shardings: a weight sync that repeats
+prepares once,
 and this process runs its host's share of it with the runtime's ``HostExecutor`` over the
 group's backend: from its addressable source shards (read as NumPy) into fresh buffers
 for its addressable destination devices, which become the result's shards. Processes in
@@ -10,6 +12,9 @@ neither mesh do not call. A peer that dies mid-transfer ends in a ``Communicatio
 naming it, within the group's timeout.
 """
 from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -47,20 +52,64 @@ def reshard_tree(tree, dst_tree, *, group: ProcessGroup | None = None, strategy:
     senders cast their shards, round to nearest even; half the bytes from float32);
     ``dtype``: the type the results have (default: each leaf's own), so a float32 model
     can be received as float32 after a bfloat16 trip, or kept in bfloat16."""
-    import jax  # noqa: PLC0415
-
     group = group or default_group()
     leaves = tree_flatten(tree)
     dsts = dict(tree_flatten(dst_tree, is_leaf=_is_notation_pair))
     if set(dsts) != {p for p, _ in leaves}:
         raise InvalidOptionError(f"the destination tree's leaves {sorted(dsts)} do not match the array tree's "
                                  f"{sorted(p for p, _ in leaves)}")
+    prep = _prepare(leaves, dsts, group, strategy, bucket_bytes, wire_dtype)
+    src = [_local_shards(x, prep.hosts, wire) for (_, x), wire in zip(leaves, prep.wires)]
+    dst = [lay.empty_destinations(prep.job.is_local) for lay in prep.layouts]
+    backend = group.backend(prep.participants)
+    try:
+        HostExecutor(group.rank, prep.layouts, src, dst, backend, prep.job.host_of, timeout or group.timeout,
+                     prep.job.min_rate).run(prep.job.transfers)
+    except CommunicationError as e:
+        first = backend.report_failure(str(e))
+        if first != str(e):
+            raise CommunicationError(f"{e}; the group's first failure: {first}") from e
+        raise
+    want = None if dtype is None else numpy_dtype(dtype) if isinstance(dtype, str) else np.dtype(dtype)
+    return tree_unflatten(tree, _assemble([x for _, x in leaves], want, prep.shardings, dst, prep.hosts))
+
+
+@dataclass
+class _Prepared:
+    """Everything a call needs that depends only on the tree's shapes, types and shardings:
+    made once per distinct call and cached, so a weight sync that repeats every step pays
+    for planning, placements and layouts once (not only for the plan)."""
+
+    hosts: JaxHosts
+    shardings: list
+    wires: list
+    job: HostJob
+    participants: frozenset
+    layouts: list
+
+
+_PREPARED: OrderedDict = OrderedDict()
+PREPARED_CACHE_SIZE = 64
+
+
+def _prepare(leaves, dsts: dict, group: ProcessGroup, strategy: str, bucket_bytes, wire_dtype) -> _Prepared:
+    import jax  # noqa: PLC0415
+
+    key = (group.rank, group.world_size, group.nic_gbps, group.latency_s, strategy, bucket_bytes, str(wire_dtype),
+           tuple((path, tuple(x.shape), str(x.dtype), x.sharding, _hashable(dsts[path])) for path, x in leaves))
+    try:
+        hit = _PREPARED.get(key)
+    except TypeError:  # a sharding that cannot be hashed: prepare afresh
+        key, hit = None, None
+    if hit is not None:
+        _PREPARED.move_to_end(key)
+        return hit
     hosts = JaxHosts(jax.devices())
     if hosts.num_processes > group.world_size:
         raise InvalidOptionError(f"the program has {hosts.num_processes} processes but the group only "
                                  f"{group.world_size}")
     cluster = ClusterSpec(num_hosts=group.world_size, devices_per_host=hosts.devices_per_host,
-                          nic_send_gbps=group.nic_gbps)
+                          nic_send_gbps=group.nic_gbps, latency_s=group.latency_s)
     moves, shardings, wires = [], [], []
     for path, x in leaves:
         sharding = named_sharding(dsts[path], x.ndim)
@@ -76,25 +125,20 @@ def reshard_tree(tree, dst_tree, *, group: ProcessGroup | None = None, strategy:
                                strategy=strategy)
     else:  # a list keeps the leaves in order: plan leaf i is leaves[i]
         plan = plan_resharding_tree(moves, cluster=cluster, strategy=strategy, bucket_bytes=bucket_bytes)
-    job = HostJob.for_host(plan, group.rank)
-    participants = {h for leaf in plan.leaves for m in (leaf.resharding.src_mesh, leaf.resharding.dst_mesh)
-                    for h in m.hosts}
-    backend = group.backend(participants)
-    layouts = [Layout.of(leaf) for leaf in plan.leaves]
-    src = [_local_shards(x, hosts, wire) for (_, x), wire in zip(leaves, wires)]
-    dst = [lay.empty_destinations(job.is_local) for lay in layouts]
-    try:
-        HostExecutor(group.rank, layouts, src, dst, backend, job.host_of, timeout or group.timeout,
-                     job.min_rate).run(job.transfers)
-    except CommunicationError as e:
-        first = backend.report_failure(str(e))
-        if first != str(e):
-            raise CommunicationError(f"{e}; the group's first failure: {first}") from e
-        raise
-    want = None if dtype is None else numpy_dtype(dtype) if isinstance(dtype, str) else np.dtype(dtype)
-    out = [_assemble(x.shape, want or np.dtype(x.dtype), sharding, buffers, hosts)
-           for (_, x), sharding, buffers in zip(leaves, shardings, dst)]
-    return tree_unflatten(tree, out)
+    participants = frozenset(h for leaf in plan.leaves for m in (leaf.resharding.src_mesh, leaf.resharding.dst_mesh)
+                             for h in m.hosts)
+    prep = _Prepared(hosts, shardings, wires, HostJob.for_host(plan, group.rank), participants,
+                     [Layout.of(leaf) for leaf in plan.leaves])
+    if key is not None:
+        _PREPARED[key] = prep
+        while len(_PREPARED) > PREPARED_CACHE_SIZE:
+            _PREPARED.popitem(last=False)
+    return prep
+
+
+def _hashable(dst):
+    """A destination as a cache key part: a sharding, or (mesh, spec text)."""
+    return (dst[0], str(dst[1])) if _is_notation_pair(dst) else dst
 
 
 def _is_notation_pair(node) -> bool:
@@ -115,10 +159,19 @@ def _local_shards(x, hosts: JaxHosts, wire: np.dtype) -> dict[int, np.ndarray]:
     return {hosts.id_of(s.device): np.asarray(s.data).astype(wire, copy=False) for s in x.addressable_shards}
 
 
-def _assemble(shape, dtype, sharding, buffers: dict[int, np.ndarray], hosts: JaxHosts):
-    """The destination ``jax.Array`` from this process's received buffers (none: a process
-    that only sends gets an array without addressable shards)."""
+def _assemble(xs, want, shardings, buffers: list[dict[int, np.ndarray]], hosts: JaxHosts) -> list:
+    """The destination ``jax.Array`` of every leaf from this process's received buffers, in
+    ``want`` (None: each leaf's own type). All shards go to their devices in one batched
+    ``device_put`` (one call per shard costs about a millisecond; a weight sync has
+    hundreds). A process that only sends gets arrays without addressable shards."""
     import jax  # noqa: PLC0415
 
-    local = [jax.device_put(buf.astype(dtype, copy=False), hosts.device(d)) for d, buf in sorted(buffers.items())]
-    return jax.make_array_from_single_device_arrays(tuple(shape), sharding, local, dtype=dtype)
+    types = [want or np.dtype(x.dtype) for x in xs]
+    order = [(i, d) for i, bufs in enumerate(buffers) for d in sorted(bufs)]
+    placed = jax.device_put([buffers[i][d].astype(types[i], copy=False) for i, d in order],
+                            [hosts.device(d) for _, d in order]) if order else []
+    per_leaf: list[list] = [[] for _ in xs]
+    for (i, _), arr in zip(order, placed):
+        per_leaf[i].append(arr)
+    return [jax.make_array_from_single_device_arrays(tuple(x.shape), sharding, local, dtype=t)
+            for x, sharding, local, t in zip(xs, shardings, per_leaf, types)]

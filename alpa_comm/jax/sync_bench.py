@@ -49,6 +49,9 @@ LAYOUTS = {"tp-in-host": (4, 2), "tp-across-hosts": (2, 4)}  # inference mesh (r
 METHODS = ("planned", "planned_bf16", "per_leaf", "gather_broadcast", "gather_pipelined")
 BASELINES = ("gather_broadcast", "gather_pipelined")
 WIDTH = 256
+LATENCY_S = 1e-3
+"""What one message costs here beyond its bytes (Python, gloo and the tc queue on two shared
+cores): the planner's chunk and bucket sizes follow from it."""
 
 
 def model(size_mb: float, width: int = WIDTH, seed: int = 0) -> dict[str, np.ndarray]:
@@ -89,7 +92,7 @@ def _worker(config_path: str) -> int:
     from jax._src import distributed
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-    from . import default_group, reshard, reshard_tree
+    from . import ProcessGroup, reshard, reshard_tree
     from ..runtime.executor import numpy_dtype
 
     cfg = json.loads(Path(config_path).read_text())
@@ -115,20 +118,24 @@ def _worker(config_path: str) -> int:
                    for k, y in got.items() for s in y.addressable_shards)
 
     report = {"rank": rank, "layouts": {}}
-    # the NIC rate as processes see it: one whole-model-sized copy, process 0 -> process 1
-    one = NamedSharding(Mesh(np.array(of[0][:1]), ("x",)), P())
-    to1 = NamedSharding(Mesh(np.array(of[1][:1]), ("x",)), P())
-    probe = jax.make_array_from_callback((int(cfg["size_mb"] * 2**18),), one,
-                                         lambda idx: np.ones(int(cfg["size_mb"] * 2**18), np.float32)[idx],
-                                         dtype=np.float32)
-    copies = []
-    for i in range(cfg["repeat"] + 1):
-        barrier()
-        t0 = time.perf_counter()
-        if rank in (0, 1):
-            reshard(probe, to1, strategy="send_recv")
-        copies.append(time.perf_counter() - t0)
-    report["copy"] = {"bytes": probe.nbytes, "seconds": copies[1:]}
+    # the planner is told the NIC it runs on, and what a message costs beyond its bytes here
+    group = ProcessGroup.from_jax(nic_gbps=cfg["nic_gbps"], latency_s=cfg["latency_s"])
+    # the NIC rate as processes see it: copies of two sizes, process 0 -> process 1 (the
+    # slope between them leaves out what every call costs whatever its size)
+    src1 = NamedSharding(Mesh(np.array(of[0][:1]), ("x",)), P())
+    dst1 = NamedSharding(Mesh(np.array(of[1][:1]), ("x",)), P())
+    report["copies"] = {}
+    for n in (_elements(cfg["size_mb"]) // 4, _elements(cfg["size_mb"])):
+        probe = jax.make_array_from_callback((n,), src1, lambda idx, n=n: np.ones(n, np.float32)[idx],
+                                             dtype=np.float32)
+        copies = []
+        for i in range(cfg["repeat"] + 1):
+            barrier()
+            t0 = time.perf_counter()
+            if rank in (0, 1):
+                reshard(probe, dst1, group=group, strategy="send_recv")
+            copies.append(time.perf_counter() - t0)
+        report["copies"][str(n * 4)] = copies[1:]
 
     for layout, (replica, tp) in LAYOUTS.items():
         infer_ids = [d for p in INFER for d in of[p]]
@@ -147,19 +154,19 @@ def _worker(config_path: str) -> int:
                 t0 = time.perf_counter()
                 got = None
                 if mine and method == "planned":
-                    got = reshard_tree(params, targets)
+                    got = reshard_tree(params, targets, group=group)
                 elif mine and method == "planned_bf16":
-                    got = reshard_tree(params, targets, wire_dtype="bfloat16", dtype="float32")
+                    got = reshard_tree(params, targets, group=group, wire_dtype="bfloat16", dtype="float32")
                 elif mine and method == "per_leaf":
-                    got = {k: reshard(params[k], targets[k]) for k in names}
+                    got = {k: reshard(params[k], targets[k], group=group) for k in names}
                 elif mine and method in BASELINES:
                     full = None
                     if in_train:  # 1. every weight whole on process 0
-                        full = reshard_tree(params, {k: root for k in names}, strategy="send_recv",
+                        full = reshard_tree(params, {k: root for k in names}, group=group, strategy="send_recv",
                                             bucket_bytes=None)
                     if rank == 0 or rank in hosts:  # 2. whole weights to every inference process
                         if method == "gather_broadcast":
-                            backend = default_group().backend({0} | hosts)
+                            backend = group.backend({0} | hosts)
                             bufs = {}
                             for k in names:
                                 buf = (np.array(full[k].addressable_shards[0].data) if rank == 0
@@ -169,7 +176,7 @@ def _worker(config_path: str) -> int:
                         else:
                             spread = reshard_tree(
                                 full if rank == 0 else {k: _placeholder(weights[k], root) for k in names},
-                                {k: fanout for k in names}, strategy="broadcast")
+                                {k: fanout for k in names}, group=group, strategy="broadcast")
                             bufs = ({k: np.asarray(spread[k].addressable_shards[0].data) for k in names}
                                     if rank in hosts else {})
                         if rank in hosts:  # 3. each cuts out its own shards
@@ -188,6 +195,10 @@ def _worker(config_path: str) -> int:
     print("RESULT " + json.dumps(report), flush=True)
     jax.distributed.shutdown()
     return 0
+
+
+def _elements(size_mb: float) -> int:
+    return int(size_mb * 2**18)  # float32 elements in size_mb MiB
 
 
 def _placeholder(w: np.ndarray, root):
@@ -210,7 +221,8 @@ def run(nic: str | None, size_mb: float, repeat: int, timeout: float = 60.0, emu
 
     say = progress or (lambda msg: None)
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump({"size_mb": size_mb, "repeat": repeat, "timeout": timeout}, f)
+        json.dump({"size_mb": size_mb, "repeat": repeat, "timeout": timeout, "latency_s": LATENCY_S,
+                   "nic_gbps": netns.rate_gbps(nic) if emulated and nic else 10.0}, f)
     Path(f.name).chmod(0o644)
     network = netns.EmulatedNetwork(WORLD, nic).up() if emulated else None
     try:
@@ -230,16 +242,18 @@ def run(nic: str | None, size_mb: float, repeat: int, timeout: float = 60.0, emu
             raise RuntimeError(f"process {o.rank} (host {o.rank}) ended without a result (exit code "
                                f"{o.returncode}):\n{o.stderr[-2000:]}")
         reports.append(json.loads(o.lines("RESULT ")[0]))
-    copy = reports[1]["copy"]
-    copy_s = statistics.median(max(r["copy"]["seconds"][i] for r in reports[:2]) for i in range(repeat))
-    rate = copy["bytes"] / copy_s  # bytes/s one process sends another
+    (small, t_small), (large, t_large) = [
+        (int(n), statistics.median(max(r["copies"][n][i] for r in reports[:2]) for i in range(repeat)))
+        for n in sorted(reports[0]["copies"], key=int)]
+    rate = (large - small) / max(t_large - t_small, 1e-9)  # bytes/s one process sends another
+    fixed = max(0.0, t_small - small / rate)
     weights = model(size_mb)
     nbytes = sum(w.nbytes for w in weights.values())
     results = []
     for layout, (replica, tp) in LAYOUTS.items():
         into = host_bytes_in(weights, replica, tp)
-        bound = max(into.values()) / rate
         for method in METHODS:
+            bound = max(into.values()) / rate / (2 if method == "planned_bf16" else 1)
             runs = [max(r["layouts"][layout][method]["seconds"][i] for r in reports) for i in range(repeat)]
             wrong = sum(r["layouts"][layout][method]["wrong"] for r in reports)
             if wrong:
@@ -250,7 +264,8 @@ def run(nic: str | None, size_mb: float, repeat: int, timeout: float = 60.0, emu
                                   nbytes // (2 if method == "planned_bf16" else 1), True,
                                   {"busiest_host_in_bytes": max(into.values()), "leaves": len(weights)}))
     desc = {"kind": "emulated" if emulated else "local", "processes": WORLD, "devices_per_process": DEVICES,
-            "nic": nic, "measured_copy_gbps": rate * 8 / 1e9, "size_mb": size_mb, "repeat": repeat,
+            "nic": nic, "measured_copy_gbps": rate * 8 / 1e9, "fixed_seconds_per_call": fixed,
+            "planner_latency_s": LATENCY_S, "size_mb": size_mb, "repeat": repeat,
             "description": f"{WORLD} JAX processes x {DEVICES} CPU devices"
                            + (f", NIC {nic}" if emulated else ", loopback")}
     return results, desc
