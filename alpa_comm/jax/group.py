@@ -12,7 +12,9 @@ key-value store:
 * ``ProcessGroup.from_jax()`` (what ``default_group()`` makes): JAX's own distributed
   key-value store, so a ``jax.distributed`` program needs no set-up;
 * ``ProcessGroup(rank, world_size, address="HOST:PORT")``: a TCP store at ``address``
-  that rank 0 hosts (rank 0 must make its group, even if it reshards nothing).
+  that rank 0 hosts (rank 0 must make its group, even if it reshards nothing);
+* ``ProcessGroup.from_ray(name, rank, world_size)``: Ray actors (or tasks, or a driver)
+  meet at a named Ray actor holding the key-value store, made by whichever arrives first.
 
 Transfers then use the runtime's executor over that backend: same kinds, same
 timeouts naming the peer host as in ``alpa_comm.Cluster``.
@@ -59,6 +61,77 @@ class _TcpKV:
         return self.store.get(key).decode()
 
 
+class _RayStore:
+    """The key-value store of a Ray group: a tiny named actor (methods run one at a time).
+
+    Detached, so it outlives whichever member made it (that member may be the one that
+    dies); it ends itself after ``idle_s`` seconds without a call, so nothing is left
+    behind on a long-lived Ray cluster."""
+
+    def __init__(self, idle_s: float):
+        import threading  # noqa: PLC0415
+        import time  # noqa: PLC0415
+
+        self.data: dict[str, str] = {}
+        self.last = time.monotonic()
+
+        def watch():
+            while time.monotonic() - self.last < idle_s:
+                time.sleep(min(1.0, idle_s / 10))
+            os._exit(0)  # an actor may end its own process; Ray records it as exited
+
+        threading.Thread(target=watch, daemon=True).start()
+
+    def set(self, key: str, value: str) -> None:
+        import time  # noqa: PLC0415
+
+        self.last = time.monotonic()
+        self.data[key] = value
+
+    def get(self, key: str):
+        import time  # noqa: PLC0415
+
+        self.last = time.monotonic()
+        return self.data.get(key)
+
+
+class _RayKV:
+    """A named ``_RayStore`` actor, made by the first member that asks for it; a get polls
+    until the key is there or the timeout passes."""
+
+    POLL_S = 0.01
+    IDLE_S = 600.0
+
+    def __init__(self, name: str, namespace: str | None):
+        import ray  # noqa: PLC0415
+
+        self._ray, self.name = ray, f"alpa_comm_group:{name}"
+        actor = ray.remote(num_cpus=0)(_RayStore)
+        self.actor = actor.options(name=self.name, namespace=namespace, get_if_exists=True,
+                                   lifetime="detached").remote(self.IDLE_S)
+
+    def _call(self, method, *args):
+        try:
+            return self._ray.get(method.remote(*args))
+        except self._ray.exceptions.RayError as e:
+            raise CommunicationError(f"the group's Ray store {self.name} is gone: {e}") from e
+
+    def set(self, key: str, value: str) -> None:
+        self._call(self.actor.set, key, value)
+
+    def get(self, key: str, timeout: float) -> str:
+        import time  # noqa: PLC0415
+
+        deadline = time.monotonic() + timeout
+        while True:
+            value = self._call(self.actor.get, key)
+            if value is not None:
+                return value
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"key {key!r} did not appear in the Ray group store within {timeout:g} s")
+            time.sleep(self.POLL_S)
+
+
 def _reachable_ip(towards: str | None) -> str:
     """This process's address as others see it: ``$ALPA_COMM_GROUP_ADDR``, else the
     interface that routes towards ``towards`` (the coordinator), else loopback."""
@@ -95,6 +168,8 @@ class ProcessGroup:
         self._subgroups: dict[tuple[int, ...], GlooSubgroupBackend] = {}
         self._stores: list = []
         self._attempts: dict[tuple[int, ...], int] = {}
+        self._exchanges: dict[str, int] = {}
+        self._own_ip: str | None = None
         if _kv is not None:
             self.kv, self._towards = _kv, address
             return
@@ -117,6 +192,43 @@ class ProcessGroup:
         return cls(jax.process_index(), jax.process_count(), state.coordinator_address, timeout=timeout,
                    _kv=_JaxKV(state.client), _name="jax", **kw)
 
+    @classmethod
+    def from_ray(cls, name: str, rank: int, world_size: int, namespace: str | None = None,
+                 timeout: float = DEFAULT_TIMEOUT_S, **kw) -> "ProcessGroup":
+        """The group ``name`` of Ray actors (or tasks): each member calls this with its own
+        ``rank``; they meet at a named Ray actor (``alpa_comm_group:<name>``, made by the
+        first to arrive, ending with the Ray job). Needs ``ray.init`` (done in actors)."""
+        import ray  # noqa: PLC0415
+
+        if not isinstance(name, str) or not name:
+            raise InvalidOptionError(f"a Ray group needs a name, got {name!r}")
+        if not ray.is_initialized():
+            raise AlpaCommError("ProcessGroup.from_ray needs Ray: call ray.init() first (actors have it)")
+        group = cls(rank, world_size, f"ray:{name}", timeout=timeout, _kv=_RayKV(name, namespace),
+                    _name=f"ray-{name}", **kw)
+        group._own_ip = ray.util.get_node_ip_address()  # where other members reach this one
+        return group
+
+    def exchange(self, topic: str, value: str) -> list[str]:
+        """Every member's ``value`` for the next round of ``topic``, by rank: every member
+        of the group must take part in each round (rounds are counted per topic)."""
+        n = self._exchanges[topic] = self._exchanges.get(topic, -1) + 1
+        base = f"alpa_comm/{self.name}/exchange/{topic}/{n}"
+        self.kv.set(f"{base}/{self.rank}", value)
+        out = []
+        for r in range(self.world_size):
+            if r == self.rank:
+                out.append(value)
+                continue
+            try:
+                out.append(self.kv.get(f"{base}/{r}", self.timeout))
+            except CommunicationError:
+                raise
+            except Exception as e:  # noqa: BLE001 - say who did not come
+                raise CommunicationError(f"host {self.rank}: host {r} did not take part in {topic!r} (round {n}) "
+                                         f"within {self.timeout:g} s: {e}") from e
+        return out
+
     def backend(self, hosts) -> GlooSubgroupBackend:
         """The gloo subgroup of ``hosts`` (this process among them), made on first use by
         all of them."""
@@ -138,7 +250,7 @@ class ProcessGroup:
         if len(hosts) == 1:
             store = dist.HashStore()
         elif self.rank == hosts[0]:  # the lowest member hosts the subgroup's store
-            ip = _reachable_ip(self._towards)
+            ip = os.environ.get("ALPA_COMM_GROUP_ADDR") or self._own_ip or _reachable_ip(self._towards)
             port = free_port(ip)
             store = dist.TCPStore(ip, port, len(hosts), True, timedelta(seconds=self.timeout),
                                   wait_for_workers=False)

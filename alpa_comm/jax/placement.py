@@ -21,17 +21,20 @@ from ..spec import ShardingSpec
 class JaxHosts:
     """JAX devices <-> alpa_comm device ids, from the global device list."""
 
-    def __init__(self, devices: Sequence):
+    def __init__(self, devices: Sequence, first_host: int = 0):
+        """``first_host``: the group rank of this JAX program's process 0 (a program that is
+        one of several in a group takes consecutive ranks from there)."""
         per_process: dict[int, list] = {}
         for d in devices:
             per_process.setdefault(int(d.process_index), []).append(d)
         self.num_processes = max(per_process) + 1 if per_process else 0
+        self.first_host = first_host
         self.devices_per_host = max((len(v) for v in per_process.values()), default=1)
         self._ids: dict = {}
         self._devices: dict[int, object] = {}
         for p, devs in per_process.items():
             for pos, d in enumerate(sorted(devs, key=lambda d: d.id)):
-                gid = p * self.devices_per_host + pos
+                gid = (p + first_host) * self.devices_per_host + pos
                 self._ids[d] = gid
                 self._devices[gid] = d
 

@@ -13,6 +13,7 @@ naming it, within the group's timeout.
 """
 from __future__ import annotations
 
+import json
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -28,6 +29,7 @@ from ..runtime.backend import CommunicationError
 from ..runtime.executor import HostExecutor, Layout, numpy_dtype
 from ..spec import ShardingSpec
 from ..topology import ClusterSpec
+from . import programs
 from .group import ProcessGroup, default_group
 from .placement import JaxHosts, named_sharding, placement
 
@@ -36,9 +38,11 @@ def reshard(x, dst, *, group: ProcessGroup | None = None, strategy: str = "broad
             wire_dtype=None, dtype=None, timeout: float | None = None):
     """``x`` (a global ``jax.Array`` with a ``NamedSharding``) on ``dst`` (a
     ``NamedSharding``, or ``(mesh, "S01R")``), as this process sees it. ``wire_dtype``
-    and ``dtype``: as for ``reshard_tree``."""
-    return reshard_tree({"x": x}, {"x": dst}, group=group, strategy=strategy, timeout=timeout,
-                        bucket_bytes=None, wire_dtype=wire_dtype, dtype=dtype)["x"]
+    and ``dtype``: as for ``reshard_tree``. Between separate JAX programs a process that
+    only sends passes ``dst=None`` (and gets None), one that only receives ``x=None``."""
+    out = reshard_tree(None if x is None else {"x": x}, None if dst is None else {"x": dst}, group=group,
+                       strategy=strategy, timeout=timeout, bucket_bytes=None, wire_dtype=wire_dtype, dtype=dtype)
+    return None if out is None else out["x"]
 
 
 def reshard_tree(tree, dst_tree, *, group: ProcessGroup | None = None, strategy: str = "broadcast",
@@ -51,8 +55,21 @@ def reshard_tree(tree, dst_tree, *, group: ProcessGroup | None = None, strategy:
     ``wire_dtype`` (e.g. ``"bfloat16"``): floating-point leaves travel in that type (the
     senders cast their shards, round to nearest even; half the bytes from float32);
     ``dtype``: the type the results have (default: each leaf's own), so a float32 model
-    can be received as float32 after a bfloat16 trip, or kept in bfloat16."""
+    can be received as float32 after a bfloat16 trip, or kept in bfloat16.
+
+    Between separate JAX programs (a group larger than this program, e.g. Ray actors of a
+    trainer and of inference engines; see ``programs``), a process passes what it has:
+    ``tree`` where it holds the source arrays, ``dst_tree`` (shardings in its own program)
+    where it receives, None for the side it is not on; every member of the group calls.
+    The sources' ``wire_dtype`` decides the wire type."""
+    import jax  # noqa: PLC0415
+
     group = group or default_group()
+    if tree is None or dst_tree is None or group.world_size != jax.process_count():
+        return _reshard_between_programs(tree, dst_tree, group, strategy, bucket_bytes, wire_dtype, dtype, timeout)
+    if group.rank != jax.process_index():
+        raise InvalidOptionError(f"group rank {group.rank} is not this process's JAX process index "
+                                 f"{jax.process_index()}: in one JAX program, rank p must be process p")
     leaves = tree_flatten(tree)
     dsts = dict(tree_flatten(dst_tree, is_leaf=_is_notation_pair))
     if set(dsts) != {p for p, _ in leaves}:
@@ -60,18 +77,96 @@ def reshard_tree(tree, dst_tree, *, group: ProcessGroup | None = None, strategy:
                                  f"{sorted(p for p, _ in leaves)}")
     prep = _prepare(leaves, dsts, group, strategy, bucket_bytes, wire_dtype)
     src = [_local_shards(x, prep.hosts, wire) for (_, x), wire in zip(leaves, prep.wires)]
-    dst = [lay.empty_destinations(prep.job.is_local) for lay in prep.layouts]
-    backend = group.backend(prep.participants)
+    dst = _run(prep.job, prep.layouts, prep.participants, src, group, timeout)
+    return tree_unflatten(tree, _assemble([(x.shape, x.dtype) for _, x in leaves], _want(dtype), prep.shardings,
+                                          dst, prep.hosts))
+
+
+def _want(dtype):
+    return None if dtype is None else numpy_dtype(dtype) if isinstance(dtype, str) else np.dtype(dtype)
+
+
+def _run(job: HostJob, layouts, participants, src, group: ProcessGroup, timeout) -> list[dict[int, np.ndarray]]:
+    """This host's share of a plan over the group's subgroup of ``participants``; returns
+    the received buffers per leaf. A failure names the peer and the group's first failure."""
+    dst = [lay.empty_destinations(job.is_local) for lay in layouts]
+    backend = group.backend(participants)
     try:
-        HostExecutor(group.rank, prep.layouts, src, dst, backend, prep.job.host_of, timeout or group.timeout,
-                     prep.job.min_rate).run(prep.job.transfers)
+        HostExecutor(group.rank, layouts, src, dst, backend, job.host_of, timeout or group.timeout,
+                     job.min_rate).run(job.transfers)
     except CommunicationError as e:
         first = backend.report_failure(str(e))
         if first != str(e):
             raise CommunicationError(f"{e}; the group's first failure: {first}") from e
         raise
-    want = None if dtype is None else numpy_dtype(dtype) if isinstance(dtype, str) else np.dtype(dtype)
-    return tree_unflatten(tree, _assemble([x for _, x in leaves], want, prep.shardings, dst, prep.hosts))
+    return dst
+
+
+def _reshard_between_programs(tree, dst_tree, group: ProcessGroup, strategy, bucket_bytes, wire_dtype, dtype,
+                              timeout):
+    """``reshard_tree`` where the two sides are different JAX programs (``programs``):
+    exchange descriptions, plan the merged picture, run this process's share, and return
+    the destination tree as this program sees it (None for a process that only sends)."""
+    import jax  # noqa: PLC0415
+
+    hosts = JaxHosts(jax.devices(), first_host=group.rank - jax.process_index())
+    leaves = tree_flatten(tree) if tree is not None else []
+    dst_leaves = tree_flatten(dst_tree, is_leaf=_is_notation_pair) if dst_tree is not None else []
+    src_desc = None if tree is None else [
+        [path, {"shape": list(x.shape), "dtype": dtype_name(np.dtype(x.dtype)),
+                "wire": dtype_name(_wire_type(np.dtype(x.dtype), wire_dtype)),
+                **programs.describe_sharding(x.sharding, hosts)}] for path, x in leaves]
+    mine = {"first": hosts.first_host, "devices_per_host": hosts.devices_per_host, "src": src_desc,
+            "dst": None if dst_tree is None else {path: programs.describe_sharding(d, hosts) for path, d in dst_leaves}}
+    picture = programs.merge(group.exchange(programs.TOPIC, json.dumps(mine, sort_keys=True)))
+    key = (group.rank, group.world_size, group.nic_gbps, group.latency_s, strategy, bucket_bytes,
+           json.dumps(picture, sort_keys=True))
+    prep = _PREPARED.get(key)
+    if prep is None:
+        prep = _PREPARED[key] = _prepare_programs(picture, group, strategy, bucket_bytes, hosts)
+        while len(_PREPARED) > PREPARED_CACHE_SIZE:
+            _PREPARED.popitem(last=False)
+    _PREPARED.move_to_end(key)
+    xs = dict(leaves)
+    src = [_local_shards(xs[path], hosts, numpy_dtype(wire)) if path in xs else {}
+           for path, _, wire in prep.moves]
+    dst = _run(prep.job, prep.layouts, prep.participants, src, group, timeout)
+    if dst_tree is None:
+        return None
+    shapes = {path: (tuple(d["shape"]), numpy_dtype(d["dtype"])) for path, d in picture["src"]}
+    ours = {path: i for i, (path, first, _) in enumerate(prep.moves) if first == hosts.first_host}
+    paths = [path for path, _ in dst_leaves]
+    shardings = [named_sharding(d, len(shapes[path][0])) for path, d in dst_leaves]
+    out = _assemble([shapes[p] for p in paths], _want(dtype), shardings, [dst[ours[p]] for p in paths], hosts)
+    return tree_unflatten(dst_tree, out, is_leaf=_is_notation_pair)
+
+
+@dataclass
+class _ProgramsPrepared:
+    moves: list          # (path, first rank of the destination program, wire dtype) per plan leaf
+    job: HostJob
+    participants: frozenset
+    layouts: list
+
+
+def _prepare_programs(picture: dict, group: ProcessGroup, strategy, bucket_bytes, hosts: JaxHosts):
+    dph = picture["devices_per_host"]
+    cluster = ClusterSpec(num_hosts=group.world_size, devices_per_host=dph, nic_send_gbps=group.nic_gbps,
+                          latency_s=group.latency_s)
+    moves, reshardings = [], []
+    for path, s in picture["src"]:
+        ndim = len(s["shape"])
+        src_mesh, src_spec = programs.placement_of(s, ndim, dph)
+        for first, targets in picture["dst"].items():
+            dst_mesh, dst_spec = programs.placement_of(targets[path], ndim, dph)
+            moves.append((path, int(first), s["wire"]))
+            reshardings.append(Resharding.between(tuple(s["shape"]), s["wire"], src_mesh, src_spec, dst_mesh,
+                                                  dst_spec))
+    plan = plan_resharding_tree(reshardings, cluster=cluster, strategy=strategy, bucket_bytes=bucket_bytes)
+    participants = frozenset(h for leaf in plan.leaves for m in (leaf.resharding.src_mesh, leaf.resharding.dst_mesh)
+                             for h in m.hosts)
+    return _ProgramsPrepared(moves, HostJob.for_host(plan, group.rank), participants,
+                             [Layout.of(leaf) for leaf in plan.leaves])
 
 
 @dataclass
@@ -159,19 +254,19 @@ def _local_shards(x, hosts: JaxHosts, wire: np.dtype) -> dict[int, np.ndarray]:
     return {hosts.id_of(s.device): np.asarray(s.data).astype(wire, copy=False) for s in x.addressable_shards}
 
 
-def _assemble(xs, want, shardings, buffers: list[dict[int, np.ndarray]], hosts: JaxHosts) -> list:
+def _assemble(leaves, want, shardings, buffers: list[dict[int, np.ndarray]], hosts: JaxHosts) -> list:
     """The destination ``jax.Array`` of every leaf from this process's received buffers, in
     ``want`` (None: each leaf's own type). All shards go to their devices in one batched
     ``device_put`` (one call per shard costs about a millisecond; a weight sync has
     hundreds). A process that only sends gets arrays without addressable shards."""
     import jax  # noqa: PLC0415
 
-    types = [want or np.dtype(x.dtype) for x in xs]
+    types = [want or np.dtype(dtype) for _, dtype in leaves]
     order = [(i, d) for i, bufs in enumerate(buffers) for d in sorted(bufs)]
     placed = jax.device_put([buffers[i][d].astype(types[i], copy=False) for i, d in order],
                             [hosts.device(d) for _, d in order]) if order else []
-    per_leaf: list[list] = [[] for _ in xs]
+    per_leaf: list[list] = [[] for _ in leaves]
     for (i, _), arr in zip(order, placed):
         per_leaf[i].append(arr)
-    return [jax.make_array_from_single_device_arrays(tuple(x.shape), sharding, local, dtype=t)
-            for x, sharding, local, t in zip(xs, shardings, per_leaf, types)]
+    return [jax.make_array_from_single_device_arrays(tuple(shape), sharding, local, dtype=t)
+            for (shape, _), sharding, local, t in zip(leaves, shardings, per_leaf, types)]

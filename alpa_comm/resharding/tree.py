@@ -90,11 +90,14 @@ def tree_flatten(tree, prefix: str = "", is_leaf=None) -> list[tuple[str, Any]]:
     return [(prefix or "/", tree)]
 
 
-def tree_unflatten(like, values: Sequence):
-    """``values`` (in ``tree_flatten`` order) arranged like ``like``."""
+def tree_unflatten(like, values: Sequence, is_leaf=None):
+    """``values`` (in ``tree_flatten`` order) arranged like ``like`` (``is_leaf``: as for
+    ``tree_flatten``)."""
     it = iter(values)
 
     def build(node):
+        if is_leaf is not None and is_leaf(node):
+            return next(it)
         if isinstance(node, dict):
             built = {k: build(node[k]) for k in sorted(node, key=str)}
             return {k: built[k] for k in node}
