@@ -18,6 +18,7 @@ the backend, as flat ``uint8`` messages.
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -104,6 +105,7 @@ class HostExecutor:
         self.min_rate = min_rate  # bytes/s of the slowest NIC: lets big messages take their time
         self.wait_s = timeout
         self.tag_base = tag_base  # separates plans that run at the same time over one backend
+        self._packed: dict[int, Future] = {}  # transfer id -> its buffer, being packed ahead
         self._select(0)
 
     def _select(self, leaf: int) -> None:
@@ -140,9 +142,14 @@ class HostExecutor:
 
     def source(self, t: Transfer) -> np.ndarray:
         """The bytes this (sending) host puts on the wire for ``t``: one slice, or the
-        parts of a coalesced transfer packed back to back."""
+        parts of a coalesced transfer packed back to back (packed ahead by ``run``, while
+        the transfer before it was on the wire, where it could be)."""
         if not t.parts:
             return self.slice_bytes(t.sender, t.index)
+        ahead = self._packed.pop(t.id, None)
+        return ahead.result() if ahead is not None else self._pack(t)
+
+    def _pack(self, t: Transfer) -> np.ndarray:
         return np.concatenate([self.slice_bytes(p.sender, p.index, p.leaf) for p in t.parts])
 
     def deliver(self, t: Transfer, flat: np.ndarray) -> None:
@@ -192,15 +199,35 @@ class HostExecutor:
     # ------------------------------------------------------------------ run
     def run(self, transfers: Sequence[Transfer]) -> list[TransferTiming]:
         timings = []
-        for t in transfers:
-            t0 = time.perf_counter()
-            try:
-                self._run_one(t)
-            except CommunicationError as e:
-                raise CommunicationError(f"{e} (during transfer {t.id}: {t.kind} of slice "
-                                         f"{[list(p) for p in t.index]})") from e
-            timings.append(TransferTiming(t.id, t.kind, t0, time.perf_counter()))
+        sending = [i for i, t in enumerate(transfers) if self._packs(t)]
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="alpa-comm-pack") as pool:
+            ahead = 0
+            for i, t in enumerate(transfers):
+                # this transfer's buffer (if it sends one) and the next one this host sends are
+                # being packed: the next is ready when the wire frees
+                while ahead < len(sending) and sending[ahead] < i:
+                    ahead += 1
+                for j in sending[ahead:ahead + 2]:
+                    if transfers[j].id not in self._packed:
+                        self._packed[transfers[j].id] = pool.submit(self._pack, transfers[j])
+                t0 = time.perf_counter()
+                try:
+                    self._run_one(t)
+                except CommunicationError as e:
+                    raise CommunicationError(f"{e} (during transfer {t.id}: {t.kind} of slice "
+                                             f"{[list(p) for p in t.index]})") from e
+                timings.append(TransferTiming(t.id, t.kind, t0, time.perf_counter()))
         return timings
+
+    def _packs(self, t: Transfer) -> bool:
+        """Whether this host sends ``t`` from a buffer it must first pack (a coalesced
+        transfer; a single slice is sent from where it lies when contiguous)."""
+        if not t.parts or self.host_of(t.sender) != self.host:
+            return False
+        try:
+            return transfer_kind(t.kind).carries_data
+        except InvalidOptionError:
+            return False  # _run_one names the unknown kind
 
     def _run_one(self, t: Transfer) -> None:
         try:
