@@ -4,7 +4,7 @@ two inference groups every step, with ``alpa_comm.jax.reshard_tree``.
     python examples/weight_sync.py [--steps 3] [--layers 4] [--width 256] [--wire-dtype bfloat16]
 
 Four processes of one ``jax.distributed`` program on this machine, 2 CPU devices each
-(launched by this script; ``--rank`` runs one of them):
+(launched by this script with ``alpa_comm.jax.launch``):
 
 * training, processes 0-1: mesh (data=2, fsdp=2), every weight sharded FSDP-style
   along its first dim over all 4 devices;
@@ -20,12 +20,8 @@ received as float32). Prints seconds and bytes per sync.
 from __future__ import annotations
 
 import argparse
-import os
-import socket
-import subprocess
 import sys
 import time
-from pathlib import Path
 
 WORLD, DEVICES = 4, 2
 
@@ -50,10 +46,10 @@ def _map(f, tree):
 
 
 def run_rank(args) -> int:
-    import jax
+    from alpa_comm.jax.launch import worker_init
 
-    jax.config.update("jax_num_cpu_devices", DEVICES)
-    jax.distributed.initialize(coordinator_address=args.coordinator, num_processes=WORLD, process_id=args.rank)
+    rank, _, _ = worker_init()
+    import jax
     import numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
@@ -70,7 +66,7 @@ def run_rank(args) -> int:
     def infer_sharding(w):
         return NamedSharding(infer, P(None, "tp") if w.ndim == 2 else P())
 
-    trainer = args.rank < 2
+    trainer = rank < 2
     for step in range(args.steps):
         host = weights(args.layers, args.width, step)
         params = _map(lambda w: jax.make_array_from_callback(w.shape, train_sharding(w), lambda i, w=w: w[i],
@@ -90,8 +86,8 @@ def run_rank(args) -> int:
             for y, w in zip(flat_got, flat_want):
                 wrong += sum(not np.array_equal(np.asarray(s.data), w[s.index]) for s in y.addressable_shards)
         nbytes = sum(w.nbytes for w in _flat(host)) // (2 if args.wire_dtype else 1)
-        print(f"rank {args.rank} step {step}: synced {nbytes / 2**20:.1f} MiB of weights in {seconds:.3f} s"
-              + ("" if trainer else f", {wrong} wrong shards"), flush=True)
+        print(f"progress: rank {rank} step {step}: synced {nbytes / 2**20:.1f} MiB of weights in {seconds:.3f} s"
+              + ("" if trainer else f", {wrong} wrong shards"), file=sys.stderr, flush=True)
         if wrong:
             return 1
     jax.distributed.shutdown()
@@ -111,32 +107,25 @@ def main(argv=None) -> int:
     p.add_argument("--layers", type=int, default=4, help="transformer layers (default 4)")
     p.add_argument("--width", type=int, default=256, help="model width (default 256)")
     p.add_argument("--wire-dtype", default=None, help="e.g. bfloat16: weights travel in it, arrive as float32")
-    p.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--coordinator", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = p.parse_args(argv)
     for name in ("steps", "layers", "width"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     if args.width % 4:
         p.error(f"--width must be a multiple of 4 (FSDP over 4 devices), got {args.width}")
-    if args.rank is not None:
+    if args.worker:
         return run_rank(args)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        coordinator = f"127.0.0.1:{s.getsockname()[1]}"
-    root = Path(__file__).resolve().parent.parent
-    env = {**os.environ, "PYTHONPATH": str(root), "JAX_PLATFORMS": "cpu", "GLOO_SOCKET_IFNAME": "lo"}
-    base = [sys.executable, __file__] + (argv if argv is not None else sys.argv[1:])
+    from alpa_comm.jax.launch import launch
+
     print(f"launching {WORLD} processes (training: 0-1, inference: 2-3) ...", file=sys.stderr, flush=True)
-    procs = [subprocess.Popen(base + ["--rank", str(r), "--coordinator", coordinator], env=env)
-             for r in range(WORLD)]
-    try:
-        codes = [p.wait(timeout=600) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    return max(codes)
+    outs = launch(WORLD, DEVICES, [sys.executable, __file__, *argv, "--worker"], timeout=600, fail_fast=True,
+                  progress=lambda line: print(line, flush=True))
+    failed = [o for o in outs if o.returncode != 0]
+    for o in failed:
+        print(f"process {o.rank} failed (exit code {o.returncode}):\n{o.stderr[-2000:]}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -115,3 +115,15 @@ def test_an_engine_that_dies_is_named_in_every_survivor_within_the_timeout(actor
     assert time.monotonic() - t0 < 60
     for r, o in enumerate(out):
         assert isinstance(o, dict) and "host 3" in o["error"], (r, o)
+
+
+def test_a_group_name_serves_one_group_per_job(actors):
+    from alpa_comm.errors import InvalidOptionError
+    from alpa_comm.jax import ProcessGroup
+
+    name = f"once-{time.monotonic_ns()}"
+    ProcessGroup.from_ray(name, 0, 2)
+    with pytest.raises(InvalidOptionError, match="already joined the Ray group"):
+        ProcessGroup.from_ray(name, 0, 2)
+    with pytest.raises(InvalidOptionError, match="rank 2 must be in"):
+        ProcessGroup.from_ray(name, 2, 2)

@@ -73,6 +73,7 @@ class _RayStore:
         import time  # noqa: PLC0415
 
         self.data: dict[str, str] = {}
+        self.members: set[int] = set()
         self.last = time.monotonic()
 
         def watch():
@@ -94,6 +95,12 @@ class _RayStore:
         self.last = time.monotonic()
         return self.data.get(key)
 
+    def join(self, rank: int) -> bool:
+        """False when ``rank`` joined this group before (its keys would be stale)."""
+        fresh = rank not in self.members
+        self.members.add(rank)
+        return fresh
+
 
 class _RayKV:
     """A named ``_RayStore`` actor, made by the first member that asks for it; a get polls
@@ -102,13 +109,18 @@ class _RayKV:
     POLL_S = 0.01
     IDLE_S = 600.0
 
-    def __init__(self, name: str, namespace: str | None):
+    def __init__(self, name: str, namespace: str | None, rank: int):
         import ray  # noqa: PLC0415
 
         self._ray, self.name = ray, f"alpa_comm_group:{name}"
+        # detached actors need a named namespace; one per Ray job keeps jobs apart
+        namespace = namespace or f"alpa_comm-{ray.get_runtime_context().get_job_id()}"
         actor = ray.remote(num_cpus=0)(_RayStore)
         self.actor = actor.options(name=self.name, namespace=namespace, get_if_exists=True,
                                    lifetime="detached").remote(self.IDLE_S)
+        if not self._call(self.actor.join, rank):
+            raise InvalidOptionError(f"rank {rank} already joined the Ray group {name!r} in this job (namespace "
+                                     f"{namespace}): a new group needs a new name")
 
     def _call(self, method, *args):
         try:
@@ -197,14 +209,17 @@ class ProcessGroup:
                  timeout: float = DEFAULT_TIMEOUT_S, **kw) -> "ProcessGroup":
         """The group ``name`` of Ray actors (or tasks): each member calls this with its own
         ``rank``; they meet at a named Ray actor (``alpa_comm_group:<name>``, made by the
-        first to arrive, ending with the Ray job). Needs ``ray.init`` (done in actors)."""
+        first to arrive, in a namespace of this Ray job, ending itself after 10 idle
+        minutes). A name serves one group per job. Needs ``ray.init`` (done in actors)."""
         import ray  # noqa: PLC0415
 
         if not isinstance(name, str) or not name:
             raise InvalidOptionError(f"a Ray group needs a name, got {name!r}")
         if not ray.is_initialized():
             raise AlpaCommError("ProcessGroup.from_ray needs Ray: call ray.init() first (actors have it)")
-        group = cls(rank, world_size, f"ray:{name}", timeout=timeout, _kv=_RayKV(name, namespace),
+        if not (isinstance(world_size, int) and isinstance(rank, int) and 0 <= rank < world_size):
+            raise InvalidOptionError(f"rank {rank!r} must be in [0, world_size) with world_size {world_size!r} >= 1")
+        group = cls(rank, world_size, f"ray:{name}", timeout=timeout, _kv=_RayKV(name, namespace, rank),
                     _name=f"ray-{name}", **kw)
         group._own_ip = ray.util.get_node_ip_address()  # where other members reach this one
         return group

@@ -49,7 +49,7 @@ def launch(world: int, devices: int, command: list[str], *, network=None, timeou
     ``EmulatedNetwork`` that is up (rank i = host i); else every rank on loopback.
     ``fail_fast``: once one process fails (non-zero exit), end the others after a few
     seconds instead of letting them wait for it until the deadline. ``progress``: called
-    with each line rank 0 writes to stderr as ``progress: ...``, as it comes."""
+    with each line a process writes to stderr as ``progress: ...``, as it comes."""
     from ..runtime.emulated import netns  # noqa: PLC0415
 
     if network is not None and network.num_hosts < world:
@@ -72,7 +72,7 @@ def launch(world: int, devices: int, command: list[str], *, network=None, timeou
                                           stderr=subprocess.PIPE, text=True, env=penv))
             if network:
                 network.track(procs[-1].pid)
-            readers.append(_Reader(procs[-1], progress if r == 0 else None))
+            readers.append(_Reader(procs[-1], progress))
         deadline = time.monotonic() + timeout
         _wait(procs, deadline, fail_fast)
         for p in procs:
@@ -93,7 +93,7 @@ def launch(world: int, devices: int, command: list[str], *, network=None, timeou
 
 class _Reader:
     """Drains a process's stdout and stderr as it runs (a full pipe would block it), and
-    passes rank 0's ``progress:`` lines on as they come."""
+    passes its ``progress:`` lines on as they come."""
 
     PROGRESS = "progress: "
 
