@@ -5,7 +5,8 @@ process prints one JSON result line; ``run`` returns them by rank.
 A case: ``{"shape", "dtype", "src": {"ids", "axes", "spec"}, "dst": {...}}`` with device
 ids in alpa_comm's numbering (process * devices + position); optional ``"tree"`` (a
 list of cases moved by one ``reshard_tree``), ``"kill"`` (a rank that exits instead of
-taking part), ``"wire"``/``"out_dtype"`` (``wire_dtype``/``dtype`` of the call)."""
+taking part), ``"wire"``/``"out_dtype"`` (``wire_dtype``/``dtype`` of the call),
+``"buffers": "device"`` (a group that hands shards over by DLPack)."""
 from __future__ import annotations
 
 import json
@@ -38,7 +39,7 @@ def reference(case, seed):
 def mine(side):
     return any(i // devices == rank for i in np.ravel(side["ids"]))
 
-out = []
+out, groups = [], {}
 for c, case in enumerate(cases):
     parts = case.get("tree") or [case]
     if not any(mine(p["src"]) or mine(p["dst"]) for p in parts):
@@ -56,6 +57,11 @@ for c, case in enumerate(cases):
     t0 = time.monotonic()
     try:
         extra = {"timeout": case.get("timeout"), "wire_dtype": case.get("wire"), "dtype": case.get("out_dtype")}
+        if case.get("buffers") == "device":  # shards handed over by DLPack, not read as NumPy
+            if "device" not in groups:
+                from alpa_comm.jax import ProcessGroup
+                groups["device"] = ProcessGroup.from_jax(buffers="device")
+            extra["group"] = groups["device"]
         if "tree" in case:
             ys = reshard_tree(xs, given, **extra)
         else:

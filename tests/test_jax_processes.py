@@ -58,7 +58,7 @@ def cases(draw):
         lcm = a * b // __import__("math").gcd(a, b)
         shape.append(lcm * draw(st.integers(1, 3)))
     return {"shape": shape, "dtype": draw(st.sampled_from(["float32", "int32", "float64", "int8"])),
-            "src": src, "dst": dst}
+            "src": src, "dst": dst, "buffers": draw(st.sampled_from(["host", "device"]))}
 
 
 def _check(results, cases_):
@@ -81,9 +81,10 @@ def test_random_meshes_and_partition_specs_are_bit_exact(batch):
 
 def test_examples_tree_and_overlapping_meshes():
     """FSDP-like training layout to a tensor-parallel layout, the same layout on the same
-    devices, a move within one process, destinations as (mesh, "RS1") (one array and a tree), bfloat16 on the wire (received as float32, and
-    kept as bfloat16; an int32 leaf travels as it is), and a pytree of three arrays in one
-    coalesced plan."""
+    devices, a move within one process, destinations as (mesh, "RS1") (one array and a
+    tree), bfloat16 on the wire (received as float32, and kept as bfloat16; an int32 leaf
+    travels as it is), a pytree of three arrays in one coalesced plan, and shards handed
+    over by DLPack (buffers="device")."""
     train = {"ids": [[0, 1], [2, 3]], "axes": ["fsdp", "tp"], "spec": "S01R"}
     infer = {"ids": [[4, 5]], "axes": ["dp", "tp"], "spec": "RS1"}
     same = {"ids": [[0, 1], [2, 3]], "axes": ["a", "b"], "spec": "S01R"}
@@ -104,6 +105,15 @@ def test_examples_tree_and_overlapping_meshes():
         {"tree": [{"shape": [16, 4], "dtype": "float32", "src": train, "dst": infer},
                   {"shape": [4], "dtype": "float32", "src": {**train, "spec": "S0"}, "dst": {**infer, "spec": "R"}},
                   {"shape": [6, 6], "dtype": "int32", "src": {**train, "spec": "RR"}, "dst": {**infer, "spec": "S1R"}}]},
+        # shards handed over by DLPack: a tree, bfloat16 on the wire (as uint16 bytes), kept bfloat16
+        {"tree": [{"shape": [16, 4], "dtype": "float32", "src": train, "dst": infer},
+                  {"shape": [6, 6], "dtype": "int32", "src": {**train, "spec": "RR"}, "dst": {**infer, "spec": "S1R"}}],
+         "buffers": "device"},
+        {"tree": [{"shape": [16, 4], "dtype": "float32", "src": train, "dst": infer},
+                  {"shape": [8, 2], "dtype": "int32", "src": train, "dst": infer}],
+         "wire": "bfloat16", "out_dtype": None, "buffers": "device"},
+        {"shape": [8, 6], "dtype": "float32", "src": train, "dst": infer, "wire": "bfloat16",
+         "out_dtype": "bfloat16", "buffers": "device"},
     ]
     _check(jax_processes.run(WORLD, DEVICES, batch), batch)
 

@@ -38,3 +38,27 @@ def test_sources_and_two_destination_programs_merge():
 def test_disagreements_are_refused_with_the_ranks_named(members, message):
     with pytest.raises(InvalidOptionError, match=message.replace("[", r"\[").replace("]", r"\]")):
         merge(members)
+
+
+@pytest.mark.parametrize("kw,message", [
+    ({"buffers": "gpu"}, "buffers 'gpu' must be one of host, device"),
+    ({"backend": "nccl", "buffers": "host"}, "needs buffers='device'"),
+    ({"backend": "mpi"}, "backend 'mpi' is not available"),
+    ({"nic_gbps": 0}, "nic_gbps must be a positive number"),
+    ({"latency_s": -1}, "latency_s must be a number of seconds >= 0"),
+])
+def test_group_options_are_checked_before_anything_connects(kw, message):
+    from alpa_comm.jax import ProcessGroup
+
+    with pytest.raises(InvalidOptionError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        ProcessGroup(0, 1, address="127.0.0.1:1", **kw)
+
+
+def test_carriers_keep_numpy_types_and_carry_the_rest_as_unsigned_bytes():
+    import numpy as np
+
+    from alpa_comm.jax.buffers import carrier
+    from alpa_comm.runtime.executor import numpy_dtype
+
+    assert carrier(np.dtype("float32")) == np.float32 and carrier(np.dtype("int8")) == np.int8
+    assert carrier(numpy_dtype("bfloat16")) == np.uint16

@@ -17,7 +17,10 @@ key-value store:
   meet at a named Ray actor holding the key-value store, made by whichever arrives first.
 
 Transfers then use the runtime's executor over that backend: same kinds, same
-timeouts naming the peer host as in ``alpa_comm.Cluster``.
+timeouts naming the peer host as in ``alpa_comm.Cluster``. ``backend="nccl"`` (one GPU
+per process) moves device memory handed over by DLPack (``buffers="device"``, see
+``buffers``); gloo moves host memory, or CPU devices' own memory by DLPack with
+``buffers="device"``.
 """
 from __future__ import annotations
 
@@ -28,7 +31,8 @@ from datetime import timedelta
 from ..errors import AlpaCommError, InvalidOptionError
 from ..runtime.backend import DEFAULT_TIMEOUT_S, CommunicationError, GlooSubgroupBackend
 
-BACKENDS = ("gloo",)
+BACKENDS = ("gloo", "nccl")
+BUFFERS = ("host", "device")
 _default: dict = {}
 
 
@@ -161,10 +165,16 @@ class ProcessGroup:
     """This process's membership (``rank`` of ``world_size``) of a resharding group."""
 
     def __init__(self, rank: int, world_size: int, address: str | None = None, backend: str = "gloo",
-                 timeout: float = DEFAULT_TIMEOUT_S, nic_gbps: float = 10.0, latency_s: float = 20e-6, _kv=None,
-                 _name: str = "group"):
+                 timeout: float = DEFAULT_TIMEOUT_S, nic_gbps: float = 10.0, latency_s: float = 20e-6,
+                 buffers: str | None = None, _kv=None, _name: str = "group"):
         if backend not in BACKENDS:
             raise InvalidOptionError(f"backend {backend!r} is not available; choose one of {', '.join(BACKENDS)}")
+        buffers = buffers or ("device" if backend == "nccl" else "host")
+        if buffers not in BUFFERS:
+            raise InvalidOptionError(f"buffers {buffers!r} must be one of {', '.join(BUFFERS)}")
+        if backend == "nccl" and buffers == "host":
+            raise InvalidOptionError("NCCL moves device memory: backend 'nccl' needs buffers='device'")
+        self.backend_name, self.buffers = backend, buffers
         if not (isinstance(world_size, int) and world_size >= 1 and isinstance(rank, int)
                 and 0 <= rank < world_size):
             raise InvalidOptionError(f"rank {rank!r} must be in [0, world_size) with world_size {world_size!r} >= 1")
@@ -191,8 +201,11 @@ class ProcessGroup:
         self.kv, self._towards = _TcpKV(host, int(port), rank == 0, self.timeout), address
 
     @classmethod
-    def from_jax(cls, timeout: float = DEFAULT_TIMEOUT_S, **kw) -> "ProcessGroup":
-        """The group of all processes of this ``jax.distributed`` program."""
+    def from_jax(cls, timeout: float = DEFAULT_TIMEOUT_S, name: str | None = None, **kw) -> "ProcessGroup":
+        """The group of all processes of this ``jax.distributed`` program. Its keys in JAX's
+        store carry ``name``: by default ``jax`` (gloo, host buffers) or ``jax-<backend>-
+        <buffers>``, the same in every process whatever order groups are made in; a second
+        group of the same kind in one program needs its own ``name``."""
         import jax  # noqa: PLC0415
         from jax._src import distributed  # noqa: PLC0415 - the client JAX itself uses
 
@@ -201,8 +214,12 @@ class ProcessGroup:
             raise AlpaCommError("jax.distributed is not initialized in this process: call "
                                 "jax.distributed.initialize(...) first, or pass group=ProcessGroup(rank, "
                                 "world_size, address='HOST:PORT')")
+        if name is None:
+            backend = kw.get("backend", "gloo")
+            buffers = kw.get("buffers") or ("device" if backend == "nccl" else "host")
+            name = "jax" if (backend, buffers) == ("gloo", "host") else f"jax-{backend}-{buffers}"
         return cls(jax.process_index(), jax.process_count(), state.coordinator_address, timeout=timeout,
-                   _kv=_JaxKV(state.client), _name="jax", **kw)
+                   _kv=_JaxKV(state.client), _name=name, **kw)
 
     @classmethod
     def from_ray(cls, name: str, rank: int, world_size: int, namespace: str | None = None,
@@ -269,7 +286,13 @@ class ProcessGroup:
             port = free_port(ip)
             store = dist.TCPStore(ip, port, len(hosts), True, timedelta(seconds=self.timeout),
                                   wait_for_workers=False)
-            self.kv.set(name, f"{ip}:{port}")
+            try:
+                self.kv.set(name, f"{ip}:{port}")
+            except Exception as e:  # noqa: BLE001 - JAX's store refuses a key twice
+                if "ALREADY_EXISTS" in str(e) or "already exists" in str(e):
+                    raise InvalidOptionError(f"two groups named {self.name!r} in this program: give the second "
+                                             f"its own name (ProcessGroup.from_jax(name=...))") from e
+                raise
         else:
             try:
                 address = self.kv.get(name, self.timeout)
@@ -279,6 +302,8 @@ class ProcessGroup:
             ip, _, port = address.rpartition(":")
             store = dist.TCPStore(ip, int(port), len(hosts), False, timedelta(seconds=self.timeout))
         self._stores.append(store)
+        if self.backend_name == "nccl":
+            return _nccl_subgroup(self.rank, hosts, dist.PrefixStore(name, store), self.timeout)
         return GlooSubgroupBackend(self.rank, hosts, dist.PrefixStore(name, store), self.timeout)
 
     def close(self) -> None:
@@ -287,6 +312,23 @@ class ProcessGroup:
 
     def __repr__(self) -> str:
         return f"ProcessGroup(rank={self.rank}, world_size={self.world_size}, via={self.name!r})"
+
+
+def _nccl_subgroup(rank: int, hosts, store, timeout: float):
+    """NCCL among ``hosts`` on this process's one GPU (NCCL binds a communicator to one)."""
+    import jax  # noqa: PLC0415
+
+    import importlib.util  # noqa: PLC0415
+
+    if importlib.util.find_spec("cupy") is None:
+        raise AlpaCommError("backend 'nccl' needs CuPy (pip install cupy-cuda12x) and a GPU")
+    from ..runtime.backend import NcclSubgroupBackend  # noqa: PLC0415
+
+    local = jax.local_devices()
+    if len(local) != 1 or local[0].platform not in ("gpu", "cuda"):
+        raise AlpaCommError(f"backend 'nccl' needs one GPU per process (a communicator is bound to one); this "
+                            f"process has {len(local)} {local[0].platform} device(s): use backend='gloo'")
+    return NcclSubgroupBackend(rank, hosts, store, local[0].local_hardware_id, timeout)
 
 
 def default_group() -> ProcessGroup:

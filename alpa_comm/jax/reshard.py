@@ -30,6 +30,7 @@ from ..runtime.executor import HostExecutor, Layout, numpy_dtype
 from ..spec import ShardingSpec
 from ..topology import ClusterSpec
 from . import programs
+from .buffers import buffers_for
 from .group import ProcessGroup, default_group
 from .placement import JaxHosts, named_sharding, placement
 
@@ -76,24 +77,26 @@ def reshard_tree(tree, dst_tree, *, group: ProcessGroup | None = None, strategy:
         raise InvalidOptionError(f"the destination tree's leaves {sorted(dsts)} do not match the array tree's "
                                  f"{sorted(p for p, _ in leaves)}")
     prep = _prepare(leaves, dsts, group, strategy, bucket_bytes, wire_dtype)
-    src = [_local_shards(x, prep.hosts, wire) for (_, x), wire in zip(leaves, prep.wires)]
-    dst = _run(prep.job, prep.layouts, prep.participants, src, group, timeout)
-    return tree_unflatten(tree, _assemble([(x.shape, x.dtype) for _, x in leaves], _want(dtype), prep.shardings,
-                                          dst, prep.hosts))
+    io = buffers_for(group.buffers, prep.hosts)
+    src = [io.sources(x, prep.hosts, wire) for (_, x), wire in zip(leaves, prep.wires)]
+    dst = _run(prep.job, io.layouts(prep.layouts), prep.participants, src, group, timeout, io)
+    return tree_unflatten(tree, io.place([(x.shape, x.dtype) for _, x in leaves], _want(dtype), prep.shardings,
+                                         dst, prep.hosts, prep.wires))
 
 
 def _want(dtype):
     return None if dtype is None else numpy_dtype(dtype) if isinstance(dtype, str) else np.dtype(dtype)
 
 
-def _run(job: HostJob, layouts, participants, src, group: ProcessGroup, timeout) -> list[dict[int, np.ndarray]]:
-    """This host's share of a plan over the group's subgroup of ``participants``; returns
-    the received buffers per leaf. A failure names the peer and the group's first failure."""
-    dst = [lay.empty_destinations(job.is_local) for lay in layouts]
+def _run(job: HostJob, layouts, participants, src, group: ProcessGroup, timeout, io) -> list[dict]:
+    """This host's share of a plan over the group's subgroup of ``participants``, in the
+    memory ``io`` keeps buffers in; returns the received buffers per leaf. A failure names
+    the peer and the group's first failure."""
+    dst = [lay.empty_destinations(job.is_local, alloc=io.alloc) for lay in layouts]
     backend = group.backend(participants)
     try:
         HostExecutor(group.rank, layouts, src, dst, backend, job.host_of, timeout or group.timeout,
-                     job.min_rate).run(job.transfers)
+                     job.min_rate, xp=io.xp).run(job.transfers)
     except CommunicationError as e:
         first = backend.report_failure(str(e))
         if first != str(e):
@@ -128,16 +131,18 @@ def _reshard_between_programs(tree, dst_tree, group: ProcessGroup, strategy, buc
             _PREPARED.popitem(last=False)
     _PREPARED.move_to_end(key)
     xs = dict(leaves)
-    src = [_local_shards(xs[path], hosts, numpy_dtype(wire)) if path in xs else {}
-           for path, _, wire in prep.moves]
-    dst = _run(prep.job, prep.layouts, prep.participants, src, group, timeout)
+    io = buffers_for(group.buffers, hosts)
+    src = [io.sources(xs[path], hosts, numpy_dtype(wire)) if path in xs else {} for path, _, wire in prep.moves]
+    dst = _run(prep.job, io.layouts(prep.layouts), prep.participants, src, group, timeout, io)
     if dst_tree is None:
         return None
     shapes = {path: (tuple(d["shape"]), numpy_dtype(d["dtype"])) for path, d in picture["src"]}
+    wires = {path: numpy_dtype(d["wire"]) for path, d in picture["src"]}
     ours = {path: i for i, (path, first, _) in enumerate(prep.moves) if first == hosts.first_host}
     paths = [path for path, _ in dst_leaves]
     shardings = [named_sharding(d, len(shapes[path][0])) for path, d in dst_leaves]
-    out = _assemble([shapes[p] for p in paths], _want(dtype), shardings, [dst[ours[p]] for p in paths], hosts)
+    out = io.place([shapes[p] for p in paths], _want(dtype), shardings, [dst[ours[p]] for p in paths], hosts,
+                   [wires[p] for p in paths])
     return tree_unflatten(dst_tree, out, is_leaf=_is_notation_pair)
 
 
@@ -246,27 +251,3 @@ def _wire_type(own: np.dtype, wire_dtype) -> np.dtype:
     if wire_dtype is None or not np.issubdtype(own, np.floating) and own.name != "bfloat16":
         return own
     return numpy_dtype(str(np.dtype(wire_dtype)) if not isinstance(wire_dtype, str) else wire_dtype)
-
-
-def _local_shards(x, hosts: JaxHosts, wire: np.dtype) -> dict[int, np.ndarray]:
-    """This process's source shards of ``x``, by alpa_comm device id, as NumPy of the
-    wire type."""
-    return {hosts.id_of(s.device): np.asarray(s.data).astype(wire, copy=False) for s in x.addressable_shards}
-
-
-def _assemble(leaves, want, shardings, buffers: list[dict[int, np.ndarray]], hosts: JaxHosts) -> list:
-    """The destination ``jax.Array`` of every leaf from this process's received buffers, in
-    ``want`` (None: each leaf's own type). All shards go to their devices in one batched
-    ``device_put`` (one call per shard costs about a millisecond; a weight sync has
-    hundreds). A process that only sends gets arrays without addressable shards."""
-    import jax  # noqa: PLC0415
-
-    types = [want or np.dtype(dtype) for _, dtype in leaves]
-    order = [(i, d) for i, bufs in enumerate(buffers) for d in sorted(bufs)]
-    placed = jax.device_put([buffers[i][d].astype(types[i], copy=False) for i, d in order],
-                            [hosts.device(d) for _, d in order]) if order else []
-    per_leaf: list[list] = [[] for _ in leaves]
-    for (i, _), arr in zip(order, placed):
-        per_leaf[i].append(arr)
-    return [jax.make_array_from_single_device_arrays(tuple(shape), sharding, local, dtype=t)
-            for (shape, _), sharding, local, t in zip(leaves, shardings, per_leaf, types)]

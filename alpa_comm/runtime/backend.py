@@ -339,6 +339,49 @@ class NcclBackend(Backend):
         self.comm.destroy()
 
 
+class NcclSubgroupBackend(NcclBackend):
+    """NCCL among some hosts only (``hosts``, this process being ``host``) on this process's
+    one GPU, for ``alpa_comm.jax``: the lowest member makes the NCCL id and shares it
+    through the subgroup's rendezvous ``store`` (as ``GlooSubgroupBackend`` shares its
+    group); peers are host ids. Written against CuPy's NCCL API and not run here: one GPU
+    cannot hold NCCL ranks of two processes."""
+
+    def __init__(self, host: int, hosts, store, device_ordinal: int, timeout: float = DEFAULT_TIMEOUT_S):
+        import json  # noqa: PLC0415
+
+        import cupy  # noqa: PLC0415 - only where a GPU exists
+
+        self.hosts = sorted(int(h) for h in hosts)
+        self._index = {h: i for i, h in enumerate(self.hosts)}
+        self._store = store
+        if host == self.hosts[0]:
+            store.set("nccl_id", json.dumps([int(b) for b in self.new_unique_id()]))
+        try:
+            store.wait(["nccl_id"], timedelta(seconds=timeout))
+        except Exception:  # noqa: BLE001
+            raise CommunicationError(f"host {host}: host {self.hosts[0]} did not share the NCCL id of the group "
+                                     f"of hosts {self.hosts} within {timeout:g} s") from None
+        uid = tuple(json.loads(store.get("nccl_id")))
+        cupy.cuda.Device(device_ordinal).use()
+        super().__init__(self._index[host], len(self.hosts), uid, timeout)
+        self.rank = host  # errors name hosts, as everywhere in the executor
+
+    def _call(self, fn, buf, peer: int, what: str) -> Handle:
+        try:
+            index = self._index[peer]
+        except KeyError:
+            raise CommunicationError(f"host {self.rank}: host {peer} is not in this group {self.hosts}") from None
+        handle = super()._call(lambda ptr, n, t, _peer, stream: fn(ptr, n, t, index, stream), buf, peer, what)
+        return handle
+
+    def report_failure(self, message: str) -> str:
+        try:
+            first = self._store.compare_set("failure", "", message)
+            return first.decode() if isinstance(first, bytes) else str(first)
+        except Exception:  # noqa: BLE001 - the store's host may be the one that died
+            return message
+
+
 # ---------------------------------------------------------------------- threads
 class ThreadHub:
     """Mailboxes shared by the ThreadBackend ranks of one process."""

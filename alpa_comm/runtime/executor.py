@@ -45,6 +45,19 @@ def numpy_dtype(name: str):
     return np.dtype(name)
 
 
+def array_module(*buffer_lists):
+    """The array module of the buffers (CuPy for GPU arrays, else NumPy), found without
+    importing CuPy where none is used."""
+    for group in buffer_lists:
+        for bufs in group:
+            for b in (bufs or {}).values():
+                if type(b).__module__.split(".")[0] == "cupy":
+                    import cupy  # noqa: PLC0415 - only where its arrays are passed in
+
+                    return cupy
+    return np
+
+
 def view(buf: np.ndarray, buf_box: Box, index: Box) -> np.ndarray:
     """The part of ``buf`` (holding ``buf_box`` of the tensor) that covers ``index``."""
     return buf[tuple(slice(a - b0, b - b0) for (a, b), (b0, _) in zip(index, buf_box))]
@@ -69,10 +82,14 @@ class Layout:
         sent = dst if leaf.sent_spec is None else leaf.sent.device_boxes(leaf.shape)
         return cls(numpy_dtype(leaf.dtype), leaf.resharding.src.device_boxes(leaf.shape), dst, sent)
 
-    def empty_destinations(self, is_local: Callable[[int], bool], zeros: bool = False) -> dict[int, np.ndarray]:
-        """Fresh buffers for the destination devices ``is_local`` accepts."""
-        new = np.zeros if zeros else np.empty
-        return {d: new(shape_of(box), self.dtype) for d, box in self.dst_boxes.items() if is_local(d)}
+    def empty_destinations(self, is_local: Callable[[int], bool], zeros: bool = False,
+                           alloc: Callable | None = None) -> dict[int, np.ndarray]:
+        """Fresh buffers for the destination devices ``is_local`` accepts (``alloc(device,
+        shape, dtype)`` makes one elsewhere than in host memory, e.g. on a GPU)."""
+        if alloc is None:
+            new = np.zeros if zeros else np.empty
+            return {d: new(shape_of(box), self.dtype) for d, box in self.dst_boxes.items() if is_local(d)}
+        return {d: alloc(d, shape_of(box), self.dtype) for d, box in self.dst_boxes.items() if is_local(d)}
 
     def source_shards(self, array: np.ndarray, is_local: Callable[[int], bool]) -> dict[int, np.ndarray]:
         """The source devices' shards of a whole ``array``, for the devices ``is_local`` accepts."""
@@ -93,10 +110,16 @@ class HostExecutor:
 
     ``layout``/``src``/``dst`` describe one array, or are lists with one entry per
     leaf of a tree plan (transfers name their ``leaf``; coalesced ones carry parts).
+
+    Buffers are NumPy arrays, or arrays of another module with NumPy's interface (``xp``:
+    CuPy for GPU memory, found from the buffers when not given): every buffer the
+    executor makes (packs, receive buffers) comes from ``xp``, so device data is never
+    staged through host memory.
     """
 
     def __init__(self, host: int, layout, src, dst, backend: Backend, host_of: Callable[[int], int],
-                 timeout: float = DEFAULT_TIMEOUT_S, min_rate: float | None = None, tag_base: int = 0):
+                 timeout: float = DEFAULT_TIMEOUT_S, min_rate: float | None = None, tag_base: int = 0,
+                 xp=None):
         many = isinstance(layout, (list, tuple))
         self.layouts = list(layout) if many else [layout]
         self.srcs = list(src) if many else [src]
@@ -106,6 +129,7 @@ class HostExecutor:
         self.wait_s = timeout
         self.tag_base = tag_base  # separates plans that run at the same time over one backend
         self._packed: dict[int, Future] = {}  # transfer id -> its buffer, being packed ahead
+        self.xp = xp if xp is not None else array_module(self.srcs, self.dsts)
         self._select(0)
 
     def _select(self, leaf: int) -> None:
@@ -127,12 +151,12 @@ class HostExecutor:
         """The bytes of ``index`` held by source ``device``, flat and contiguous."""
         lay, src = (self.layout, self.src) if leaf is None else (self.layouts[leaf], self.srcs[leaf])
         data = view(src[device], lay.src_boxes[device], index)
-        return np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        return self.xp.ascontiguousarray(data).reshape(-1).view(np.uint8)
 
     def read_destination(self, device: int, index: Box) -> np.ndarray:
         """The bytes of ``index`` already written into destination ``device``, flat."""
         data = view(self.dst[device], self.layout.dst_boxes[device], index)
-        return np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        return self.xp.ascontiguousarray(data).reshape(-1).view(np.uint8)
 
     def write(self, device: int, index: Box, flat: np.ndarray, leaf: int | None = None) -> None:
         """Write flat bytes holding ``index`` into destination ``device``."""
@@ -150,7 +174,14 @@ class HostExecutor:
         return ahead.result() if ahead is not None else self._pack(t)
 
     def _pack(self, t: Transfer) -> np.ndarray:
-        return np.concatenate([self.slice_bytes(p.sender, p.index, p.leaf) for p in t.parts])
+        return self.concat([self.slice_bytes(p.sender, p.index, p.leaf) for p in t.parts])
+
+    def empty_bytes(self, nbytes: int) -> np.ndarray:
+        """A flat byte buffer of this executor's array module (host or device memory)."""
+        return self.xp.empty(int(nbytes), np.uint8)
+
+    def concat(self, pieces: list) -> np.ndarray:
+        return self.xp.concatenate(pieces)
 
     def deliver(self, t: Transfer, flat: np.ndarray) -> None:
         """Write what arrived into this host's receiving devices (unpacking parts)."""

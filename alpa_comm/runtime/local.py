@@ -29,9 +29,10 @@ def execute_in_threads(plan: ReshardingPlan, array: np.ndarray, timeout: float =
 
 
 def execute_tree_in_threads(plan, arrays, timeout: float = DEFAULT_TIMEOUT_S,
-                            kill_host: int | None = None) -> list[dict[int, np.ndarray]]:
+                            kill_host: int | None = None, xp=None) -> list[dict[int, np.ndarray]]:
     """Run a plan with hosts as threads; ``arrays`` in leaf order. Returns per leaf every
-    destination device's buffer."""
+    destination device's buffer. ``xp``: keep every buffer in that array module's memory
+    (sources, destinations and everything the executor makes), as on GPUs."""
     layouts = tree_layouts(plan)
     for leaf, lay, a in zip(plan.leaves, layouts, arrays):
         if a.shape != tuple(leaf.shape) or a.dtype != lay.dtype:
@@ -40,7 +41,8 @@ def execute_tree_in_threads(plan, arrays, timeout: float = DEFAULT_TIMEOUT_S,
                              f"{tuple(leaf.shape)} {lay.dtype}")
     host_of = plan.cluster.host_of
     hub = ThreadHub(plan.cluster.num_hosts)
-    dst = [lay.empty_destinations(lambda d: True, zeros=True) for lay in layouts]
+    alloc = None if xp is None else (lambda d, shape, dtype: xp.zeros(shape, dtype))
+    dst = [lay.empty_destinations(lambda d: True, zeros=True, alloc=alloc) for lay in layouts]
     hosts = sorted(set(plan.host_operations) | {host_of(d) for lay in layouts for d in lay.dst_boxes})
 
     def work(h: int) -> None:
@@ -48,8 +50,10 @@ def execute_tree_in_threads(plan, arrays, timeout: float = DEFAULT_TIMEOUT_S,
             raise CommunicationError(f"host {h} was killed")
         job = HostJob.for_host(plan, h)
         src = [lay.source_shards(a, job.is_local) for lay, a in zip(layouts, arrays)]
+        if xp is not None:
+            src = [{d: xp.asarray(b) for d, b in leaf_src.items()} for leaf_src in src]
         mine = [{d: b for d, b in leaf_dst.items() if job.is_local(d)} for leaf_dst in dst]
-        HostExecutor(h, layouts, src, mine, ThreadBackend(h, hub), job.host_of, timeout).run(job.transfers)
+        HostExecutor(h, layouts, src, mine, ThreadBackend(h, hub), job.host_of, timeout, xp=xp).run(job.transfers)
 
     _run_hosts(hosts, work, hub, timeout)
     return dst

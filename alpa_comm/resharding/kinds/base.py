@@ -221,7 +221,7 @@ def receive_buffer(ex: "HostExecutor", t: "Transfer", nbytes: int, data: bool = 
     arrives, so intra-host copies overlap the network instead of following it."""
     mine = ex.local_receivers(t) if data and not t.parts else []
     targets = [ex.flat_target(r, t.index) for r in mine]
-    flat = targets[0] if targets and targets[0] is not None else np.empty(nbytes, np.uint8)
+    flat = targets[0] if targets and targets[0] is not None else ex.empty_bytes(nbytes)
     return flat, mine, targets
 
 

@@ -71,7 +71,7 @@ class Broadcast(TransferKind):
         k = 1 if signal else max(1, min(t.chunks, nbytes))
         bounds = np.linspace(0, nbytes, k + 1).astype(np.int64)
         if p == 0:
-            flat = np.zeros(1, np.uint8) if signal else ex.source(t)
+            flat = ex.xp.zeros(1, np.uint8) if signal else ex.source(t)
             ex.wait([ex.isend(flat[bounds[c]:bounds[c + 1]], chain[1], tag0 + c) for c in range(k)])
             return
         flat, mine, targets = receive_buffer(ex, t, nbytes, data=not signal)

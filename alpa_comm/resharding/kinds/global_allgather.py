@@ -53,7 +53,7 @@ class GlobalAllGather(TransferKind):
                      for j, r in enumerate(t.receivers)])
         if ex.host not in hosts:
             return
-        flat = np.empty(t.nbytes, np.uint8)
+        flat = ex.empty_bytes(t.nbytes)
         ex.wait([ex.irecv(flat[bounds[j]:bounds[j + 1]], sender_host, tag0 + j)
                  for j, r in enumerate(t.receivers) if ex.host_of(r) == ex.host])
         # receivers are host-major, so each host's parts are one contiguous block

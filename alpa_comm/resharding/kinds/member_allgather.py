@@ -43,7 +43,7 @@ class MemberAllGather(TransferKind):
         for m in t.receivers:
             offsets[m] = pos
             pos += nbytes[m]
-        flat = np.empty(pos, np.uint8)
+        flat = ex.empty_bytes(pos)
         mine = ex.local_receivers(t)
         for m in mine:
             data = ex.read_destination(m, parts[m])

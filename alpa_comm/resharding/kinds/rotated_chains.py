@@ -278,14 +278,14 @@ class RotatedChains(TransferKind):
             if not parts:
                 return ex.source(t)
             pieces = [ex.slice_bytes(parts[j].sender, parts[j].index, parts[j].leaf) for j in range(a, b)]
-            return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+            return pieces[0] if len(pieces) == 1 else ex.concat(pieces)
 
         sends = [ex.isend(payload(a, b), e, tag0 + m) for m, (s, e, a, b) in enumerate(messages)
                  if s == ex.host and e != ex.host]
         if ex.host not in ring:
             ex.wait(sends)
             return
-        flat = np.empty(int(offsets[-1]), np.uint8)
+        flat = ex.empty_bytes(int(offsets[-1]))
         recvs = []
         for m, (s, e, a, b) in enumerate(messages):
             if e != ex.host:

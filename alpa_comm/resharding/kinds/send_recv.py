@@ -47,6 +47,6 @@ class SendRecv(TransferKind):
             flat = ex.source(t)
             ex.wait([ex.isend(flat[bounds[j]:bounds[j + 1]], dst_host, tag0 + j) for j in range(parts)])
         if dst_host == ex.host:
-            flat = np.empty(t.nbytes, np.uint8)
+            flat = ex.empty_bytes(t.nbytes)
             ex.wait([ex.irecv(flat[bounds[j]:bounds[j + 1]], src_host, tag0 + j) for j in range(parts)])
             ex.deliver(t, flat)
