@@ -2,7 +2,7 @@
 
 S=4 stages, M=16 microbatches, t_bwd = 2 t_fwd, for several transfer times;
 writes benchmarks/results/schedules/ (a markdown table and the 1F1B vs
-eager-1F1B timeline PNG of the issue's setting, t_comm = 0.5 t_fwd).
+eager-1F1B vs ZB-H1 timeline PNG of the issue's setting, t_comm = 0.5 t_fwd).
 
     python benchmarks/schedules.py [--out benchmarks/results/schedules]
 """
@@ -19,13 +19,14 @@ from alpa_comm.report.tables import table
 
 S, M = 4, 16
 VARIANTS = [("1f1b", False, None), ("1f1b", True, None), ("1f1b", True, "auto"),
-            ("eager-1f1b", False, None), ("eager-1f1b", True, None), ("eager-1f1b", True, "auto")]
+            ("eager-1f1b", False, None), ("eager-1f1b", True, None), ("eager-1f1b", True, "auto"),
+            ("zb-h1", True, None)]
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="benchmarks/results/schedules", help="output directory")
-    p.add_argument("--t-comm", default="0.5,1,1.5,2", help="comma-separated transfer times (t_fwd = 1)")
+    p.add_argument("--t-comm", default="0,0.5,1,1.5,2", help="comma-separated transfer times (t_fwd = 1)")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -49,7 +50,8 @@ def main(argv=None) -> int:
     costs = Costs(1.0, 2.0, 0.5)
     eager = build("eager-1f1b", S, M, costs, True, "auto")
     png = timeline_png([("1f1b", simulate_schedule(generate("1f1b", S, M), costs), S),
-                        (eager.label, eager.result, S)], out / "1f1b_vs_eager.png")
+                        (eager.label, eager.result, S),
+                        ("zb-h1", simulate_schedule(generate("zb-h1", S, M), costs), S)], out / "1f1b_vs_eager.png")
     print(f"\nwrote {md} and {png}", file=sys.stderr)
     return 0
 

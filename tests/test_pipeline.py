@@ -5,6 +5,7 @@ from hypothesis import given, settings, strategies as st
 from alpa_comm.cli import main
 from alpa_comm.pipeline import (SCHEDULES, Action, Costs, Schedule, ScheduleError, auto_delay_schedule, generate,
                                 memory, simulate_schedule, validate)
+from alpa_comm.pipeline import schedule_kind
 from alpa_comm.pipeline.compare import comm_limit, signal_bound
 
 S_M = st.tuples(st.integers(1, 8), st.integers(1, 32))
@@ -14,7 +15,8 @@ S_M = st.tuples(st.integers(1, 8), st.integers(1, 32))
 @given(S_M, st.sampled_from(SCHEDULES), st.booleans(), st.integers(0, 3))
 def test_every_generated_schedule_validates(sm, kind, split, delay):
     S, M = sm
-    sched = generate(kind, S, M, split_backward=split, delay_wgrad=delay if split else None)
+    own = schedule_kind(kind).wgrad_lag is not None  # places its own weight gradients
+    sched = generate(kind, S, M, split_backward=split, delay_wgrad=delay if split and not own else None)
     validate(sched)
     assert Schedule.from_text(sched.to_text()) == Schedule(sched.stages)
     assert Schedule.from_json(sched.to_json()).stages == sched.stages
@@ -29,6 +31,45 @@ def test_memory_claims(sm):
     for i in range(S):
         assert one[i].peak_activations == min(M, S - i)
         assert eager[i].peak_activations - one[i].peak_activations <= S  # the paper's bound
+
+
+@settings(max_examples=80, deadline=None)
+@given(S_M)
+def test_zb_h1_keeps_1f1b_peak_memory(sm):
+    """ZB-H1's claim: the same peak activation memory as 1F1B (stage i holds at most S - i
+    activations plus i weight-gradient states; stage 0's S is the peak of both)."""
+    S, M = sm
+    zb, one = memory(generate("zb-h1", S, M)), memory(generate("1f1b", S, M))
+    assert max(m.peak_activations for m in zb) == max(m.peak_activations for m in one) == min(M, S)
+    assert all(m.peak_pending_wgrad <= min(i + 1, M) for i, m in enumerate(zb))  # i late, one in hand
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 8).flatmap(lambda S: st.tuples(st.just(S), st.integers(S, 32))),
+       st.floats(0.2, 2.0), st.floats(0.2, 2.0), st.floats(0.05, 1.0))
+def test_zb_h1_bubble_is_the_papers(sm, tf, tbi, share):
+    """Without transfer time and with W no longer than F or B (the paper's setting), ZB-H1's
+    bubble is (S - 1)(T_F + T_B - T_W), 1F1B's (S - 1)(T_F + T_B + T_W)."""
+    S, M = sm
+    tbw = share * min(tf, tbi)
+    costs = Costs(t_fwd=tf, t_bwd=tbi + tbw, t_bi=tbi, t_bw=tbw, t_comm=0.0)
+    zb = simulate_schedule(generate("zb-h1", S, M), costs).iteration_time
+    one = simulate_schedule(generate("1f1b", S, M), costs).iteration_time
+    assert zb == pytest.approx(M * (tf + tbi + tbw) + (S - 1) * (tf + tbi - tbw))
+    assert one == pytest.approx((M + S - 1) * (tf + tbi + tbw))
+
+
+def test_eager_1f1b_wins_over_zb_h1_only_where_transfers_matter():
+    """Eager-1F1B trades memory for overlap: with free transfers ZB-H1 is faster (it fills
+    the cool-down with weight gradients); with transfers as long as a forward eager-1F1B is."""
+    S, M = 4, 8
+    free, slow = Costs(t_fwd=1, t_bwd=2, t_comm=0.0), Costs(t_fwd=1, t_bwd=2, t_comm=1.0)
+    t = {(k, c): simulate_schedule(generate(k, S, M), costs).iteration_time
+         for k in ("zb-h1", "eager-1f1b") for c, costs in (("free", free), ("slow", slow))}
+    assert t[("zb-h1", "free")] < t[("eager-1f1b", "free")]
+    assert t[("eager-1f1b", "slow")] < t[("zb-h1", "slow")]
+    with pytest.raises(Exception, match="places its own weight gradients"):
+        generate("zb-h1", S, M, split_backward=True, delay_wgrad=1)
 
 
 @settings(max_examples=60, deadline=None)
@@ -55,7 +96,8 @@ def test_no_schedule_beats_the_comm_limit(sm, kind, tc):
 
 def test_benchmark_setting_from_the_issue():
     S, M, costs = 4, 16, Costs(t_fwd=1, t_bwd=2, t_comm=0.5)
-    bound = signal_bound(S, M, costs)
+    bound = signal_bound(S, M, costs, kinds=("gpipe", "1f1b", "eager-1f1b"))  # the claim predates ZB-H1
+    assert signal_bound(S, M, costs) == 51  # ZB-H1 without transfers: bubble (S-1)(T_F + T_B - T_W)
     eager, report = auto_delay_schedule("eager-1f1b", S, M, costs)
     assert bound / simulate_schedule(eager, costs).iteration_time >= 0.93
     assert bound / simulate_schedule(generate("1f1b", S, M), costs).iteration_time <= 0.85
@@ -156,7 +198,7 @@ def test_cli_schedule_compare_and_errors(tmp_path, capsys):
     assert main(["schedule", "--stages", "4", "--microbatches", "16", "--compare", "--png",
                  str(tmp_path / "c.png")]) == 0
     out = capsys.readouterr().out
-    assert "eager-1f1b + split + auto delay" in out and "0.761" in out
+    assert "eager-1f1b + split + auto delay" in out and "0.718" in out and "| zb-h1 " in out
     bad = tmp_path / "bad.txt"
     bad.write_text("stage 0: F0 B0 B0\n")
     assert main(["schedule", "--from-file", str(bad)]) == 2

@@ -25,7 +25,7 @@ from alpa_comm.train.local_pipeline import reference_step  # noqa: E402
 KW = {"layers": 4, "d": 16, "heads": 2, "seq": 8}
 LR = 0.5
 VARIANTS = [(kind, split, delay) for kind in ("gpipe", "1f1b", "eager-1f1b")
-            for split, delay in ((False, None), (True, None), (True, 1))]
+            for split, delay in ((False, None), (True, None), (True, 1))] + [("zb-h1", True, None)]
 
 
 @pytest.fixture(scope="module")

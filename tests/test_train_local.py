@@ -25,7 +25,7 @@ def microbatches(vocab=256, seq=16, b=2, seed=0):
 
 
 VARIANTS = [(k, split, delay) for k in ("gpipe", "1f1b", "eager-1f1b")
-            for split, delay in ((False, None), (True, None), (True, 1))]
+            for split, delay in ((False, None), (True, None), (True, 1))] + [("zb-h1", True, None)]
 
 
 @pytest.mark.parametrize("model_fn,S", [(lambda S: gpt(S, layers=4), 2), (lambda S: gpt(S, layers=4), 4),

@@ -3,17 +3,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .generators import SCHEDULES, generate
+from ..errors import InvalidOptionError
+from .generators import SCHEDULES, generate, schedule_kind
 from .ir import Schedule
 from .memory import memory
 from .simulate import Costs, PipelineResult, simulate_schedule
 from .weight_delay import auto_delay_schedule
 
 
-def signal_bound(num_stages: int, num_microbatches: int, costs: Costs) -> float:
-    """Best iteration time of any generated schedule when transfers are free."""
+def signal_bound(num_stages: int, num_microbatches: int, costs: Costs, kinds=SCHEDULES) -> float:
+    """Best iteration time of any generated schedule (of ``kinds``) when transfers are free."""
     return min(simulate_schedule(generate(k, num_stages, num_microbatches, split_backward=s), costs,
-                                 signal=True).iteration_time for k in SCHEDULES for s in (False, True))
+                                 signal=True).iteration_time for k in kinds for s in (False, True)
+               if not (s is False and schedule_kind(k).wgrad_lag))
 
 
 def comm_limit(num_stages: int, num_microbatches: int, costs: Costs) -> float:
@@ -34,6 +36,11 @@ class Variant:
 def build(kind: str, num_stages: int, num_microbatches: int, costs: Costs, split: bool, delay) -> Variant:
     """One schedule as the CLI options describe it (``delay`` may be 'auto', an int or None)."""
     delays = None
+    if schedule_kind(kind).wgrad_lag is not None:  # places its own weight gradients
+        if delay is not None:
+            raise InvalidOptionError(f"{kind} places its own weight gradients: --delay-wgrad does not apply")
+        sched = generate(kind, num_stages, num_microbatches)
+        return Variant(kind, sched, simulate_schedule(sched, costs))
     if delay == "auto":
         sched, rep = auto_delay_schedule(kind, num_stages, num_microbatches, costs)
         delays = rep["delays"]
@@ -48,6 +55,9 @@ def build(kind: str, num_stages: int, num_microbatches: int, costs: Costs, split
 def compare(num_stages: int, num_microbatches: int, costs: Costs) -> list[Variant]:
     out = []
     for kind in SCHEDULES:
+        if schedule_kind(kind).wgrad_lag is not None:
+            out.append(build(kind, num_stages, num_microbatches, costs, True, None))
+            continue
         out.append(build(kind, num_stages, num_microbatches, costs, False, None))
         out.append(build(kind, num_stages, num_microbatches, costs, True, None))
         out.append(build(kind, num_stages, num_microbatches, costs, True, "auto"))

@@ -8,6 +8,14 @@ one backward and one forward, then drains the remaining backwards.
 * ``eager-1f1b``: W_i = min(M, 2(S - i) - 1): forwards run early, so a
   stage has other microbatches' work to do while one microbatch's activation
   crosses to the next mesh (the paper's overlap-friendly schedule).
+* ``zb-h1``: Zero Bubble's H1 (Qi et al., ICLR 2024): 1F1B's warm-up (so 1F1B's
+  peak memory: stage i holds at most S - i activations plus i weight-gradient
+  states, at most S in all), the backward split, and stage i's ``BW m`` run right
+  after ``BI (m + i)``: the last stages send their input gradients at once and
+  do their weight gradients in the cool-down, where 1F1B leaves them idle. As in
+  the authors' Megatron patch (branch ``zb-h1-quick-start``, which delays W "by
+  rank" the same way; it also leaves steady-state backwards unsplit for tensor
+  parallelism, which this generator does not model).
 
 Communication is inserted around compute: ``RECV_F m`` right before ``F m``
 (stages > 0), ``SEND_F m`` right after it (stages < S-1); ``RECV_B m``
@@ -28,11 +36,14 @@ from .ir import Action, ActionKind, Schedule
 
 class ScheduleKind(NamedTuple):
     """A schedule family: its name, its warm-up rule (forwards stage ``i`` of ``S`` runs
-    before its first backward, given ``M`` microbatches) and one line for listings."""
+    before its first backward, given ``M`` microbatches), one line for listings, and, for
+    a family that places its own weight gradients, how many backward passes stage ``i``'s
+    ``BW`` lags its ``BI`` (such a family always splits the backward)."""
 
     name: str
     warmup: Callable[[int, int, int], int]
     summary: str
+    wgrad_lag: Callable[[int, int], int] | None = None
 
 
 SCHEDULE_KINDS: dict[str, ScheduleKind] = {k.name: k for k in (
@@ -40,6 +51,9 @@ SCHEDULE_KINDS: dict[str, ScheduleKind] = {k.name: k for k in (
     ScheduleKind("1f1b", lambda S, M, i: min(M, S - i), "at most S - i microbatches in flight"),
     ScheduleKind("eager-1f1b", lambda S, M, i: min(M, 2 * (S - i) - 1),
                  "forwards run early so transfers overlap compute (the paper's schedule)"),
+    ScheduleKind("zb-h1", lambda S, M, i: min(M, S - i),
+                 "1F1B with split backward, stage i's weight gradients i backwards late (Zero Bubble H1)",
+                 wgrad_lag=lambda S, i: i),
 )}
 """Every schedule the generators, the trainer and the CLI know, by name."""
 
@@ -85,10 +99,14 @@ def generate(kind: str, num_stages: int, num_microbatches: int, *, split_backwar
              delay_wgrad: int | Sequence[int] | None = None) -> Schedule:
     """Build a schedule. ``delay_wgrad`` needs ``split_backward``; for a delay chosen by
     the cost model use ``weight_delay.auto_delay_schedule``."""
-    schedule_kind(kind)  # an unknown name fails before any other check
+    family = schedule_kind(kind)  # an unknown name fails before any other check
     for name, v in (("stages", num_stages), ("microbatches", num_microbatches)):
         if not isinstance(v, int) or v <= 0:
             raise InvalidOptionError(f"number of {name} must be a positive integer, got {v!r}")
+    if family.wgrad_lag is not None:
+        if delay_wgrad is not None:
+            raise InvalidOptionError(f"{kind} places its own weight gradients: delay_wgrad does not apply")
+        return _lagged(family, num_stages, num_microbatches)
     if delay_wgrad is not None and not split_backward:
         raise InvalidOptionError("delay_wgrad needs split_backward (BW must be a separate action to delay it)")
     delays = _delays(delay_wgrad, num_stages)
@@ -128,3 +146,24 @@ def generate(kind: str, num_stages: int, num_microbatches: int, *, split_backwar
     if split_backward:
         suffix = " split" + (f" delay={delays}" if any(delays) else "")
     return Schedule(tuple(stages), kind + suffix)
+
+
+def _lagged(family: ScheduleKind, num_stages: int, num_microbatches: int) -> Schedule:
+    """A family whose stage i runs ``BW m`` right after ``BI (m + lag_i)`` (the rest after
+    the last backward), communication placed as in ``generate``."""
+    S, stages = num_stages, []
+    for i in range(S):
+        lag, out, backwards = family.wgrad_lag(S, i), [], []
+        for op, m in compute_order(family.name, S, num_microbatches, i):
+            if op == "F":
+                out += ([Action(ActionKind.RECV_F, m)] if i > 0 else []) + [Action(ActionKind.F, m)]
+                out += [Action(ActionKind.SEND_F, m)] if i < S - 1 else []
+                continue
+            out += ([Action(ActionKind.RECV_B, m)] if i < S - 1 else []) + [Action(ActionKind.BI, m)]
+            out += [Action(ActionKind.SEND_B, m)] if i > 0 else []
+            backwards.append(m)
+            if len(backwards) > lag:
+                out.append(Action(ActionKind.BW, backwards[len(backwards) - 1 - lag]))
+        out += [Action(ActionKind.BW, m) for m in backwards[max(0, len(backwards) - lag):]]
+        stages.append(tuple(out))
+    return Schedule(tuple(stages), family.name)
