@@ -100,21 +100,29 @@ def _flat(tree):
     return out
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+def parse_args(doc: str, argv, extra=None):
+    """The options both weight-sync examples take, checked (``extra(p)`` adds more)."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=doc)
     p.add_argument("--steps", type=int, default=3, help="training steps, one sync each (default 3)")
     p.add_argument("--layers", type=int, default=4, help="transformer layers (default 4)")
     p.add_argument("--width", type=int, default=256, help="model width (default 256)")
     p.add_argument("--wire-dtype", default=None, help="e.g. bfloat16: weights travel in it, arrive as float32")
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    argv = sys.argv[1:] if argv is None else list(argv)
+    if extra:
+        extra(p)
     args = p.parse_args(argv)
     for name in ("steps", "layers", "width"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     if args.width % 4:
         p.error(f"--width must be a multiple of 4 (FSDP over 4 devices), got {args.width}")
+    return args
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(__doc__, argv, lambda p: p.add_argument("--worker", action="store_true",
+                                                              help=argparse.SUPPRESS))
     if args.worker:
         return run_rank(args)
     from alpa_comm.jax.launch import launch

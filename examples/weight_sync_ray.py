@@ -20,7 +20,6 @@ rounded to bfloat16, received as float32).
 """
 from __future__ import annotations
 
-import argparse
 import os
 import socket
 import sys
@@ -79,18 +78,10 @@ class Actor:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--steps", type=int, default=3, help="training steps, one sync each (default 3)")
-    p.add_argument("--layers", type=int, default=4, help="transformer layers (default 4)")
-    p.add_argument("--width", type=int, default=256, help="model width (default 256)")
-    p.add_argument("--wire-dtype", default=None, help="e.g. bfloat16: weights travel in it, arrive as float32")
-    args = p.parse_args(argv)
-    for name in ("steps", "layers", "width"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
-    if args.width % 4:
-        p.error(f"--width must be a multiple of 4 (FSDP over 4 devices), got {args.width}")
+    sys.path.insert(0, str(HERE))
+    from weight_sync import parse_args
+
+    args = parse_args(__doc__, argv)
     import ray
 
     path = os.pathsep.join([str(HERE), str(HERE.parent), os.environ.get("PYTHONPATH", "")])
