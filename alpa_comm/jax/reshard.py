@@ -6,8 +6,9 @@ is made (the same planner as everywhere) and, with this process's share of it an
 layouts, cached by the tree's shapes, types and shardings: a weight sync that repeats
 prepares once,
 and this process runs its host's share of it with the runtime's ``HostExecutor`` over the
-group's backend: from its addressable source shards (read as NumPy) into fresh buffers
-for its addressable destination devices, which become the result's shards. Processes in
+group's backend: from its addressable source shards (read as NumPy, or handed over by
+DLPack: ``buffers``) into fresh buffers for its addressable destination devices, which
+become the result's shards. Processes in
 neither mesh do not call. A peer that dies mid-transfer ends in a ``CommunicationError``
 naming it, within the group's timeout.
 """
