@@ -1,16 +1,15 @@
 """``reshard`` / ``reshard_tree``: a global ``jax.Array`` from one mesh to another, called by
 every process of both meshes.
 
-The source and destination ``NamedSharding`` become placements (``placement``), one plan
-is made (the same planner as everywhere) and, with this process's share of it and the
-layouts, cached by the tree's shapes, types and shardings: a weight sync that repeats
-prepares once,
-and this process runs its host's share of it with the runtime's ``HostExecutor`` over the
-group's backend: from its addressable source shards (read as NumPy, or handed over by
-DLPack: ``buffers``) into fresh buffers for its addressable destination devices, which
-become the result's shards. Processes in
-neither mesh do not call. A peer that dies mid-transfer ends in a ``CommunicationError``
-naming it, within the group's timeout.
+The source and destination ``NamedSharding`` become placements (``placement``) and one
+plan is made (the same planner as everywhere); with this process's share of it and the
+buffer layouts it is cached by the tree's shapes, types and shardings, so a weight sync
+that repeats prepares once. This process runs its share with the runtime's
+``HostExecutor`` over the group's backend: from its addressable source shards (read as
+NumPy, or handed over by DLPack: ``buffers``) into fresh buffers for its addressable
+destination devices, which become the result's shards. Processes in neither mesh do not
+call. A peer that dies mid-transfer ends in a ``CommunicationError`` naming it, within
+the group's timeout. Between separate JAX programs: ``programs``.
 """
 from __future__ import annotations
 
