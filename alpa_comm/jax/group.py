@@ -101,6 +101,9 @@ class _RayStore:
 
     def join(self, rank: int) -> bool:
         """False when ``rank`` joined this group before (its keys would be stale)."""
+        import time  # noqa: PLC0415
+
+        self.last = time.monotonic()
         fresh = rank not in self.members
         self.members.add(rank)
         return fresh
@@ -111,7 +114,7 @@ class _RayKV:
     until the key is there or the timeout passes."""
 
     POLL_S = 0.01
-    IDLE_S = 600.0
+    IDLE_S = 24 * 3600.0  # longer than any pause between weight syncs (an RL rollout phase)
 
     def __init__(self, name: str, namespace: str | None, rank: int):
         import ray  # noqa: PLC0415
@@ -226,8 +229,8 @@ class ProcessGroup:
                  timeout: float = DEFAULT_TIMEOUT_S, **kw) -> "ProcessGroup":
         """The group ``name`` of Ray actors (or tasks): each member calls this with its own
         ``rank``; they meet at a named Ray actor (``alpa_comm_group:<name>``, made by the
-        first to arrive, in a namespace of this Ray job, ending itself after 10 idle
-        minutes). A name serves one group per job. Needs ``ray.init`` (done in actors)."""
+        first to arrive, in a namespace of this Ray job, ending itself after a day without
+        a call). A name serves one group per job. Needs ``ray.init`` (done in actors)."""
         import ray  # noqa: PLC0415
 
         if not isinstance(name, str) or not name:
