@@ -129,7 +129,7 @@ def cmd_cluster(args) -> int:
     if network is None and not leftovers:
         print("no emulated cluster is up; nothing to do")
         return 0
-    teardown_emulated(network or netns.EmulatedNetwork(len(leftovers), None))
+    teardown_emulated(netns.existing_network())
     print("emulated cluster removed (namespaces, links, processes)")
     return 0
 

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
+import time
 from datetime import timedelta
 
 from ..errors import AlpaCommError, InvalidOptionError
@@ -73,9 +75,6 @@ class _RayStore:
     behind on a long-lived Ray cluster."""
 
     def __init__(self, idle_s: float):
-        import threading  # noqa: PLC0415
-        import time  # noqa: PLC0415
-
         self.data: dict[str, str] = {}
         self.members: set[int] = set()
         self.last = time.monotonic()
@@ -88,21 +87,15 @@ class _RayStore:
         threading.Thread(target=watch, daemon=True).start()
 
     def set(self, key: str, value: str) -> None:
-        import time  # noqa: PLC0415
-
         self.last = time.monotonic()
         self.data[key] = value
 
     def get(self, key: str):
-        import time  # noqa: PLC0415
-
         self.last = time.monotonic()
         return self.data.get(key)
 
     def join(self, rank: int) -> bool:
         """False when ``rank`` joined this group before (its keys would be stale)."""
-        import time  # noqa: PLC0415
-
         self.last = time.monotonic()
         fresh = rank not in self.members
         self.members.add(rank)
@@ -139,8 +132,6 @@ class _RayKV:
         self._call(self.actor.set, key, value)
 
     def get(self, key: str, timeout: float) -> str:
-        import time  # noqa: PLC0415
-
         deadline = time.monotonic() + timeout
         while True:
             value = self._call(self.actor.get, key)
@@ -151,11 +142,22 @@ class _RayKV:
             time.sleep(self.POLL_S)
 
 
-def _reachable_ip(towards: str | None) -> str:
-    """This process's address as others see it: ``$ALPA_COMM_GROUP_ADDR``, else the
-    interface that routes towards ``towards`` (the coordinator), else loopback."""
-    if os.environ.get("ALPA_COMM_GROUP_ADDR"):
-        return os.environ["ALPA_COMM_GROUP_ADDR"]
+def _buffers(backend: str, buffers: str | None) -> str:
+    """The buffers a group keeps: as asked, else device memory for NCCL and host for gloo."""
+    return buffers or ("device" if backend == "nccl" else "host")
+
+
+def _check_rank(rank, world_size) -> None:
+    if not (isinstance(world_size, int) and world_size >= 1 and isinstance(rank, int) and 0 <= rank < world_size):
+        raise InvalidOptionError(f"rank {rank!r} must be in [0, world_size) with world_size {world_size!r} >= 1")
+
+
+def _reachable_ip(towards: str | None, own: str | None = None) -> str:
+    """This process's address as others see it: ``$ALPA_COMM_GROUP_ADDR``, else ``own``
+    (what the rendezvous knows of it, e.g. Ray's node address), else the interface that
+    routes towards ``towards`` (the coordinator), else loopback."""
+    if os.environ.get("ALPA_COMM_GROUP_ADDR") or own:
+        return os.environ.get("ALPA_COMM_GROUP_ADDR") or own
     host = (towards or "").rpartition(":")[0]
     if not host or host.startswith("127."):
         return "127.0.0.1"
@@ -172,15 +174,13 @@ class ProcessGroup:
                  buffers: str | None = None, _kv=None, _name: str = "group"):
         if backend not in BACKENDS:
             raise InvalidOptionError(f"backend {backend!r} is not available; choose one of {', '.join(BACKENDS)}")
-        buffers = buffers or ("device" if backend == "nccl" else "host")
+        buffers = _buffers(backend, buffers)
         if buffers not in BUFFERS:
             raise InvalidOptionError(f"buffers {buffers!r} must be one of {', '.join(BUFFERS)}")
         if backend == "nccl" and buffers == "host":
             raise InvalidOptionError("NCCL moves device memory: backend 'nccl' needs buffers='device'")
         self.backend_name, self.buffers = backend, buffers
-        if not (isinstance(world_size, int) and world_size >= 1 and isinstance(rank, int)
-                and 0 <= rank < world_size):
-            raise InvalidOptionError(f"rank {rank!r} must be in [0, world_size) with world_size {world_size!r} >= 1")
+        _check_rank(rank, world_size)
         if not (isinstance(timeout, (int, float)) and timeout > 0):
             raise InvalidOptionError(f"timeout must be a positive number of seconds, got {timeout!r}")
         if not (isinstance(nic_gbps, (int, float)) and nic_gbps > 0):
@@ -219,7 +219,7 @@ class ProcessGroup:
                                 "world_size, address='HOST:PORT')")
         if name is None:
             backend = kw.get("backend", "gloo")
-            buffers = kw.get("buffers") or ("device" if backend == "nccl" else "host")
+            buffers = _buffers(backend, kw.get("buffers"))
             name = "jax" if (backend, buffers) == ("gloo", "host") else f"jax-{backend}-{buffers}"
         return cls(jax.process_index(), jax.process_count(), state.coordinator_address, timeout=timeout,
                    _kv=_JaxKV(state.client), _name=name, **kw)
@@ -237,8 +237,7 @@ class ProcessGroup:
             raise InvalidOptionError(f"a Ray group needs a name, got {name!r}")
         if not ray.is_initialized():
             raise AlpaCommError("ProcessGroup.from_ray needs Ray: call ray.init() first (actors have it)")
-        if not (isinstance(world_size, int) and isinstance(rank, int) and 0 <= rank < world_size):
-            raise InvalidOptionError(f"rank {rank!r} must be in [0, world_size) with world_size {world_size!r} >= 1")
+        _check_rank(rank, world_size)  # before joining the store under that rank
         group = cls(rank, world_size, f"ray:{name}", timeout=timeout, _kv=_RayKV(name, namespace, rank),
                     _name=f"ray-{name}", **kw)
         group._own_ip = ray.util.get_node_ip_address()  # where other members reach this one
@@ -285,7 +284,7 @@ class ProcessGroup:
         if len(hosts) == 1:
             store = dist.HashStore()
         elif self.rank == hosts[0]:  # the lowest member hosts the subgroup's store
-            ip = os.environ.get("ALPA_COMM_GROUP_ADDR") or self._own_ip or _reachable_ip(self._towards)
+            ip = _reachable_ip(self._towards, self._own_ip)
             port = free_port(ip)
             store = dist.TCPStore(ip, port, len(hosts), True, timedelta(seconds=self.timeout),
                                   wait_for_workers=False)
@@ -319,9 +318,9 @@ class ProcessGroup:
 
 def _nccl_subgroup(rank: int, hosts, store, timeout: float):
     """NCCL among ``hosts`` on this process's one GPU (NCCL binds a communicator to one)."""
-    import jax  # noqa: PLC0415
-
     import importlib.util  # noqa: PLC0415
+
+    import jax  # noqa: PLC0415
 
     if importlib.util.find_spec("cupy") is None:
         raise AlpaCommError("backend 'nccl' needs CuPy (pip install cupy-cuda12x) and a GPU")

@@ -122,14 +122,8 @@ def _reshard_between_programs(tree, dst_tree, group: ProcessGroup, strategy, buc
     mine = {"first": hosts.first_host, "devices_per_host": hosts.devices_per_host, "src": src_desc,
             "dst": None if dst_tree is None else {path: programs.describe_sharding(d, hosts) for path, d in dst_leaves}}
     picture = programs.merge(group.exchange(programs.TOPIC, json.dumps(mine, sort_keys=True)))
-    key = (group.rank, group.world_size, group.nic_gbps, group.latency_s, strategy, bucket_bytes,
-           json.dumps(picture, sort_keys=True))
-    prep = _PREPARED.get(key)
-    if prep is None:
-        prep = _PREPARED[key] = _prepare_programs(picture, group, strategy, bucket_bytes, hosts)
-        while len(_PREPARED) > PREPARED_CACHE_SIZE:
-            _PREPARED.popitem(last=False)
-    _PREPARED.move_to_end(key)
+    key = (_group_key(group), strategy, bucket_bytes, json.dumps(picture, sort_keys=True))
+    prep = _cached(key, lambda: _prepare_programs(picture, group, strategy, bucket_bytes))
     xs = dict(leaves)
     io = buffers_for(group.buffers, hosts)
     src = [io.sources(xs[path], hosts, numpy_dtype(wire)) if path in xs else {} for path, _, wire in prep.moves]
@@ -147,17 +141,54 @@ def _reshard_between_programs(tree, dst_tree, group: ProcessGroup, strategy, buc
 
 
 @dataclass
-class _ProgramsPrepared:
-    moves: list          # (path, first rank of the destination program, wire dtype) per plan leaf
+class _Share:
+    """This host's part of a plan: its job, the hosts that take part, the buffer layouts."""
+
     job: HostJob
     participants: frozenset
     layouts: list
 
+    @classmethod
+    def of(cls, plan, rank: int) -> "_Share":
+        hosts = frozenset(h for leaf in plan.leaves for m in (leaf.resharding.src_mesh, leaf.resharding.dst_mesh)
+                          for h in m.hosts)
+        return cls(HostJob.for_host(plan, rank), hosts, [Layout.of(leaf) for leaf in plan.leaves])
 
-def _prepare_programs(picture: dict, group: ProcessGroup, strategy, bucket_bytes, hosts: JaxHosts):
+
+@dataclass
+class _ProgramsPrepared(_Share):
+    moves: list  # (path, first rank of the destination program, wire dtype) per plan leaf
+
+
+def _cluster(group: ProcessGroup, devices_per_host: int) -> ClusterSpec:
+    """The network the planner plans for: the group's hosts and what it was told of the NICs."""
+    return ClusterSpec(num_hosts=group.world_size, devices_per_host=devices_per_host, nic_send_gbps=group.nic_gbps,
+                       latency_s=group.latency_s)
+
+
+def _group_key(group: ProcessGroup) -> tuple:
+    """What of the group a prepared call depends on."""
+    return group.rank, group.world_size, group.nic_gbps, group.latency_s
+
+
+def _cached(key, make):
+    """The prepared call under ``key`` (made by ``make()`` on a miss), the least recently
+    used ones dropped beyond ``PREPARED_CACHE_SIZE``; a key that cannot be hashed (a
+    sharding without a hash) is prepared afresh each call."""
+    try:
+        hit = _PREPARED.get(key)
+    except TypeError:
+        return make()
+    if hit is None:
+        hit = _PREPARED[key] = make()
+        while len(_PREPARED) > PREPARED_CACHE_SIZE:
+            _PREPARED.popitem(last=False)
+    _PREPARED.move_to_end(key)
+    return hit
+
+
+def _prepare_programs(picture: dict, group: ProcessGroup, strategy, bucket_bytes) -> _ProgramsPrepared:
     dph = picture["devices_per_host"]
-    cluster = ClusterSpec(num_hosts=group.world_size, devices_per_host=dph, nic_send_gbps=group.nic_gbps,
-                          latency_s=group.latency_s)
     moves, reshardings = [], []
     for path, s in picture["src"]:
         ndim = len(s["shape"])
@@ -167,15 +198,13 @@ def _prepare_programs(picture: dict, group: ProcessGroup, strategy, bucket_bytes
             moves.append((path, int(first), s["wire"]))
             reshardings.append(Resharding.between(tuple(s["shape"]), s["wire"], src_mesh, src_spec, dst_mesh,
                                                   dst_spec))
-    plan = plan_resharding_tree(reshardings, cluster=cluster, strategy=strategy, bucket_bytes=bucket_bytes)
-    participants = frozenset(h for leaf in plan.leaves for m in (leaf.resharding.src_mesh, leaf.resharding.dst_mesh)
-                             for h in m.hosts)
-    return _ProgramsPrepared(moves, HostJob.for_host(plan, group.rank), participants,
-                             [Layout.of(leaf) for leaf in plan.leaves])
+    plan = plan_resharding_tree(reshardings, cluster=_cluster(group, dph), strategy=strategy,
+                                bucket_bytes=bucket_bytes)
+    return _ProgramsPrepared(**vars(_Share.of(plan, group.rank)), moves=moves)
 
 
 @dataclass
-class _Prepared:
+class _Prepared(_Share):
     """Everything a call needs that depends only on the tree's shapes, types and shardings:
     made once per distinct call and cached, so a weight sync that repeats every step pays
     for planning, placements and layouts once (not only for the plan)."""
@@ -183,9 +212,6 @@ class _Prepared:
     hosts: JaxHosts
     shardings: list
     wires: list
-    job: HostJob
-    participants: frozenset
-    layouts: list
 
 
 _PREPARED: OrderedDict = OrderedDict()
@@ -193,23 +219,19 @@ PREPARED_CACHE_SIZE = 64
 
 
 def _prepare(leaves, dsts: dict, group: ProcessGroup, strategy: str, bucket_bytes, wire_dtype) -> _Prepared:
+    key = (_group_key(group), strategy, bucket_bytes, str(wire_dtype),
+           tuple((path, tuple(x.shape), str(x.dtype), x.sharding, _hashable(dsts[path])) for path, x in leaves))
+    return _cached(key, lambda: _prepare_afresh(leaves, dsts, group, strategy, bucket_bytes, wire_dtype))
+
+
+def _prepare_afresh(leaves, dsts: dict, group: ProcessGroup, strategy: str, bucket_bytes, wire_dtype) -> _Prepared:
     import jax  # noqa: PLC0415
 
-    key = (group.rank, group.world_size, group.nic_gbps, group.latency_s, strategy, bucket_bytes, str(wire_dtype),
-           tuple((path, tuple(x.shape), str(x.dtype), x.sharding, _hashable(dsts[path])) for path, x in leaves))
-    try:
-        hit = _PREPARED.get(key)
-    except TypeError:  # a sharding that cannot be hashed: prepare afresh
-        key, hit = None, None
-    if hit is not None:
-        _PREPARED.move_to_end(key)
-        return hit
     hosts = JaxHosts(jax.devices())
     if hosts.num_processes > group.world_size:
         raise InvalidOptionError(f"the program has {hosts.num_processes} processes but the group only "
                                  f"{group.world_size}")
-    cluster = ClusterSpec(num_hosts=group.world_size, devices_per_host=hosts.devices_per_host,
-                          nic_send_gbps=group.nic_gbps, latency_s=group.latency_s)
+    cluster = _cluster(group, hosts.devices_per_host)
     moves, shardings, wires = [], [], []
     for path, x in leaves:
         sharding = named_sharding(dsts[path], x.ndim)
@@ -225,15 +247,7 @@ def _prepare(leaves, dsts: dict, group: ProcessGroup, strategy: str, bucket_byte
                                strategy=strategy)
     else:  # a list keeps the leaves in order: plan leaf i is leaves[i]
         plan = plan_resharding_tree(moves, cluster=cluster, strategy=strategy, bucket_bytes=bucket_bytes)
-    participants = frozenset(h for leaf in plan.leaves for m in (leaf.resharding.src_mesh, leaf.resharding.dst_mesh)
-                             for h in m.hosts)
-    prep = _Prepared(hosts, shardings, wires, HostJob.for_host(plan, group.rank), participants,
-                     [Layout.of(leaf) for leaf in plan.leaves])
-    if key is not None:
-        _PREPARED[key] = prep
-        while len(_PREPARED) > PREPARED_CACHE_SIZE:
-            _PREPARED.popitem(last=False)
-    return prep
+    return _Prepared(**vars(_Share.of(plan, group.rank)), hosts=hosts, shardings=shardings, wires=wires)
 
 
 def _hashable(dst):

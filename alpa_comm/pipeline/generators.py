@@ -103,18 +103,19 @@ def generate(kind: str, num_stages: int, num_microbatches: int, *, split_backwar
     for name, v in (("stages", num_stages), ("microbatches", num_microbatches)):
         if not isinstance(v, int) or v <= 0:
             raise InvalidOptionError(f"number of {name} must be a positive integer, got {v!r}")
-    if family.wgrad_lag is not None:
-        if delay_wgrad is not None:
-            raise InvalidOptionError(f"{kind} places its own weight gradients: delay_wgrad does not apply")
-        return _lagged(family, num_stages, num_microbatches)
+    lagged = family.wgrad_lag is not None  # the family places its own weight gradients
+    if lagged and delay_wgrad is not None:
+        raise InvalidOptionError(f"{kind} places its own weight gradients: delay_wgrad does not apply")
     if delay_wgrad is not None and not split_backward:
         raise InvalidOptionError("delay_wgrad needs split_backward (BW must be a separate action to delay it)")
-    delays = _delays(delay_wgrad, num_stages)
+    split_backward = split_backward or lagged
     S = num_stages
+    delays = [family.wgrad_lag(S, i) for i in range(S)] if lagged else _delays(delay_wgrad, S)
     stages = []
     for i in range(S):
         out: list[Action] = []
-        pending: list[list[int]] = []  # [microbatch, compute actions still to wait]
+        # [microbatch, actions still to wait]: compute actions for a delay, backwards for a lag
+        pending: list[list[int]] = []
 
         def after_compute() -> None:
             for p in pending:
@@ -129,7 +130,8 @@ def generate(kind: str, num_stages: int, num_microbatches: int, *, split_backwar
                 out.append(Action(ActionKind.F, m))
                 if i < S - 1:
                     out.append(Action(ActionKind.SEND_F, m))
-                after_compute()
+                if not lagged:
+                    after_compute()
                 continue
             if i < S - 1:
                 out.append(Action(ActionKind.RECV_B, m))
@@ -143,27 +145,7 @@ def generate(kind: str, num_stages: int, num_microbatches: int, *, split_backwar
         out.extend(Action(ActionKind.BW, p[0]) for p in pending)
         stages.append(tuple(out))
     suffix = ""
-    if split_backward:
+    if split_backward and not lagged:
         suffix = " split" + (f" delay={delays}" if any(delays) else "")
     return Schedule(tuple(stages), kind + suffix)
 
-
-def _lagged(family: ScheduleKind, num_stages: int, num_microbatches: int) -> Schedule:
-    """A family whose stage i runs ``BW m`` right after ``BI (m + lag_i)`` (the rest after
-    the last backward), communication placed as in ``generate``."""
-    S, stages = num_stages, []
-    for i in range(S):
-        lag, out, backwards = family.wgrad_lag(S, i), [], []
-        for op, m in compute_order(family.name, S, num_microbatches, i):
-            if op == "F":
-                out += ([Action(ActionKind.RECV_F, m)] if i > 0 else []) + [Action(ActionKind.F, m)]
-                out += [Action(ActionKind.SEND_F, m)] if i < S - 1 else []
-                continue
-            out += ([Action(ActionKind.RECV_B, m)] if i < S - 1 else []) + [Action(ActionKind.BI, m)]
-            out += [Action(ActionKind.SEND_B, m)] if i > 0 else []
-            backwards.append(m)
-            if len(backwards) > lag:
-                out.append(Action(ActionKind.BW, backwards[len(backwards) - 1 - lag]))
-        out += [Action(ActionKind.BW, m) for m in backwards[max(0, len(backwards) - lag):]]
-        stages.append(tuple(out))
-    return Schedule(tuple(stages), family.name)

@@ -202,7 +202,36 @@ class GlooBackend(Backend):
             self._dist.destroy_process_group()
 
 
-class GlooSubgroupBackend(Backend):
+class _Subgroup:
+    """What the subgroup backends share: members are host ids, mapped to the backend's own
+    ranks (their position among ``hosts``), and a rendezvous ``store`` that records the
+    group's first failure."""
+
+    def _member_of(self, host: int, hosts, store) -> None:
+        self.hosts = sorted(int(h) for h in hosts)
+        if host not in self.hosts:
+            raise ValueError(f"host {host} is not one of the group's hosts {self.hosts}")
+        self._index = {h: i for i, h in enumerate(self.hosts)}
+        self._store = store
+
+    def _peer(self, peer: int) -> int:
+        try:
+            return self._index[peer]
+        except KeyError:
+            raise CommunicationError(f"host {self.rank}: host {peer} is not in this group {self.hosts}") from None
+
+    def report_failure(self, message: str) -> str:
+        """Record ``message`` as the group's first failure unless one is there already;
+        returns the first (a host blocked behind a failed peer learns what failed first:
+        the peers of a dead process see it go at once, the others only time out)."""
+        try:
+            first = self._store.compare_set("failure", "", message)
+            return first.decode() if isinstance(first, bytes) else str(first)
+        except Exception:  # noqa: BLE001 - the store's host may be the one that died
+            return message
+
+
+class GlooSubgroupBackend(_Subgroup, Backend):
     """gloo among some of the hosts only (``hosts``, this process being ``host``), from a
     rendezvous store: no default process group, so processes outside ``hosts`` take no
     part, and a program's own ``torch.distributed`` use is left alone. Peers are host
@@ -213,12 +242,8 @@ class GlooSubgroupBackend(Backend):
     def __init__(self, host: int, hosts, store, timeout: float = DEFAULT_TIMEOUT_S):
         import torch.distributed as dist  # noqa: PLC0415 - optional dependency
 
-        self.hosts = sorted(int(h) for h in hosts)
-        if host not in self.hosts:
-            raise ValueError(f"host {host} is not one of the group's hosts {self.hosts}")
+        self._member_of(host, hosts, store)
         self.rank, self.world = host, len(self.hosts)
-        self._index = {h: i for i, h in enumerate(self.hosts)}
-        self._store = store
         self._join_barrier(timeout)
         pg_class = dist.ProcessGroupGloo
         opts = pg_class._Options()
@@ -241,24 +266,8 @@ class GlooSubgroupBackend(Backend):
             raise CommunicationError(f"host {self.rank}: host(s) {missing} did not join the group of hosts "
                                      f"{self.hosts} within {timeout:g} s") from None
 
-    def report_failure(self, message: str) -> str:
-        """Record ``message`` as the group's first failure unless one is there already;
-        returns the first (a host blocked behind a failed peer learns what failed first:
-        the peers of a dead process see it go at once, the others only time out)."""
-        try:
-            first = self._store.compare_set("failure", "", message)
-            return first.decode() if isinstance(first, bytes) else str(first)
-        except Exception:  # noqa: BLE001 - the store's host may be the one that died
-            return message
-
     def _handle(self, work, peer: int, what: str) -> Handle:
         return gloo_handle(self.rank, work, peer, what)
-
-    def _peer(self, peer: int) -> int:
-        try:
-            return self._index[peer]
-        except KeyError:
-            raise CommunicationError(f"host {self.rank}: host {peer} is not in this group {self.hosts}") from None
 
     def isend(self, buf, peer, tag):
         return self._handle(self._pg.send([_readable_tensor(buf)], self._peer(peer), tag), peer, "sending to")
@@ -339,7 +348,7 @@ class NcclBackend(Backend):
         self.comm.destroy()
 
 
-class NcclSubgroupBackend(NcclBackend):
+class NcclSubgroupBackend(_Subgroup, NcclBackend):
     """NCCL among some hosts only (``hosts``, this process being ``host``) on this process's
     one GPU, for ``alpa_comm.jax``: the lowest member makes the NCCL id and shares it
     through the subgroup's rendezvous ``store`` (as ``GlooSubgroupBackend`` shares its
@@ -351,9 +360,7 @@ class NcclSubgroupBackend(NcclBackend):
 
         import cupy  # noqa: PLC0415 - only where a GPU exists
 
-        self.hosts = sorted(int(h) for h in hosts)
-        self._index = {h: i for i, h in enumerate(self.hosts)}
-        self._store = store
+        self._member_of(host, hosts, store)
         if host == self.hosts[0]:
             store.set("nccl_id", json.dumps([int(b) for b in self.new_unique_id()]))
         try:
@@ -367,19 +374,8 @@ class NcclSubgroupBackend(NcclBackend):
         self.rank = host  # errors name hosts, as everywhere in the executor
 
     def _call(self, fn, buf, peer: int, what: str) -> Handle:
-        try:
-            index = self._index[peer]
-        except KeyError:
-            raise CommunicationError(f"host {self.rank}: host {peer} is not in this group {self.hosts}") from None
-        handle = super()._call(lambda ptr, n, t, _peer, stream: fn(ptr, n, t, index, stream), buf, peer, what)
-        return handle
-
-    def report_failure(self, message: str) -> str:
-        try:
-            first = self._store.compare_set("failure", "", message)
-            return first.decode() if isinstance(first, bytes) else str(first)
-        except Exception:  # noqa: BLE001 - the store's host may be the one that died
-            return message
+        index = self._peer(peer)  # NCCL's rank of host ``peer``; errors still name the host
+        return super()._call(lambda ptr, n, t, _host, stream: fn(ptr, n, t, index, stream), buf, peer, what)
 
 
 # ---------------------------------------------------------------------- threads

@@ -17,6 +17,7 @@ the backend, as flat ``uint8`` messages.
 """
 from __future__ import annotations
 
+import bisect
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -86,10 +87,9 @@ class Layout:
                            alloc: Callable | None = None) -> dict[int, np.ndarray]:
         """Fresh buffers for the destination devices ``is_local`` accepts (``alloc(device,
         shape, dtype)`` makes one elsewhere than in host memory, e.g. on a GPU)."""
-        if alloc is None:
-            new = np.zeros if zeros else np.empty
-            return {d: new(shape_of(box), self.dtype) for d, box in self.dst_boxes.items() if is_local(d)}
-        return {d: alloc(d, shape_of(box), self.dtype) for d, box in self.dst_boxes.items() if is_local(d)}
+        new = np.zeros if zeros else np.empty
+        make = alloc or (lambda _device, shape, dtype: new(shape, dtype))
+        return {d: make(d, shape_of(box), self.dtype) for d, box in self.dst_boxes.items() if is_local(d)}
 
     def source_shards(self, array: np.ndarray, is_local: Callable[[int], bool]) -> dict[int, np.ndarray]:
         """The source devices' shards of a whole ``array``, for the devices ``is_local`` accepts."""
@@ -230,17 +230,15 @@ class HostExecutor:
     # ------------------------------------------------------------------ run
     def run(self, transfers: Sequence[Transfer]) -> list[TransferTiming]:
         timings = []
-        sending = [i for i, t in enumerate(transfers) if self._packs(t)]
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="alpa-comm-pack") as pool:
-            ahead = 0
+        packing = [i for i, t in enumerate(transfers) if self._packs(t)]  # positions, ascending
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="alpa-comm-pack") if packing else None
+        try:
             for i, t in enumerate(transfers):
-                # this transfer's buffer (if it sends one) and the next one this host sends are
-                # being packed: the next is ready when the wire frees
-                while ahead < len(sending) and sending[ahead] < i:
-                    ahead += 1
-                for j in sending[ahead:ahead + 2]:
-                    if transfers[j].id not in self._packed:
-                        self._packed[transfers[j].id] = pool.submit(self._pack, transfers[j])
+                if pool is not None:  # this transfer's buffer and the next one this host packs
+                    k = bisect.bisect_left(packing, i)
+                    for j in packing[k:k + 2]:
+                        if transfers[j].id not in self._packed:
+                            self._packed[transfers[j].id] = pool.submit(self._pack, transfers[j])
                 t0 = time.perf_counter()
                 try:
                     self._run_one(t)
@@ -248,6 +246,9 @@ class HostExecutor:
                     raise CommunicationError(f"{e} (during transfer {t.id}: {t.kind} of slice "
                                              f"{[list(p) for p in t.index]})") from e
                 timings.append(TransferTiming(t.id, t.kind, t0, time.perf_counter()))
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True)
         return timings
 
     def _packs(self, t: Transfer) -> bool:

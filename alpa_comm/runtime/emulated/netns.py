@@ -282,10 +282,15 @@ def describe_existing(state_file: Path = STATE_FILE) -> str:
     return what
 
 
+def existing_network(state_file: Path = STATE_FILE) -> "EmulatedNetwork":
+    """The cluster on this machine as its state file records it, or, without one, as far as
+    its namespaces show it (enough for ``down``)."""
+    return _load_quietly(state_file) or EmulatedNetwork(len(existing_namespaces()), None, state_file)
+
+
 def remove_existing(state_file: Path = STATE_FILE) -> None:
-    """Tear down whatever cluster is on this machine (what ``alpa-comm cluster down`` does)."""
-    net = _load_quietly(state_file) or EmulatedNetwork(len(existing_namespaces()), None, state_file)
-    net.down()
+    """Tear down whatever cluster is on this machine."""
+    existing_network(state_file).down()
 
 
 def cpu_cgroup(host: int) -> Path:
