@@ -1,18 +1,28 @@
-"""End-to-end pipeline training on the emulated cluster: schedules x strategies side by side.
+"""End-to-end pipeline training on the emulated cluster: schedules x strategies, interleaved.
 
-One emulated cluster (4 hosts, one stage per host, shaped NICs); for each model,
-in one run: 1F1B + Alpa's resharding (the baseline), 1F1B + broadcast,
-eager-1F1B + broadcast (split backward), eager-1F1B + delayed weight gradients
-(delay chosen by the cost model fed with the measured times) + broadcast, and
-the same two schedules with 'signal' (one byte per transfer: the
-no-communication upper bound). For every configuration: measured iteration
-time and throughput, the simulator's prediction from the measured stage and
-edge times, and peak live activation bytes per stage beside the memory model.
+One emulated cluster (4 hosts, one stage each, shaped NICs, a CPU cap per host
+that the transport threads share with compute). Per model:
+
+1. **Calibration**: eager-1F1B with split backward, broadcast; its measured
+   stage and edge times choose the weight-gradient delay (``auto_delay``) and
+   give the regime: per stage, XLA's forward flop count over the measured
+   forward time against the host's matmul rate under the same cap
+   (``arith_fraction``), per edge its transfer time alone over the sending
+   stage's forward (``transfer_over_forward``).
+2. **Interleaved repeats**: the configurations one after another (A B C ... A B
+   C ...), each set up afresh, warmed up, then timed for ``--steps`` iterations;
+   the whole set ``--repeats`` times, so slow drift of the machine spreads over
+   every configuration instead of landing on one. Speed-ups are paired within a
+   repeat; the median and the min-max across repeats are reported.
+3. **Prediction**: every (configuration, repeat) is simulated from its own
+   measured action durations and edge times (``train.measure.predict``: shared
+   NICs, durations drawn from the measured spread) beside the plain simulation
+   from median durations.
 
     sudo .venv/bin/python benchmarks/train_pipeline.py [--out benchmarks/results/train_emulated]
 
-Writes results.md / results.json, throughput.png, memory.png and Chrome traces of
-the baseline and of eager-1F1B + delay (broadcast).
+Writes results.md / results.json (one row per model, configuration and repeat),
+speedup.png, memory.png and Chrome traces of the baseline and of eager-1F1B.
 """
 from __future__ import annotations
 
@@ -27,221 +37,285 @@ import numpy as np
 
 from alpa_comm.models import build_model
 from alpa_comm.pipeline import generate, simulate_schedule
+from alpa_comm.pipeline.edges import with_skips
 from alpa_comm.pipeline.memory import memory
 from alpa_comm.pipeline.weight_delay import auto_delay
 from alpa_comm.report.tables import table
+from alpa_comm.report.trace import write_chrome_trace
 from alpa_comm.train.data import synthetic
 from alpa_comm.train.distributed import DistributedPipeline, PipelineCluster
-from alpa_comm.pipeline.edges import with_skips
-from alpa_comm.report.trace import write_chrome_trace
-from alpa_comm.train.measure import costs_from, iteration_seconds, stage_times
+from alpa_comm.train.measure import costs_from, iteration_seconds, predict, stage_times
 
 S = 4
-# (label, schedule kind, split backward, delay ("auto": from measured costs), strategy)
-CONFIGS = [
-    ("1f1b + alpa (baseline)", "1f1b", False, None, "alpa"),
-    ("1f1b + broadcast", "1f1b", False, None, "broadcast"),
-    ("eager-1f1b split + broadcast", "eager-1f1b", True, None, "broadcast"),
-    ("eager-1f1b + delay + broadcast", "eager-1f1b", True, "auto", "broadcast"),
-    ("1f1b + signal", "1f1b", False, None, "signal"),
-    ("eager-1f1b + delay + signal", "eager-1f1b", True, "auto", "signal"),
-]
-BASELINE, OURS = CONFIGS[0][0], CONFIGS[3][0]
+# label -> (schedule kind, split backward, delay ("auto": chosen by calibration), strategy)
+CONFIGS = {
+    "1f1b+alpa": ("1f1b", False, None, "alpa"),
+    "eager-1f1b+delay+broadcast": ("eager-1f1b", True, "auto", "broadcast"),
+    "zb-h1+broadcast": ("zb-h1", False, None, "broadcast"),
+    "1f1b+signal": ("1f1b", False, None, "signal"),
+    "eager-1f1b+delay+signal": ("eager-1f1b", True, "auto", "signal"),
+}
+BASELINE, OURS = "1f1b+alpa", "eager-1f1b+delay+broadcast"
+SIGNAL = [label for label, c in CONFIGS.items() if c[3] == "signal"]
 
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def run_config(cluster, model_name, kw, M, rows, kind, split, delay, strategy, warmup, steps):
+def schedule_for(model_name: str, kw: dict, M: int, kind: str, split: bool, delay):
     model = build_model(model_name, S, **kw)
-    sched = with_skips(generate(kind, S, M, split_backward=split, delay_wgrad=delay), model.skips)
+    return with_skips(generate(kind, S, M, split_backward=split, delay_wgrad=delay), model.skips)
+
+
+def run_config(cluster, model_name, kw, M, rows, sched, strategy, warmup, steps) -> dict:
+    """Set up, warm up and time one configuration; everything measured, nothing derived."""
     pipe = DistributedPipeline(cluster, model_name, S, sched, microbatch_size=rows, model_kwargs=kw,
                                strategy=strategy, optimizer="sgd", lr=0.01)
     data = synthetic(M, rows, kw["seq"], seed=0)
     for _ in range(warmup):
         pipe.step(next(data))
-    records, walls = [], []
-    for _ in range(steps):
-        res = pipe.step(next(data))
-        records.append(res.per_host)
-        walls.append(res.seconds)
-    edges = pipe.time_edges(repeats=3)
-    times = stage_times(records, S)                   # busy time per action (runtime work included)
-    raw = stage_times(records, S, busy=False)         # the compute programs alone
-    costs = costs_from(times, edges, S)
-    iters = [iteration_seconds(r) for r in records]
-    t_iter = median(iters)
-    predicted = simulate_schedule(sched, costs, signal=strategy == "signal").iteration_time
-    peak = [max(rec["peak_live_bytes"] for r in records for rec in r if rec["stage"] == s) for s in range(S)]
-    peak_n = [max(rec["peak_live"] for r in records for rec in r if rec["stage"] == s) for s in range(S)]
-    # the memory model: peak units of one microbatch's forward state, where BI keeps the
-    # measured fraction of it (matmul inputs + output gradients) until BW
-    per_mb = [next(rec["state_bytes"] for rec in records[-1] if rec["stage"] == s) for s in range(S)]
-    model_bytes = []
-    for s in range(S):
-        f = per_mb[s].get("F", 0)
-        frac = per_mb[s].get("BI", 0) / f if f else 0.0
-        model_bytes.append(memory(sched, wgrad_fraction=frac)[s].peak_activations * f)
-    return {"schedule": sched.name, "strategy": strategy, "iteration_s": t_iter, "step_wall_s": median(walls),
-            "samples_per_s": M * rows / t_iter, "predicted_s": predicted, "stage_times": times, "compute_times": raw, "edge_s": edges,
-            "peak_live_bytes": peak, "peak_live_microbatches": peak_n,
-            "model_peak_bytes": model_bytes, "state_bytes_per_microbatch": per_mb,
-            "records": records, "sched": sched}
+    records = [pipe.step(next(data)).per_host for _ in range(steps)]
+    return {"pipe": pipe, "records": records, "edge_s": pipe.time_edges(repeats=3)}
+
+
+def calibrate(cluster, model_name, kw, M, rows, args) -> dict:
+    """Delay and regime from eager-1F1B (split backward, broadcast)."""
+    sched = schedule_for(model_name, kw, M, "eager-1f1b", True, None)
+    run = run_config(cluster, model_name, kw, M, rows, sched, "broadcast", args.warmup, 3)
+    times = stage_times(run["records"], S)
+    raw = stage_times(run["records"], S, busy=False)
+    delay = auto_delay("eager-1f1b", S, M, costs_from(times, run["edge_s"], S))
+    regime = run["pipe"].regime()
+    fwd = raw["F"]
+    stages = []
+    for r in sorted(regime, key=lambda r: r["stage"]):
+        s = r["stage"]
+        achieved = r["forward_flops"] / fwd[s] if fwd[s] else 0.0
+        stages.append({"stage": s, "forward_flops": r["forward_flops"], "forward_seconds": fwd[s],
+                       "achieved_flops_per_s": achieved, "matmul_flops_per_s": r["matmul_flops_per_s"],
+                       "arith_fraction": achieved / r["matmul_flops_per_s"]})
+    edges = {name: {"seconds": sec, "over_forward": sec / fwd[int(name.split(":")[1].split("->")[0])]}
+             for name, sec in run["edge_s"].items()}
+    return {"delay": delay, "stages": stages, "edges": edges, "edge_s": run["edge_s"]}
+
+
+def measure(cluster, model_name, kw, M, rows, delay, args, t_start) -> tuple[list[dict], dict]:
+    """Every configuration ``args.repeats`` times, interleaved. Returns one row per
+    (configuration, repeat) and the last repeat's records of each configuration."""
+    rows_out, last = [], {}
+    for rep in range(args.repeats):
+        for label, (kind, split, d, strategy) in CONFIGS.items():
+            d = delay if d == "auto" else d
+            sched = schedule_for(model_name, kw, M, kind, split, d)
+            log(f"[{time.monotonic() - t_start:6.0f} s] {model_name} repeat {rep + 1}/{args.repeats}: {label}")
+            run = run_config(cluster, model_name, kw, M, rows, sched, strategy, args.warmup, args.steps)
+            recs, signal = run["records"], strategy == "signal"
+            iters = [iteration_seconds(r) for r in recs]
+            costs = costs_from(stage_times(recs, S), run["edge_s"], S)
+            row = {"model": model_name, "config": label, "repeat": rep, "iteration_seconds": median(iters),
+                   "iterations": iters, "simulated_seconds": predict(sched, recs, run["edge_s"], signal=signal),
+                   "simulated_medians_seconds": simulate_schedule(sched, costs, signal=signal).iteration_time,
+                   "cpu_seconds": [median(rec["cpu_seconds"] for r in recs for rec in r if rec["stage"] == s)
+                                   for s in range(S)],
+                   "schedule": sched.name, "strategy": strategy}
+            rows_out.append(row)
+            log(f"    iteration {row['iteration_seconds']:.3f} s (simulated {row['simulated_seconds']:.3f} s)")
+            last[label] = {"records": recs, "sched": sched, "edge_s": run["edge_s"]}
+    return rows_out, last
+
+
+def peak_memory(last: dict) -> dict:
+    """Peak live activation bytes per stage, measured and by the memory model."""
+    out = {}
+    for label, run in last.items():
+        recs, sched = run["records"], run["sched"]
+        peak = [max(rec["peak_live_bytes"] for r in recs for rec in r if rec["stage"] == s) for s in range(S)]
+        model_bytes = []
+        for s in range(S):
+            per_mb = next(rec["state_bytes"] for rec in recs[-1] if rec["stage"] == s)
+            f = per_mb.get("F", 0)
+            frac = per_mb.get("BI", 0) / f if f else 0.0
+            model_bytes.append(memory(sched, wgrad_fraction=frac)[s].peak_activations * f)
+        out[label] = {"measured": peak, "model": model_bytes}
+    return out
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="benchmarks/results/train_emulated")
-    p.add_argument("--nic", default="400mbit")
+    p.add_argument("--nic", default="200mbit", help="emulated NIC rate per host and direction (default 200mbit)")
     p.add_argument("--devices-per-host", type=int, default=2)
     p.add_argument("--host-cpus", type=float, default=0.5,
                    help="CPU cores per emulated host (default 0.5: four hosts share this 2-core machine evenly)")
     p.add_argument("--microbatches", type=int, default=16)
-    p.add_argument("--rows", type=int, default=128, help="rows per microbatch (U-Transformer)")
-    p.add_argument("--seq", type=int, default=16)
-    p.add_argument("--width", type=int, default=32, help="U-Transformer width")
-    p.add_argument("--ut-layers", type=int, default=4, help="U-Transformer layers (2L)")
-    p.add_argument("--gpt-layers", type=int, default=4)
-    p.add_argument("--gpt-width", type=int, default=16, help="GPT width (default 16: its one edge per stage "
-                   "needs narrower layers than the U-Transformer to reach transfer/forward >= 0.3)")
-    p.add_argument("--gpt-rows", type=int, default=256)
+    p.add_argument("--rows", type=int, default=16, help="rows per microbatch")
+    p.add_argument("--seq", type=int, default=64, help="tokens per row")
+    p.add_argument("--width", type=int, default=256, help="model width d (both models)")
+    p.add_argument("--layers", type=int, default=4, help="transformer layers (U-Transformer: 2L)")
     p.add_argument("--models", default="utransformer,gpt")
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--warmup", type=int, default=1, help="steps before timing, each time a configuration is set up")
+    p.add_argument("--steps", type=int, default=5, help="timed steps per configuration and repeat")
+    p.add_argument("--repeats", type=int, default=3, help="times the whole interleaved set runs")
     p.add_argument("--render", action="store_true", help="only rewrite results.md and the PNGs from results.json")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.render:
         saved = json.loads((out / "results.json").read_text())
-        for k, v in saved.pop("_args", {}).items():
+        for k, v in saved["args"].items():
             setattr(args, k, v)
         write_outputs(saved, args, out)
         return 0
-    results: dict[str, dict] = {}
+    saved = {"args": {k: getattr(args, k) for k in ("nic", "devices_per_host", "host_cpus", "microbatches", "rows",
+                                                   "seq", "width", "layers", "warmup", "steps", "repeats")},
+             "rows": [], "models": {}}
     t_start = time.monotonic()
     with PipelineCluster.emulated(S, args.devices_per_host, nic=args.nic, timeout=60, cpu=args.host_cpus) as cluster:
         for model_name in args.models.split(","):
-            ut = model_name == "utransformer"
-            kw = {"layers": args.ut_layers if ut else args.gpt_layers, "d": args.width if ut else args.gpt_width,
-                  "heads": 4, "seq": args.seq}
-            rows = args.rows if ut else args.gpt_rows
-            per = results.setdefault(model_name, {"model_kwargs": kw, "rows": rows, "configs": {}})
-            measured_costs = None
-            for label, kind, split, delay, strategy in CONFIGS:
-                if delay == "auto":
-                    # the least delay that helps, by simulation with this run's measured costs
-                    delay = auto_delay(kind, S, args.microbatches, measured_costs)
-                log(f"[{time.monotonic() - t_start:6.0f} s] {model_name}: {label} (delay {delay})")
-                r = run_config(cluster, model_name, kw, args.microbatches, rows, kind, split, delay, strategy,
-                               args.warmup, args.steps)
-                r["delay"] = delay
-                if label == "eager-1f1b split + broadcast":
-                    measured_costs = costs_from(r["stage_times"], r["edge_s"], S)
-                per["configs"][label] = r
-                log(f"    iteration {r['iteration_s']:.3f} s (simulated {r['predicted_s']:.3f} s), "
-                    f"{r['samples_per_s']:.1f} samples/s")
-    write_outputs(results, args, out)
+            kw = {"layers": args.layers, "d": args.width, "heads": 4, "seq": args.seq}
+            log(f"[{time.monotonic() - t_start:6.0f} s] {model_name}: calibrating (eager-1f1b split, broadcast)")
+            cal = calibrate(cluster, model_name, kw, args.microbatches, args.rows, args)
+            fractions = ", ".join(f"{s['arith_fraction']:.2f}" for s in cal["stages"])
+            ratios = ", ".join(f"{k} {e['over_forward']:.2f}" for k, e in cal["edges"].items())
+            log(f"    delay {cal['delay']}; arith fraction {fractions}; transfer/forward {ratios}")
+            rows, last = measure(cluster, model_name, kw, args.microbatches, args.rows, cal["delay"], args, t_start)
+            saved["rows"] += rows
+            saved["models"][model_name] = {"model_kwargs": kw, "delay": cal["delay"], "regime_stages": cal["stages"],
+                                           "regime_edges": cal["edges"], "peak_memory": peak_memory(last)}
+            for label, tag in ((BASELINE, "baseline"), (OURS, "eager_delay")):
+                write_chrome_trace(last[label]["records"][-2:], out / f"trace_{model_name}_{tag}.json")
+    write_outputs(saved, args, out)
     return 0
 
 
-def write_outputs(results, args, out: Path) -> None:
+# ------------------------------------------------------------------ outputs
+def summarize(saved: dict, model_name: str) -> dict:
+    """Per configuration: median iteration, speed-up over the baseline and fraction of
+    the signal bound (each paired within a repeat: median, min, max), simulator errors."""
+    rows = [r for r in saved["rows"] if r["model"] == model_name]
+    by = {(r["config"], r["repeat"]): r for r in rows}
+    repeats = sorted({r["repeat"] for r in rows})
+    out = {}
+    for label in dict.fromkeys(r["config"] for r in rows):
+        it = [by[(label, k)]["iteration_seconds"] for k in repeats]
+        speed = [by[(BASELINE, k)]["iteration_seconds"] / by[(label, k)]["iteration_seconds"] for k in repeats]
+        bound = [min(by[(s, k)]["iteration_seconds"] for s in SIGNAL) for k in repeats]
+        frac = [b / by[(label, k)]["iteration_seconds"] for b, k in zip(bound, repeats)]
+        err = [(by[(label, k)]["simulated_seconds"] - by[(label, k)]["iteration_seconds"])
+               / by[(label, k)]["iteration_seconds"] for k in repeats]
+        err0 = [(by[(label, k)]["simulated_medians_seconds"] - by[(label, k)]["iteration_seconds"])
+                / by[(label, k)]["iteration_seconds"] for k in repeats]
+        out[label] = {"iteration_seconds": median(it), "iteration_range": [min(it), max(it)],
+                      "speedup": median(speed), "speedup_range": [min(speed), max(speed)],
+                      "of_signal": median(frac), "of_signal_range": [min(frac), max(frac)],
+                      "sim_error": max(err, key=abs), "sim_error_medians": max(err0, key=abs)}
+    return out
+
+
+def write_outputs(saved: dict, args, out: Path) -> None:
+    a = saved["args"]
     md = ["# Pipeline training on the emulated cluster\n",
-          f"{S} hosts (one stage each) x {args.devices_per_host} JAX CPU devices, NICs {args.nic}, "
-          f"{args.host_cpus} CPU cores per host; "
-          f"{args.microbatches} microbatches of {args.seq} tokens per row; "
-          f"median of {args.steps} steps after {args.warmup} warm-up steps. Command: "
-          f"`sudo .venv/bin/python benchmarks/train_pipeline.py`.\n"]
-    summary = {}
-    for model_name, per in results.items():
-        cfgs = per["configs"]
-        base, ours = cfgs[BASELINE], cfgs[OURS]
-        # the signal bound: the faster of the signal runs (no communication, best schedule)
-        sig = min((r for label, r in cfgs.items() if r["strategy"] == "signal"), key=lambda r: r["iteration_s"])
-        fwd = ours["compute_times"]["F"]
-        comm = [max([v for k, v in ours["edge_s"].items() if k.startswith(f"F:{s}->")] or [0.0]) for s in range(S)]
-        kw = per["model_kwargs"]
-        md.append(f"\n## {model_name} ({kw['layers']} layers, width {kw['d']}, {per['rows']} rows per microbatch)\n")
-        md.append("Transfer time / forward time per sending stage (eager + delay, broadcast): " +
-                  ", ".join(f"stage {s}: {comm[s]:.3f}/{fwd[s]:.3f} s = {comm[s] / fwd[s]:.2f}" for s in range(S - 1)) + "\n")
-        rows = []
-        for label, r in cfgs.items():
-            err = (r["predicted_s"] - r["iteration_s"]) / r["iteration_s"]
-            rows.append([label, f"{r['iteration_s']:.3f}", f"{r['samples_per_s']:.1f}",
-                         f"{base['iteration_s'] / r['iteration_s']:.2f}x", f"{sig['iteration_s'] / r['iteration_s']:.2f}",
-                         f"{r['predicted_s']:.3f}", f"{err:+.0%}"])
-        md.append(table(["configuration", "iteration s", "samples/s", "vs baseline", "of signal bound",
-                         "simulated s", "sim error"], rows))
-        md.append("\nPeak live activation bytes per stage, measured (the backward state of every live "
-                  "microbatch, counted on the worker) / predicted by the memory model (`pipeline.memory`: peak "
-                  "units of one microbatch's forward state, BI keeping the measured fraction of it until BW):\n")
-        mrows = []
-        for label in ("1f1b + broadcast", "eager-1f1b split + broadcast", OURS):
-            r = cfgs[label]
-            mrows.append([label] + [f"{b / 2**20:.1f} / {m / 2**20:.1f}" for b, m in
-                                    zip(r["peak_live_bytes"], r["model_peak_bytes"])])
-        md.append(table(["schedule (MiB measured / model)"] + [f"stage {s}" for s in range(S)], mrows))
-        summary[model_name] = {"speedup_vs_baseline": base["iteration_s"] / ours["iteration_s"],
-                               "fraction_of_signal": sig["iteration_s"] / ours["iteration_s"],
-                               "comm_over_fwd": [c / f for c, f in zip(comm, fwd)][:S - 1]}
-        md.append(f"\n**{model_name}: eager-1F1B + delay + broadcast = {summary[model_name]['speedup_vs_baseline']:.2f}x "
-                  f"the baseline, {summary[model_name]['fraction_of_signal']:.2f} of the signal bound.**\n")
-        if "records" in base:
-            write_chrome_trace(base["records"][-2:], out / f"trace_{model_name}_baseline.json")
-            write_chrome_trace(ours["records"][-2:], out / f"trace_{model_name}_eager_delay.json")
+          f"{S} hosts (one stage each) x {a['devices_per_host']} JAX CPU devices, NICs {a['nic']}, "
+          f"{a['host_cpus']} CPU cores per host (transport threads inside the cap); {a['microbatches']} microbatches "
+          f"of {a['rows']} rows x {a['seq']} tokens, width {a['width']}, {a['layers']} layers. Configurations "
+          f"interleaved, each set up afresh per repeat, {a['warmup']} warm-up step(s) then {a['steps']} timed "
+          f"steps (median), the whole set {a['repeats']} times; speed-ups paired within a repeat, median "
+          f"[min-max] across repeats. Command: `sudo .venv/bin/python benchmarks/train_pipeline.py`.\n"]
+    summaries = {}
+    for model_name, info in saved["models"].items():
+        summ = summaries[model_name] = summarize(saved, model_name)
+        kw = info["model_kwargs"]
+        md.append(f"\n## {model_name} ({kw['layers']} layers, width {kw['d']}; weight-gradient delay "
+                  f"{info['delay']})\n")
+        md.append("Regime (calibration run, eager-1F1B split + broadcast): arithmetic share of each stage's "
+                  "forward, and each edge's transfer alone over its sending stage's forward:\n")
+        md.append(table(["stage", "forward GFLOP", "forward s", "achieved GFLOP/s", "matmul GFLOP/s (host, capped)",
+                         "arith fraction"],
+                        [[s["stage"], f"{s['forward_flops'] / 1e9:.2f}", f"{s['forward_seconds']:.3f}",
+                          f"{s['achieved_flops_per_s'] / 1e9:.1f}", f"{s['matmul_flops_per_s'] / 1e9:.1f}",
+                          f"{s['arith_fraction']:.2f}"] for s in info["regime_stages"]]))
+        md.append("")
+        md.append(table(["edge", "transfer alone s", "transfer / forward"],
+                        [[k, f"{e['seconds']:.3f}", f"{e['over_forward']:.2f}"] for k, e in info["regime_edges"].items()]))
+        md.append("")
+        md.append(table(["configuration", "iteration s", "vs 1f1b+alpa", "of signal bound", "simulated error",
+                         "error, median-duration sim"],
+                        [[label, f"{s['iteration_seconds']:.3f} [{s['iteration_range'][0]:.3f}-"
+                                 f"{s['iteration_range'][1]:.3f}]",
+                          f"{s['speedup']:.2f}x [{s['speedup_range'][0]:.2f}-{s['speedup_range'][1]:.2f}]",
+                          f"{s['of_signal']:.2f} [{s['of_signal_range'][0]:.2f}-{s['of_signal_range'][1]:.2f}]",
+                          f"{s['sim_error']:+.0%}", f"{s['sim_error_medians']:+.0%}"] for label, s in summ.items()]))
+        md.append("\n(simulated error: the worst over repeats of (simulated - measured) / measured.)\n")
+        mem = info["peak_memory"]
+        md.append("Peak live activation MiB per stage, measured / memory model (last repeat):\n")
+        md.append(table(["configuration"] + [f"stage {s}" for s in range(S)],
+                        [[label] + [f"{b / 2**20:.1f} / {m / 2**20:.1f}" for b, m in zip(v["measured"], v["model"])]
+                         for label, v in mem.items() if "signal" not in label]))
+        o = summ[OURS]
+        md.append(f"\n**{model_name}: eager-1F1B + delay + broadcast = {o['speedup']:.2f}x 1F1B + Alpa "
+                  f"(min {o['speedup_range'][0]:.2f}x), {o['of_signal']:.2f} of the signal bound; ZB-H1 + "
+                  f"broadcast = {summ['zb-h1+broadcast']['speedup']:.2f}x.**\n")
+    saved["summary"] = summaries
     (out / "results.md").write_text("\n".join(md) + "\n")
-    clean = {m: {"model_kwargs": per["model_kwargs"], "rows": per.get("rows"), "summary": summary[m],
-                 "configs": {label: {k: v for k, v in r.items() if k not in ("records", "sched")}
-                             for label, r in per["configs"].items()}} for m, per in results.items()}
-    clean["_args"] = {k: getattr(args, k) for k in ("nic", "devices_per_host", "host_cpus", "microbatches", "seq",
-                                                   "steps", "warmup")}
-    (out / "results.json").write_text(json.dumps(clean, indent=1))
-    plot(results, out)
+    (out / "results.json").write_text(json.dumps(saved, indent=1))
+    plot(saved, out)
     print("\n".join(md))
-    log(f"wrote {out}/results.md, results.json, throughput.png, memory.png and traces")
+    log(f"wrote {out}/results.md, results.json, speedup.png, memory.png and traces")
 
 
-def _per_model_figure(results, path: Path, height: float, draw) -> None:
-    """One panel per model, ``draw(ax, per)`` filling each."""
+def _figure(models: list, height: float):
     import matplotlib  # noqa: PLC0415
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), height), squeeze=False)
-    for ax, (model_name, per) in zip(axes[0], results.items()):
-        draw(ax, per)
+    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), height), squeeze=False)
+    return plt, fig, axes[0]
+
+
+def plot(saved: dict, out: Path) -> None:
+    models = list(saved["models"])
+    if not models:
+        return
+    plt, fig, axes = _figure(models, 4.0)
+    for ax, model_name in zip(axes, models):
+        summ = saved["summary"][model_name]
+        labels = list(summ)
+        x = np.arange(len(labels))
+        med = [summ[l]["speedup"] for l in labels]
+        lo = [m - summ[l]["speedup_range"][0] for m, l in zip(med, labels)]
+        hi = [summ[l]["speedup_range"][1] - m for m, l in zip(med, labels)]
+        ax.bar(x - 0.2, med, 0.4, yerr=[lo, hi], capsize=3, label="measured (median, min-max over repeats)")
+        rows = [r for r in saved["rows"] if r["model"] == model_name]
+        base = median(r["simulated_seconds"] for r in rows if r["config"] == BASELINE)
+        ax.bar(x + 0.2, [base / median(r["simulated_seconds"] for r in rows if r["config"] == l) for l in labels],
+               0.4, alpha=0.6, label="simulated from measured durations")
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_xticks(x)
+        ax.set_xticklabels([l.replace("+", "\n+") for l in labels], fontsize=7)
+        ax.set_ylabel("speed-up over 1f1b+alpa")
         ax.set_title(model_name, fontsize=9)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(out / "speedup.png", dpi=120)
     plt.close(fig)
 
-
-def plot(results, out: Path) -> None:
-    def throughput(ax, per):
-        cfgs = per["configs"]
-        labels = list(cfgs)
-        x = np.arange(len(labels))
-        ax.bar(x - 0.2, [cfgs[l]["samples_per_s"] for l in labels], 0.4, label="measured")
-        ax.bar(x + 0.2, [cfgs[l]["samples_per_s"] * cfgs[l]["iteration_s"] / cfgs[l]["predicted_s"] for l in labels],
-               0.4, label="simulated from measured times", alpha=0.6)
-        ax.set_xticks(x)
-        ax.set_xticklabels([l.replace(" + ", "\n+ ") for l in labels], fontsize=6)
-        ax.set_ylabel("samples / s")
-
-    def memory_panel(ax, per):
-        for label in ("1f1b + broadcast", "eager-1f1b split + broadcast", OURS):
-            r = per["configs"][label]
-            line, = ax.plot(range(S), [b / 2**20 for b in r["peak_live_bytes"]], marker="o", label=label)
-            ax.plot(range(S), [b / 2**20 for b in r["model_peak_bytes"]], ls="--", color=line.get_color(), lw=0.8)
+    plt, fig, axes = _figure(models, 3.2)
+    for ax, model_name in zip(axes, models):
+        for label, v in saved["models"][model_name]["peak_memory"].items():
+            if "signal" in label:
+                continue
+            line, = ax.plot(range(S), [b / 2**20 for b in v["measured"]], marker="o", label=label)
+            ax.plot(range(S), [b / 2**20 for b in v["model"]], ls="--", color=line.get_color(), lw=0.8)
         ax.set_xticks(range(S))
         ax.set_xlabel("stage")
         ax.set_ylabel("peak live activations (MiB; dashed: model)")
-
-    _per_model_figure(results, out / "throughput.png", 3.8, throughput)
-    _per_model_figure(results, out / "memory.png", 3.2, memory_panel)
+        ax.set_title(model_name, fontsize=9)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "memory.png", dpi=120)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

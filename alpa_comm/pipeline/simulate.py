@@ -7,11 +7,20 @@ waits until that transfer has arrived. So transfers overlap with compute
 exactly where the schedule leaves other work between a SEND and the matching
 RECV — and nowhere else. ``signal=True`` makes every transfer free: the upper
 bound the paper measures with one-byte messages.
+
+Two refinements let the simulator predict a real run rather than an ideal one:
+``shared_nic`` puts every transfer out of a host on that host's one sending
+NIC and every transfer into a host on its receiving NIC (a U-Transformer stage
+sends to its neighbour and over its skip edge through the same NIC), and
+``action_time`` gives each compute action its own duration, so a Monte Carlo
+over measured durations (``train.measure.predict``) sees what variance along
+dependency chains costs — a chain waits for its slowest link, which mean
+durations do not show.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 from .ir import Schedule, ScheduleError
 
@@ -87,14 +96,40 @@ class PipelineResult:
         return num_microbatches / self.iteration_time if self.iteration_time > 0 else float("inf")
 
 
-def simulate_schedule(schedule: Schedule, costs: Costs = Costs(), signal: bool = False) -> PipelineResult:
-    """Run ``schedule``; raises ``ScheduleError`` naming every blocked stage on a deadlock."""
+def _book(calendars: list[list[tuple[float, float]]], ready: float, duration: float) -> float:
+    """The earliest start >= ``ready`` at which every calendar (a NIC's booked
+    intervals) is free for ``duration``; books it. Stages are simulated one after
+    another, not in time order, so a NIC's bookings can arrive out of time order:
+    a transfer takes the first gap that fits, as the real NIC would carry it then."""
+    if duration <= 0:
+        return ready
+    start = ready
+    moved = True
+    while moved:
+        moved = False
+        for cal in calendars:
+            for a, b in cal:
+                if a < start + duration and start < b:
+                    start, moved = b, True
+    for cal in calendars:
+        cal.append((start, start + duration))
+    return start
+
+
+def simulate_schedule(schedule: Schedule, costs: Costs = Costs(), signal: bool = False, shared_nic: bool = False,
+                      action_time: Callable[[int, str, int], float] | None = None) -> PipelineResult:
+    """Run ``schedule``; raises ``ScheduleError`` naming every blocked stage on a deadlock.
+
+    ``shared_nic``: a host's NIC carries one transfer at a time per direction (else
+    each directed stage pair is its own link). ``action_time(stage, kind, mb)``:
+    each compute action's duration (else the stage's cost of that kind)."""
     S = schedule.num_stages
     c = costs.resolve(S)
     t = [0.0] * S
     pc = [0] * S
     busy = [0.0] * S
     link_free: dict[tuple[int, int], float] = {}
+    nic_busy: dict[tuple[str, int], list[tuple[float, float]]] = {}
     arrival: dict[tuple, float] = {}
     events: list[Event] = []
     transfers: list[TransferEvent] = []
@@ -106,17 +141,22 @@ def simulate_schedule(schedule: Schedule, costs: Costs = Costs(), signal: bool =
             while pc[i] < len(acts):
                 a = acts[pc[i]]
                 if a.is_compute:
-                    d = c[a.kind][i]
+                    d = c[a.kind][i] if action_time is None else action_time(i, a.kind, a.mb)
                     events.append(Event(i, a.kind, a.mb, t[i], t[i] + d))
                     t[i] += d
                     busy[i] += d
                 elif a.kind.is_send:
                     peer = schedule.peer(i, a)
                     direction = a.kind[-1]
-                    link = (i, peer)
-                    start = max(t[i], link_free.get(link, 0.0))
-                    end = start + (0.0 if signal else c["comm" if direction == "F" else "comm_b"][i])
-                    link_free[link] = end
+                    d = 0.0 if signal else c["comm" if direction == "F" else "comm_b"][i]
+                    if shared_nic:
+                        start = _book([nic_busy.setdefault(("out", i), []), nic_busy.setdefault(("in", peer), [])],
+                                      t[i], d)
+                    else:
+                        link = (i, peer)
+                        start = max(t[i], link_free.get(link, 0.0))
+                        link_free[link] = start + d
+                    end = start + d
                     arrival[(direction, a.mb, i, peer)] = end
                     transfers.append(TransferEvent(i, peer, direction, a.mb, start, end))
                 else:

@@ -153,6 +153,16 @@ class DistributedPipeline:
                 for s in range(self.num_stages)]
         return self.cluster._wait(refs, "fetching parameters")
 
+    def regime(self) -> list[dict]:
+        """Per stage (replica 0): its forward's flop count and its host's matmul rate
+        (``PipelineWorker.regime``), one stage after another so the hosts' timings do
+        not compete for the machine's cores."""
+        out = []
+        for s in range(self.num_stages):
+            h = stage_hosts(s, self.dp)[0]
+            out += self.cluster._wait([(self.cluster.workers[h].regime.remote(), h)], "measuring its regime")
+        return out
+
     def time_edges(self, repeats: int = 3) -> dict[str, float]:
         """Each edge's transfer alone (median of ``repeats``), in seconds."""
         out = {}

@@ -10,10 +10,12 @@ optimizer update the simulator does not model), and ``Costs`` for
 """
 from __future__ import annotations
 
+import random
 from collections import defaultdict
-from statistics import median
+from statistics import mean, median
 
-from ..pipeline.simulate import Costs
+from ..pipeline.ir import Schedule
+from ..pipeline.simulate import Costs, simulate_schedule
 
 COMPUTE_KINDS = ("F", "B", "BI", "BW")
 
@@ -69,3 +71,39 @@ def costs_from(times: dict[str, list[float]], edge_seconds: dict[str, float], nu
         src = int(pair.split("->")[0])
         comm[direction][src] = max(comm[direction][src], sec)
     return Costs(t_fwd=f, t_bwd=b, t_comm=comm["F"], t_bi=bi, t_bw=bw, t_comm_b=comm["B"])
+
+
+def action_samples(steps: list[list[dict]]) -> dict[tuple[int, str], list[float]]:
+    """Every measured duration of each (stage, compute kind) over ``steps``, scaled by
+    its host's ``busy_factor`` as ``stage_times`` does."""
+    got: dict[tuple[int, str], list[float]] = defaultdict(list)
+    for per_host in steps:
+        for rec in per_host:
+            f = busy_factor(rec)
+            for kind, _, t0, t1 in rec["events"]:
+                if kind in COMPUTE_KINDS:
+                    got[(rec["stage"], kind)].append((t1 - t0) * f)
+    return dict(got)
+
+
+def predict(schedule: Schedule, steps: list[list[dict]], edge_seconds: dict[str, float], signal: bool = False,
+            draws: int = 64, seed: int = 0) -> float:
+    """The simulator's iteration time for a measured run: the mean over ``draws``
+    simulations in which every compute action takes a duration drawn from that
+    stage's measured durations of its kind, and transfers share their hosts' NICs.
+
+    Simulating with median (or mean) durations is optimistic: a stage waits for the
+    slowest of the chains that feed it, so spread along dependency chains adds time
+    that a single typical duration per action hides. Drawing every action's duration
+    from the measured spread shows that cost; the NIC model adds transfers that
+    contend for one host's link (a skip edge and its neighbour edge)."""
+    S = schedule.num_stages
+    costs = costs_from(stage_times(steps, S), edge_seconds, S)
+    samples = action_samples(steps)
+    rng = random.Random(seed)
+
+    def action_time(stage: int, kind: str, mb: int) -> float:
+        return rng.choice(samples[(stage, kind)])
+
+    return mean(simulate_schedule(schedule, costs, signal=signal, shared_nic=True,
+                                  action_time=action_time).iteration_time for _ in range(draws))

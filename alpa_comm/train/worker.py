@@ -169,6 +169,7 @@ class PipelineWorker(HostWorker):
         data-parallel gradient mean and the optimizer update."""
         import jax  # noqa: PLC0415
 
+        cpu0 = time.process_time()  # every thread of this host: compute, transport, runtime
         mbs = [{k: jax.device_put(np.asarray(v), self.split) for k, v in mb.items()} for mb in microbatches]
         self.runner.begin(self.params, mbs)
         self.mailbox.events = []
@@ -193,7 +194,40 @@ class PipelineWorker(HostWorker):
         record.events.append(("UPDATE", -1, t0, time.time()))
         return {"host": self.host, "stage": self.stage, "replica": self.replica, "losses": record.losses,
                 "events": record.events, "transfers": list(self.mailbox.events), "peak_live": record.peak_live,
-                "peak_live_bytes": record.peak_live_bytes, "state_bytes": record.state_bytes}
+                "peak_live_bytes": record.peak_live_bytes, "state_bytes": record.state_bytes,
+                "cpu_seconds": time.process_time() - cpu0}
+
+    def regime(self, min_seconds: float = 0.5) -> dict:
+        """What the stage's compute is made of, for reading a benchmark's regime:
+        XLA's flop count of one microbatch's forward on this replica, and this host's
+        matmul rate — a (tokens x d) @ (d x 4d) product split over the host's devices
+        as the stage programs are, timed here for ``min_seconds``, so under the same CPU cap."""
+        import jax  # noqa: PLC0415
+        import jax.numpy as jnp  # noqa: PLC0415
+
+        cfg = self.cfg
+        key = (cfg.model, json.dumps(cfg.model_kwargs, sort_keys=True), cfg.num_stages, self.stage)
+        model = self._built[key][0]
+        abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), self.params)
+        inputs = {k: jax.ShapeDtypeStruct(shape, jnp.float32) for k, shape in cfg.input_shapes.items()}
+        batch = {k: jax.ShapeDtypeStruct(cfg.batch_shape, jnp.int32) for k in ("tokens", "targets")}
+        cost = jax.jit(model.stages[self.stage]).lower(abstract, inputs, batch).compile().cost_analysis()
+        cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+        tokens = int(np.prod(cfg.batch_shape))
+        d = int(cfg.model_kwargs.get("d", 64))
+        a = jax.device_put(np.ones((tokens, d), np.float32), self.split)
+        w = jax.device_put(np.ones((d, 4 * d), np.float32), self.replicated)
+        matmul = jax.jit(jnp.matmul)
+        jax.block_until_ready(matmul(a, w))
+        # sustained, not one product: the cap is a quota per short period, so a product
+        # shorter than the period may run at the full core's speed
+        calls, t0 = 0, time.perf_counter()
+        while calls < 3 or time.perf_counter() - t0 < min_seconds:
+            jax.block_until_ready(matmul(a, w))
+            calls += 1
+        rate = calls * 2.0 * tokens * d * 4 * d / (time.perf_counter() - t0)
+        return {"host": self.host, "stage": self.stage, "forward_flops": float(cost.get("flops", 0.0)),
+                "matmul_flops_per_s": rate}
 
     def stage_params(self):
         """This replica's parameters as NumPy (for checks against a reference)."""
