@@ -203,3 +203,21 @@ def test_cli_schedule_compare_and_errors(tmp_path, capsys):
     bad.write_text("stage 0: F0 B0 B0\n")
     assert main(["schedule", "--from-file", str(bad)]) == 2
     assert "appears twice" in capsys.readouterr().err
+
+
+def test_auto_backward_keeps_the_backward_whole_unless_a_delay_helps():
+    from alpa_comm.pipeline import auto_backward
+    from alpa_comm.pipeline.weight_delay import auto_delay
+    free = Costs(t_fwd=1, t_bwd=2, t_comm=0.0)
+    assert not any(auto_delay("eager-1f1b", 4, 8, free)) and auto_backward("eager-1f1b", 4, 8, free) is None
+    slow = Costs(t_fwd=1, t_bwd=2, t_comm=1.5)
+    delays = auto_backward("1f1b", 4, 16, slow)
+    assert delays == auto_delay("1f1b", 4, 16, slow) and any(delays)
+
+
+def test_the_trainer_runs_b_whole_when_auto_chooses_no_delay():
+    from alpa_comm.models import build_model
+    from alpa_comm.train.trainer import TrainConfig, build_schedule
+    cfg = TrainConfig(model="gpt", stages=2, microbatches=4, schedule="eager-1f1b", delay_wgrad="auto")
+    sched = build_schedule(cfg, build_model("gpt", 2, layers=2, d=16, heads=2, seq=8), Costs(1, 2, 0.0))
+    assert {a.kind.name for s in sched.stages for a in s if a.is_compute} == {"F", "B"}

@@ -195,3 +195,11 @@ def test_spread_along_dependency_chains_costs_time_the_median_simulation_misses(
     flat = _records([1.0] * 4, [2.0] * 4)
     edges = {"F:0->1": 0.1, "B:1->0": 0.1}
     assert predict(s, recs, edges, draws=200) > predict(s, flat, edges) * 1.02
+
+
+def test_transfer_overlap_is_the_share_of_sending_time_spent_computing():
+    from alpa_comm.train.measure import transfer_overlap
+    rec = {"events": [("F", 0, 0.0, 1.0), ("RECV_B", 0, 1.0, 2.0), ("B", 0, 2.0, 4.0)],
+           "transfers": [("F:0->1", 0, 0.5, 1.5), ("F:0->1", 1, 3.0, 3.5)]}
+    assert transfer_overlap(rec) == pytest.approx((0.5 + 0.5) / 1.5)
+    assert transfer_overlap({"events": [], "transfers": []}) == 1.0

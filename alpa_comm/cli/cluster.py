@@ -73,7 +73,9 @@ def _register_train(sub) -> None:
     p.add_argument("--microbatches", type=count(1, 4096), default=4, help="microbatches per step (default 4)")
     p.add_argument("--microbatch-size", type=count(1, 1 << 20), default=4,
                    help="rows per microbatch (all dp replicas together)")
-    add_schedule_args(p, "delay weight gradients: 'auto', N, or one N per stage (implies --split-backward)")
+    add_schedule_args(p, "delay weight gradients: N or one N per stage (implies --split-backward), or 'auto': "
+                         "the least delay per stage that shortens the simulated iteration, the backward kept "
+                         "whole where no delay does")
     add_strategy_arg(p, "; signal: one byte, the no-communication bound")
     p.add_argument("--dp", type=count(1, 64), default=1, help="data-parallel hosts per stage (default 1)")
     add_live_cluster_args(p, "local", "inprocess (one process), local (Ray on this machine), emulated (root: "

@@ -4,8 +4,8 @@ from .ir import Action, ActionKind, Schedule, ScheduleError
 from .memory import memory
 from .simulate import Costs, PipelineResult, simulate_schedule
 from .validate import validate
-from .weight_delay import auto_delay, auto_delay_schedule
+from .weight_delay import auto_backward, auto_delay, auto_delay_schedule
 
 __all__ = ["Action", "ActionKind", "Costs", "PipelineResult", "SCHEDULE_KINDS", "SCHEDULES", "Schedule",
-           "ScheduleError", "auto_delay", "auto_delay_schedule", "compute_order", "generate", "memory",
+           "ScheduleError", "auto_backward", "auto_delay", "auto_delay_schedule", "compute_order", "generate", "memory",
            "schedule_kind", "simulate_schedule", "validate", "warmup"]

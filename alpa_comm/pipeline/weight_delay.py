@@ -35,6 +35,17 @@ def auto_delay(kind: str, num_stages: int, num_microbatches: int, costs: Costs) 
     return delays
 
 
+def auto_backward(kind: str, num_stages: int, num_microbatches: int, costs: Costs) -> list[int] | None:
+    """``auto_delay``, or None (keep the backward whole) where no stage needs a delay.
+
+    A split backward with every ``BW`` right after its ``BI`` does what ``B`` does in
+    two programs instead of one: two launches and two reductions of the weight
+    gradients over the stage's devices, measured 20-33 % over ``B`` on the emulated
+    hosts. The split pays only where a delay puts other work between the halves."""
+    delays = auto_delay(kind, num_stages, num_microbatches, costs)
+    return delays if any(delays) else None
+
+
 def auto_delay_schedule(kind: str, num_stages: int, num_microbatches: int, costs: Costs) -> tuple[Schedule, dict]:
     """The schedule with automatic weight delaying, and a report of what the delay costs."""
     delays = auto_delay(kind, num_stages, num_microbatches, costs)

@@ -40,6 +40,20 @@ def busy_factor(rec: dict) -> float:
     return max(1.0, (span - waits) / compute) if compute > 0 else 1.0
 
 
+def transfer_overlap(rec: dict) -> float:
+    """The share of a host's sending time (its communication threads, data ready to
+    last byte out) during which the host was computing: 1.0 when every transfer hid
+    behind compute, 0.0 when compute always waited for them. Transfers overlap compute
+    only where the schedule gives them compute to hide behind, so this reads a
+    schedule's overlap, not the runtime's alone."""
+    compute = sorted((t0, t1) for kind, _, t0, t1 in rec["events"] if kind in COMPUTE_KINDS)
+    total = hidden = 0.0
+    for _, _, a, b in rec.get("transfers", []):
+        total += b - a
+        hidden += sum(max(0.0, min(b, t1) - max(a, t0)) for t0, t1 in compute)
+    return hidden / total if total > 0 else 1.0
+
+
 def stage_times(steps: list[list[dict]], num_stages: int, busy: bool = True) -> dict[str, list[float]]:
     """Median duration per stage of each compute kind over ``steps`` (each a list of
     host records); kinds a schedule does not use are absent. With ``busy`` each

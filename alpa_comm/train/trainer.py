@@ -18,7 +18,7 @@ from ..errors import InvalidOptionError
 from ..pipeline import SCHEDULES, Costs, generate, validate
 from ..pipeline.edges import with_skips
 from ..pipeline.ir import Schedule
-from ..pipeline.weight_delay import auto_delay
+from ..pipeline.weight_delay import auto_backward
 from .data import batches, stdlib_corpus, synthetic
 
 # Relative costs for --delay-wgrad auto before anything is measured: backward twice
@@ -97,7 +97,7 @@ def build_schedule(cfg: TrainConfig, model, costs: Costs = DEFAULT_COSTS) -> Sch
         raise InvalidOptionError(f"unknown schedule {cfg.schedule!r}; choose one of {', '.join(SCHEDULES)}")
     delay = cfg.delay_wgrad
     if delay == "auto":
-        delay = auto_delay(cfg.schedule, cfg.stages, cfg.microbatches, costs)
+        delay = auto_backward(cfg.schedule, cfg.stages, cfg.microbatches, costs)
     sched = with_skips(generate(cfg.schedule, cfg.stages, cfg.microbatches,
                                 split_backward=cfg.split_backward or delay is not None, delay_wgrad=delay), model.skips)
     validate(sched)
