@@ -21,7 +21,7 @@ that the transport threads share with compute). Per model:
    NICs, durations drawn from the measured spread) beside the plain simulation
    from median durations.
 
-    sudo .venv/bin/python benchmarks/train_pipeline.py [--out benchmarks/results/train_emulated]
+    sudo .venv/bin/python benchmarks/train_pipeline.py [--out benchmarks/results/train_emulated]   # ~20 min
 
 Writes results.md / results.json (one row per model, configuration and repeat),
 speedup.png, memory.png and Chrome traces of the baseline and of eager-1F1B.
@@ -151,8 +151,8 @@ def peak_memory(last: dict) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="benchmarks/results/train_emulated")
-    p.add_argument("--nic", default="300mbit", help="emulated NIC rate per host and direction (default 300mbit: "
-                   "every edge's transfer between 0.3 and 1.0 of its sender's forward at the default sizes)")
+    p.add_argument("--nic", default="200mbit", help="emulated NIC rate per host and direction (default 200mbit: "
+                   "each edge's transfer 0.3-1.0 of its sender's forward at the default sizes)")
     p.add_argument("--devices-per-host", type=int, default=2)
     p.add_argument("--host-cpus", type=float, default=0.5,
                    help="CPU cores per emulated host (default 0.5: four hosts share this 2-core machine evenly)")
@@ -160,9 +160,9 @@ def main(argv=None) -> int:
     p.add_argument("--rows", type=int, default=16, help="rows per microbatch")
     p.add_argument("--seq", type=int, default=64, help="tokens per row")
     p.add_argument("--width", type=int, default=256, help="model width d (both models)")
-    p.add_argument("--ut-layers", type=int, default=4,
-                   help="U-Transformer layers (2L; default 4: one per stage; 8 puts two layers' outputs on each "
-                        "skip edge)")
+    p.add_argument("--ut-layers", type=int, default=8,
+                   help="U-Transformer layers (2L; default 8: two per stage, so each skip edge carries two layers' "
+                        "outputs; 4: one per stage)")
     p.add_argument("--gpt-layers", type=int, default=4, help="GPT layers (default 4: one per stage)")
     p.add_argument("--models", default="utransformer,gpt")
     p.add_argument("--warmup", type=int, default=1, help="steps before timing, each time a configuration is set up")
