@@ -40,7 +40,7 @@ def auto_backward(kind: str, num_stages: int, num_microbatches: int, costs: Cost
 
     A split backward with every ``BW`` right after its ``BI`` does what ``B`` does in
     two programs instead of one: two launches and two reductions of the weight
-    gradients over the stage's devices, measured 20-33 % over ``B`` on the emulated
+    gradients over the stage's devices, measured 14-45 % over ``B`` on the emulated
     hosts. The split pays only where a delay puts other work between the halves."""
     delays = auto_delay(kind, num_stages, num_microbatches, costs)
     return delays if any(delays) else None
