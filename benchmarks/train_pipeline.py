@@ -170,6 +170,15 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=3, help="times the whole interleaved set runs")
     p.add_argument("--render", action="store_true", help="only rewrite results.md and the PNGs from results.json")
     args = p.parse_args(argv)
+    for name in ("devices_per_host", "microbatches", "rows", "seq", "width", "ut_layers", "gpt_layers", "steps",
+                 "repeats"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.warmup < 0:
+        p.error(f"--warmup must be >= 0, got {args.warmup}")
+    unknown = sorted(set(args.models.split(",")) - {"utransformer", "gpt"})
+    if unknown:
+        p.error(f"--models: unknown {', '.join(map(repr, unknown))}; choose from utransformer, gpt")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.render:

@@ -203,3 +203,12 @@ def test_transfer_overlap_is_the_share_of_sending_time_spent_computing():
            "transfers": [("F:0->1", 0, 0.5, 1.5), ("F:0->1", 1, 3.0, 3.5)]}
     assert transfer_overlap(rec) == pytest.approx((0.5 + 0.5) / 1.5)
     assert transfer_overlap({"events": [], "transfers": []}) == 1.0
+
+
+def test_a_prediction_refuses_records_of_another_schedule():
+    from alpa_comm.train.measure import predict
+    recs = _records([1.0] * 3, [2.0] * 3)  # F and B only
+    with pytest.raises(ValueError, match="BI"):
+        predict(generate("eager-1f1b", 2, 3, split_backward=True), recs, {"F:0->1": 0.1, "B:1->0": 0.1})
+    with pytest.raises(ValueError, match="draws"):
+        predict(generate("gpipe", 2, 3), recs, {}, draws=0)

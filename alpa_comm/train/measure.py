@@ -59,14 +59,10 @@ def stage_times(steps: list[list[dict]], num_stages: int, busy: bool = True) -> 
     host records); kinds a schedule does not use are absent. With ``busy`` each
     duration is scaled by the stage's ``busy_factor``, so the simulator charges
     the runtime's own work between actions too."""
-    got: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for per_host in steps:
-        for rec in per_host:
-            f = busy_factor(rec) if busy else 1.0
-            for kind, _, t0, t1 in rec["events"]:
-                if kind in COMPUTE_KINDS:
-                    got[kind][rec["stage"]].append((t1 - t0) * f)
-    return {kind: [median(per[s]) if per[s] else 0.0 for s in range(num_stages)] for kind, per in got.items()}
+    got = action_samples(steps, busy)
+    kinds = dict.fromkeys(kind for _, kind in got)
+    return {kind: [median(got[(s, kind)]) if (s, kind) in got else 0.0 for s in range(num_stages)]
+            for kind in kinds}
 
 
 def costs_from(times: dict[str, list[float]], edge_seconds: dict[str, float], num_stages: int) -> Costs:
@@ -87,13 +83,13 @@ def costs_from(times: dict[str, list[float]], edge_seconds: dict[str, float], nu
     return Costs(t_fwd=f, t_bwd=b, t_comm=comm["F"], t_bi=bi, t_bw=bw, t_comm_b=comm["B"])
 
 
-def action_samples(steps: list[list[dict]]) -> dict[tuple[int, str], list[float]]:
-    """Every measured duration of each (stage, compute kind) over ``steps``, scaled by
-    its host's ``busy_factor`` as ``stage_times`` does."""
+def action_samples(steps: list[list[dict]], busy: bool = True) -> dict[tuple[int, str], list[float]]:
+    """Every measured duration of each (stage, compute kind) over ``steps``, in the
+    order measured; with ``busy`` scaled by its host's ``busy_factor``."""
     got: dict[tuple[int, str], list[float]] = defaultdict(list)
     for per_host in steps:
         for rec in per_host:
-            f = busy_factor(rec)
+            f = busy_factor(rec) if busy else 1.0
             for kind, _, t0, t1 in rec["events"]:
                 if kind in COMPUTE_KINDS:
                     got[(rec["stage"], kind)].append((t1 - t0) * f)
@@ -111,9 +107,16 @@ def predict(schedule: Schedule, steps: list[list[dict]], edge_seconds: dict[str,
     that a single typical duration per action hides. Drawing every action's duration
     from the measured spread shows that cost; the NIC model adds transfers that
     contend for one host's link (a skip edge and its neighbour edge)."""
+    if draws < 1:
+        raise ValueError(f"draws must be >= 1, got {draws!r}")
     S = schedule.num_stages
     costs = costs_from(stage_times(steps, S), edge_seconds, S)
     samples = action_samples(steps)
+    missing = sorted({(i, a.kind.name) for i, acts in enumerate(schedule.stages) for a in acts
+                      if a.is_compute and (i, a.kind.name) not in samples})
+    if missing:
+        raise ValueError(f"no measured duration for (stage, kind) {missing[:4]}: the records do not come from "
+                         f"a run of this schedule")
     rng = random.Random(seed)
 
     def action_time(stage: int, kind: str, mb: int) -> float:

@@ -101,6 +101,7 @@ class PipelineWorker(HostWorker):
             model = build_model(cfg.model, cfg.num_stages, **cfg.model_kwargs)
             built[key] = (model, StagePrograms(model.stages[self.stage], pin))
         model, programs = built[key]
+        self.stage_fn = model.stages[self.stage]  # for ``regime``
         self.schedule = cfg.schedule
         self.actions = self.schedule.stages[self.stage]
         self.params = jax.device_put(model.params[self.stage], self.replicated)
@@ -206,12 +207,10 @@ class PipelineWorker(HostWorker):
         import jax.numpy as jnp  # noqa: PLC0415
 
         cfg = self.cfg
-        key = (cfg.model, json.dumps(cfg.model_kwargs, sort_keys=True), cfg.num_stages, self.stage)
-        model = self._built[key][0]
         abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), self.params)
         inputs = {k: jax.ShapeDtypeStruct(shape, jnp.float32) for k, shape in cfg.input_shapes.items()}
         batch = {k: jax.ShapeDtypeStruct(cfg.batch_shape, jnp.int32) for k in ("tokens", "targets")}
-        cost = jax.jit(model.stages[self.stage]).lower(abstract, inputs, batch).compile().cost_analysis()
+        cost = jax.jit(self.stage_fn).lower(abstract, inputs, batch).compile().cost_analysis()
         cost = cost[0] if isinstance(cost, (list, tuple)) else cost
         tokens = int(np.prod(cfg.batch_shape))
         d = int(cfg.model_kwargs.get("d", 64))
