@@ -90,12 +90,15 @@ def test_verify_catches_a_dropped_part():
         verify_plan(broken)
 
 
-def test_every_packed_buffer_is_packed_ahead_while_the_wire_is_busy(monkeypatch):
-    """Weight sync: the next coalesced buffer a host sends is packed on the executor's
-    packing thread (submitted before the transfer before it runs), never on the sending
-    thread after the wire went idle; the data stays bit-exact."""
+@pytest.mark.parametrize("concurrent", [True, False])
+def test_every_packed_buffer_is_packed_off_the_calling_thread(monkeypatch, concurrent):
+    """Weight sync: a coalesced buffer is packed while other transfers are on the wire:
+    concurrently, on its own transfer's thread; in plan order (a backend that cannot run
+    transfers at once), on the packing thread ahead of its turn; the data stays
+    bit-exact."""
     import threading
 
+    from alpa_comm.runtime.backend import ThreadBackend
     from alpa_comm.runtime.executor import HostExecutor
 
     packed_on, original = [], HostExecutor._pack
@@ -105,7 +108,9 @@ def test_every_packed_buffer_is_packed_ahead_while_the_wire_is_busy(monkeypatch)
         return original(self, t)
 
     monkeypatch.setattr(HostExecutor, "_pack", spy)
+    monkeypatch.setattr(ThreadBackend, "concurrent", concurrent)
     plan = plan_resharding_tree(transformer(), cluster=CLUSTER, bucket_bytes="auto")
     assert any(t.parts for t in plan.transfers)
     run_tree(plan)
-    assert packed_on and all(name.startswith("alpa-comm-pack") for name in packed_on), packed_on
+    thread = "alpa-comm-transfer" if concurrent else "alpa-comm-pack"
+    assert packed_on and all(name.startswith(thread) for name in packed_on), packed_on

@@ -92,20 +92,21 @@ def tree_flatten(tree, prefix: str = "", is_leaf=None) -> list[tuple[str, Any]]:
 
 def tree_unflatten(like, values: Sequence, is_leaf=None):
     """``values`` (in ``tree_flatten`` order) arranged like ``like`` (``is_leaf``: as for
-    ``tree_flatten``)."""
-    it = iter(values)
+    ``tree_flatten``). A module-level recursion, not a nested closure: a function that
+    names itself through its cell is a reference cycle, and it would hold ``values`` (a
+    reshard's results, hundreds of MiB) until the garbage collector's next full pass."""
+    return _build(like, iter(values), is_leaf)
 
-    def build(node):
-        if is_leaf is not None and is_leaf(node):
-            return next(it)
-        if isinstance(node, dict):
-            built = {k: build(node[k]) for k in sorted(node, key=str)}
-            return {k: built[k] for k in node}
-        if isinstance(node, (list, tuple)):
-            return type(node)(build(v) for v in node)
+
+def _build(node, it, is_leaf):
+    if is_leaf is not None and is_leaf(node):
         return next(it)
-
-    return build(like)
+    if isinstance(node, dict):
+        built = {k: _build(node[k], it, is_leaf) for k in sorted(node, key=str)}
+        return {k: built[k] for k in node}
+    if isinstance(node, (list, tuple)):
+        return type(node)(_build(v, it, is_leaf) for v in node)
+    return next(it)
 
 
 def auto_bucket_bytes(cluster: ClusterSpec) -> int:

@@ -52,6 +52,9 @@ class Backend:
     name = "abstract"
     rank: int
     world: int
+    concurrent = True
+    """Sends and receives of different transfers may be posted from several threads at once
+    and match by (peer, tag) whatever their order: the executor keeps many in flight."""
 
     def isend(self, buf: np.ndarray, peer: int, tag: int) -> Handle:
         raise NotImplementedError
@@ -300,6 +303,7 @@ class NcclBackend(Backend):
     """CuPy NCCL: same interface on CuPy device buffers (imported lazily)."""
 
     name = "nccl"
+    concurrent = False  # one stream, matched per peer in issue order: the executor runs in plan order
 
     def __init__(self, rank: int, world: int, unique_id, timeout: float = DEFAULT_TIMEOUT_S):
         import cupy  # noqa: PLC0415 - only where a GPU exists

@@ -8,16 +8,23 @@ How each kind of transfer runs is written once, on its ``TransferKind``
 ``irecv``, ``wait``, ``slice_bytes``/``source`` (read), ``write``/``deliver``
 (write), ``ring_allgather``. The executor owns buffers, tags and timeouts.
 
-Every host runs the transfers it takes part in, in the plan's global order
-(``host_operations``); because all hosts follow one total order, two hosts
-that share two transfers meet them in the same order, so the sequence cannot
-deadlock. Devices of a host are buffers of one process: intra-host copies and
-intra-host all-gathers are memory copies; only inter-host bytes go through
-the backend, as flat ``uint8`` messages.
+Every host admits the transfers it takes part in in the plan's global order
+(``host_operations``) and keeps every admitted one in flight at once, each on a
+thread of its own, bounded by ``max_concurrent`` and a memory budget
+(``max_inflight_bytes``): chunk pipelines of different slices overlap each other
+and the intra-host copies. Matching by (transfer, chunk) tags, not a serial
+order, keeps it deadlock-free (``_run_concurrently`` says why). A backend whose
+operations must be issued in one order on every host (``Backend.concurrent``
+False: NCCL on one stream) runs them one after another instead. Devices of a
+host are buffers of one process: intra-host copies and intra-host all-gathers
+are memory copies; only inter-host bytes go through the backend, as flat
+``uint8`` messages.
 """
 from __future__ import annotations
 
 import bisect
+import copy
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -33,6 +40,20 @@ from .backend import DEFAULT_TIMEOUT_S, Backend, CommunicationError
 
 RING_TAG = 512
 TAGS_PER_TRANSFER = 1024  # chunk tags below RING_TAG, ring steps above
+MAX_CONCURRENT = 32
+"""Transfers a host keeps in flight at once (each on a thread of its own)."""
+MAX_INFLIGHT_BYTES = 256 * 2**20
+"""Bytes of packing and unpacking buffers a host holds at once, beyond the source and
+destination memory (a transfer larger than this runs when nothing else is in flight)."""
+
+
+def check_positive(name: str, value, default: int) -> int:
+    """``value`` (None: ``default``) as a positive int, or an error naming it."""
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidOptionError(f"{name} must be a positive integer, got {value!r}")
+    return value
 
 
 def numpy_dtype(name: str):
@@ -57,6 +78,21 @@ def array_module(*buffer_lists):
 
                     return cupy
     return np
+
+
+HOST_ALIGNMENT = 64
+"""Bytes a host buffer is aligned to: XLA's CPU client adopts a NumPy array of this
+alignment as a device buffer without copying it (``jax.device_put`` aliases it), so the
+buffers receives land in become the result's shards as they are."""
+
+
+def aligned_empty(shape, dtype, zeros: bool = False) -> np.ndarray:
+    """A C-contiguous host array starting on a ``HOST_ALIGNMENT`` boundary."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = (np.zeros if zeros else np.empty)(nbytes + HOST_ALIGNMENT, np.uint8)
+    start = (-raw.ctypes.data) % HOST_ALIGNMENT
+    return raw[start:start + nbytes].view(dtype).reshape(shape)
 
 
 def view(buf: np.ndarray, buf_box: Box, index: Box) -> np.ndarray:
@@ -87,8 +123,7 @@ class Layout:
                            alloc: Callable | None = None) -> dict[int, np.ndarray]:
         """Fresh buffers for the destination devices ``is_local`` accepts (``alloc(device,
         shape, dtype)`` makes one elsewhere than in host memory, e.g. on a GPU)."""
-        new = np.zeros if zeros else np.empty
-        make = alloc or (lambda _device, shape, dtype: new(shape, dtype))
+        make = alloc or (lambda _device, shape, dtype: aligned_empty(shape, dtype, zeros))
         return {d: make(d, shape_of(box), self.dtype) for d, box in self.dst_boxes.items() if is_local(d)}
 
     def source_shards(self, array: np.ndarray, is_local: Callable[[int], bool]) -> dict[int, np.ndarray]:
@@ -119,7 +154,7 @@ class HostExecutor:
 
     def __init__(self, host: int, layout, src, dst, backend: Backend, host_of: Callable[[int], int],
                  timeout: float = DEFAULT_TIMEOUT_S, min_rate: float | None = None, tag_base: int = 0,
-                 xp=None):
+                 xp=None, max_concurrent: int | None = None, max_inflight_bytes: int | None = None):
         many = isinstance(layout, (list, tuple))
         self.layouts = list(layout) if many else [layout]
         self.srcs = list(src) if many else [src]
@@ -130,6 +165,8 @@ class HostExecutor:
         self.tag_base = tag_base  # separates plans that run at the same time over one backend
         self._packed: dict[int, Future] = {}  # transfer id -> its buffer, being packed ahead
         self.xp = xp if xp is not None else array_module(self.srcs, self.dsts)
+        self.max_concurrent = check_positive("max_concurrent", max_concurrent, MAX_CONCURRENT)
+        self.max_inflight_bytes = check_positive("max_inflight_bytes", max_inflight_bytes, MAX_INFLIGHT_BYTES)
         self._select(0)
 
     def _select(self, leaf: int) -> None:
@@ -229,6 +266,100 @@ class HostExecutor:
 
     # ------------------------------------------------------------------ run
     def run(self, transfers: Sequence[Transfer]) -> list[TransferTiming]:
+        """Run this host's ``transfers``: concurrently where the backend allows it
+        (``Backend.concurrent``), else one after another in plan order."""
+        limit = self.max_concurrent if self.backend.concurrent else 1
+        if limit > 1 and len(transfers) > 1:
+            return self._run_concurrently(transfers, limit)
+        return self._run_in_order(transfers)
+
+    def _run_concurrently(self, transfers: Sequence[Transfer], limit: int) -> list[TransferTiming]:
+        """Every transfer whose turn has come is in flight at once, up to ``limit`` of them
+        and ``max_inflight_bytes`` of buffers this host must make for them (packed sends,
+        receive buffers that are not destination memory); each runs its kind's blocking
+        code on a thread of its own, over a copy of this executor bound to its leaf.
+
+        Why it cannot deadlock: every host admits its transfers in the plan's one global
+        order, and admits one whenever nothing else is in flight. Take the earliest
+        transfer still unfinished: on each of its hosts every earlier transfer has ended,
+        so it is admitted there, and every message has its own (transfer, chunk) tag, so
+        its sends and receives match whatever else is on the wire. It ends; induction.
+        A transfer that reads what others delivered (``deps``, always earlier in the
+        order) starts once they have ended here."""
+        timings: list[TransferTiming] = []
+        state = threading.Condition()
+        inflight = {"count": 0, "bytes": 0}
+        failure: list[BaseException] = []
+        ended = {t.id: threading.Event() for t in transfers}
+
+        def one(t: Transfer, need: int) -> None:
+            t0 = time.perf_counter()
+            try:
+                for d in t.deps:
+                    if d in ended:
+                        ended[d].wait()
+                if failure:
+                    return
+                self._scoped(t)._run_one(t)
+                with state:
+                    timings.append(TransferTiming(t.id, t.kind, t0, time.perf_counter()))
+            except BaseException as e:  # noqa: BLE001 - handed to the dispatcher, which raises it
+                with state:
+                    failure.append(e)
+            finally:
+                ended[t.id].set()
+                with state:
+                    inflight["count"] -= 1
+                    inflight["bytes"] -= need
+                    state.notify_all()
+
+        pool = ThreadPoolExecutor(max_workers=min(limit, len(transfers)), thread_name_prefix="alpa-comm-transfer")
+        try:
+            for t in transfers:
+                need = self._buffer_bytes(t)
+                with state:
+                    while not failure and inflight["count"] and (
+                            inflight["count"] >= limit or inflight["bytes"] + need > self.max_inflight_bytes):
+                        state.wait()
+                    if failure:
+                        break
+                    inflight["count"] += 1
+                    inflight["bytes"] += need
+                pool.submit(one, t, need)
+            with state:
+                while inflight["count"] and not failure:
+                    state.wait()
+        finally:
+            # after a failure the transfers still in flight end within their own timeouts;
+            # the error is raised now, not after them (and none waits for a cancelled one)
+            if failure:
+                for event in ended.values():
+                    event.set()
+            pool.shutdown(wait=not failure, cancel_futures=True)
+        if failure:
+            e = failure[0]
+            raise e
+        return sorted(timings, key=lambda x: x.start)
+
+    def _scoped(self, t: Transfer) -> "HostExecutor":
+        """A shallow copy bound to ``t``'s leaf (buffers, backend and caches shared), so
+        transfers of different leaves can run at once."""
+        ex = copy.copy(self)
+        ex._select(t.leaf)
+        return ex
+
+    def _buffer_bytes(self, t: Transfer) -> int:
+        """Bytes of buffers this host makes for ``t`` beyond source and destination memory:
+        a coalesced transfer is packed (sender) or unpacked (receiver) through one."""
+        if not t.parts:
+            return 0
+        on_host = self.host_of(t.sender) == self.host or any(self.host_of(r) == self.host for r in t.receivers)
+        return t.nbytes if on_host else 0
+
+    def _run_in_order(self, transfers: Sequence[Transfer]) -> list[TransferTiming]:
+        """One transfer at a time in plan order, packing the next coalesced buffer on a
+        thread while the transfer before it is on the wire (backends whose operations must
+        be issued in one order on every host: NCCL on one stream)."""
         timings = []
         packing = [i for i, t in enumerate(transfers) if self._packs(t)]  # positions, ascending
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="alpa-comm-pack") if packing else None
@@ -240,11 +371,7 @@ class HostExecutor:
                         if transfers[j].id not in self._packed:
                             self._packed[transfers[j].id] = pool.submit(self._pack, transfers[j])
                 t0 = time.perf_counter()
-                try:
-                    self._run_one(t)
-                except CommunicationError as e:
-                    raise CommunicationError(f"{e} (during transfer {t.id}: {t.kind} of slice "
-                                             f"{[list(p) for p in t.index]})") from e
+                self._run_one(t)
                 timings.append(TransferTiming(t.id, t.kind, t0, time.perf_counter()))
         finally:
             if pool is not None:
@@ -273,4 +400,8 @@ class HostExecutor:
         # long queue, still bounded when a peer is gone.
         own = t.nbytes / self.min_rate if self.min_rate else 0.0
         self.wait_s = self.timeout + 2 * max(own, t.start + t.duration)
-        kind.run(self, t, self.tag_base + (t.id % 1_000_000) * TAGS_PER_TRANSFER)
+        try:
+            kind.run(self, t, self.tag_base + (t.id % 1_000_000) * TAGS_PER_TRANSFER)
+        except CommunicationError as e:
+            raise CommunicationError(f"{e} (during transfer {t.id}: {t.kind} of slice "
+                                     f"{[list(p) for p in t.index]})") from e
