@@ -177,7 +177,8 @@ def speedups(results: list[Result]) -> dict[tuple[str, str, str], dict[str, floa
     out = {}
     for r in results:
         out[(r.suite, r.case, r.method)] = {b: base[(r.suite, r.case, b)] / r.median_seconds
-                                            for b in ("alpa", "alpa_send_recv", "per_array", "gather_broadcast")
+                                            for b in ("alpa", "alpa_send_recv", "per_array", "gather_broadcast",
+                                                      "jax_device_put")
                                             if (r.suite, r.case, b) in base}
     return out
 
@@ -240,6 +241,7 @@ def acceptance(results: list[Result]) -> list[tuple[str, bool, str]]:
         out.append((f"weight-sync {case}: joint balancing not slower than per-array",
                     joint.median_seconds <= per.median_seconds, f"{per.median_seconds / joint.median_seconds:.2f}x"))
     out += _processes_acceptance(results, by)
+    out += _data_plane_acceptance(results, by)
     bc = [r for r in results if r.strategy in ("broadcast", "auto") and r.suite in ("n-to-m", "1-to-m")]
     for label, tolerance, pick in SIMULATOR_CHECKS:
         errs = [(abs(r.predicted_seconds - r.median_seconds) / r.median_seconds, r) for r in bc if pick(r)]
@@ -270,6 +272,35 @@ def _processes_acceptance(results: list[Result], by: dict) -> list[tuple[str, bo
                     half.nbytes * 2 == planned.nbytes,
                     f"{half.nbytes / 2**20:.1f} of {planned.nbytes / 2**20:.1f} MiB, "
                     f"{planned.median_seconds / half.median_seconds:.2f}x faster"))
+    return out
+
+
+SMALL_CALL_BYTES = 4096
+"""A case this small measures what a cached call costs, not bytes."""
+
+
+def _data_plane_acceptance(results: list[Result], by: dict) -> list[tuple[str, bool, str]]:
+    """The data plane in the user's processes (``--suite same-layout | layout-change``):
+    same-layout moves at least as fast as JAX's own ``device_put`` and at >= 0.85 of raw
+    gloo's rate; layout changes >= 1.5x faster than JAX's best working alternative; a
+    cached call on a small array within 5 ms."""
+    out = []
+    for suite, rule in (("same-layout-processes", "same"), ("layout-change-processes", "change")):
+        for case in dict.fromkeys(r.case for r in results if r.suite == suite):
+            ours, jax_, raw = (by[(suite, case, m)] for m in ("alpa_comm", "jax_device_put", "raw"))
+            vs_jax = jax_.median_seconds / ours.median_seconds
+            if ours.nbytes <= SMALL_CALL_BYTES:
+                out.append((f"{suite} {case}: a cached call within 5 ms", ours.median_seconds <= 5e-3,
+                            f"{1e3 * ours.median_seconds:.2f} ms (JAX's device_put {1e3 * jax_.median_seconds:.2f} ms)"))
+            elif rule == "same":
+                out.append((f"{suite} {case}: not slower than jax_device_put (tolerance "
+                            f"{100 * TIE_TOLERANCE:.0f} %)", vs_jax >= 1 - TIE_TOLERANCE, f"{vs_jax:.2f}x"))
+                share = raw.median_seconds / ours.median_seconds
+                out.append((f"{suite} {case}: >= 0.85 of the raw gloo rate", share >= 0.85, f"{share:.2f}"))
+            else:
+                out.append((f"{suite} {case}: >= 1.5x faster than JAX's best working alternative "
+                            f"({jax_.extra.get('how')})",
+                            vs_jax >= 1.5, f"{vs_jax:.2f}x; {raw.median_seconds / ours.median_seconds:.2f} of raw"))
     return out
 
 

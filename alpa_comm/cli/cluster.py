@@ -2,6 +2,7 @@
 ``alpa-comm bench`` (every method side by side, measured) and ``alpa-comm train``."""
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -37,14 +38,20 @@ def _register_bench(sub) -> None:
                        description="The microbenchmark against baseline Alpa: every method of every case in the "
                                    "same run on the same cluster, warm-up + repeated timed runs, every run "
                                    "verified by per-device checksums; table, results.json and PNGs.")
-    p.add_argument("--suite", default="n-to-m", choices=[*suites.SUITES, "weight-sync", "all"],
-                   help=f"all = {', '.join(suites.SUITES)}; weight-sync = per-array vs coalesced pytree resharding")
+    p.add_argument("--suite", default="n-to-m", choices=[*suites.SUITES, "weight-sync", *DATA_PLANE_SUITES, "all"],
+                   help=f"all = {', '.join(suites.SUITES)}; weight-sync = per-array vs coalesced pytree resharding; "
+                        f"with --mode processes also same-layout, layout-change, data-plane (both): the data plane "
+                        f"beside JAX's own cross-host device_put and the transport's raw rate")
     add_live_cluster_args(p, "emulated", "emulated (root + iproute2), local, or ray://ADDR of a running Ray cluster",
                           hosts_default=5, devices_default=4)
     p.add_argument("--mode", choices=["cluster", "processes"], default="cluster",
-                   help="cluster: tensors in alpa_comm's own host workers (default); processes: weight sync "
-                        "between the user's own JAX processes (alpa_comm.jax), with --suite weight-sync only, "
-                        "against gather-to-one-rank-then-broadcast and per-leaf transfers")
+                   help="cluster: tensors in alpa_comm's own host workers (default); processes: the user's own "
+                        "JAX processes (alpa_comm.jax): --suite weight-sync (against gather-then-broadcast and "
+                        "per-leaf transfers) or same-layout / layout-change / data-plane (against JAX's "
+                        "device_put and raw gloo); --cluster local is loopback with no tc (the unshaped regime)")
+    p.add_argument("--streams", type=streams_arg, default="auto",
+                   help="--mode processes: gloo TCP streams per pair of processes, or auto (from the NIC rate: "
+                        "one per 10 Gbit/s; loopback counts as 40) (default auto)")
     p.add_argument("--size-mb", type=number(0, exclusive=True, maximum=1 << 20), default=64,
                    help="tensor size in MiB (default 64; processes mode: the model's size)")
     p.add_argument("--repeat", type=count(1, 10_000), default=3,
@@ -146,6 +153,9 @@ def cmd_bench(args) -> int:
     _reject_emulated_only(args)
     if args.mode == "processes":
         return _bench_processes(args)
+    reject_unused(args, {"streams": "--streams"}, "without --mode processes (alpa_comm's own workers use one)")
+    if args.suite in DATA_PLANE_SUITES:
+        raise AlpaCommError(f"--suite {args.suite} runs in the user's own JAX processes: add --mode processes")
     if args.cluster.startswith("ray://"):
         reject_unused(args, {"hosts": "--hosts"}, "with a running Ray cluster (its hosts are what it has)")
     if args.cluster in ("emulated", "local"):  # a connected cluster is checked once its size is known
@@ -175,8 +185,9 @@ def _bench_processes(args) -> int:
     """``--mode processes``: the weight-sync suite in six JAX processes of our own."""
     from ..jax import sync_bench  # noqa: PLC0415
     from ..report.bench_results import acceptance_table, results_table, write_bench_outputs  # noqa: PLC0415
-    if args.suite != "weight-sync":
-        raise AlpaCommError(f"--mode processes runs the weight-sync suite only, not --suite {args.suite}")
+    if args.suite not in ("weight-sync", *DATA_PLANE_SUITES):
+        raise AlpaCommError(f"--mode processes runs --suite weight-sync, {', '.join(DATA_PLANE_SUITES)}, "
+                            f"not --suite {args.suite}")
     if args.cluster not in ("emulated", "local"):
         raise AlpaCommError(f"--mode processes starts its own processes: --cluster emulated or local, "
                             f"not {args.cluster!r}")
@@ -187,6 +198,9 @@ def _bench_processes(args) -> int:
 
     def say(msg: str) -> None:
         print(f"[{time.monotonic() - t0:5.0f} s] {msg}", file=sys.stderr, flush=True)
+    if args.suite in DATA_PLANE_SUITES:
+        return _bench_data_plane(args, say)
+    reject_unused(args, {"streams": "--streams"}, "with --suite weight-sync (its group picks its own)")
     results, desc = sync_bench.run(None if args.nic == "none" else args.nic, args.size_mb, args.repeat,
                                    timeout=args.timeout, emulated=args.cluster == "emulated", progress=say)
     print(f"\nalpa-comm bench --mode processes on {desc['description']}; process-to-process copies move "
@@ -198,6 +212,45 @@ def _bench_processes(args) -> int:
     paths = write_bench_outputs(results, desc, Path(args.out))
     print("\nwrote " + ", ".join(str(p) for p in paths.values()))
     return 0
+
+
+DATA_PLANE_SUITES = ("same-layout", "layout-change", "data-plane")
+
+
+def _bench_data_plane(args, say) -> int:
+    """``--mode processes --suite same-layout | layout-change | data-plane``."""
+    from ..jax import wire_bench  # noqa: PLC0415
+    from ..report.bench_results import acceptance_table, jax_refusals_table, results_table  # noqa: PLC0415
+    from ..report.bench_results import write_bench_outputs  # noqa: PLC0415
+
+    suites = wire_bench.SUITES if args.suite == "data-plane" else (args.suite,)
+    results, desc = wire_bench.run(suites, None if args.nic == "none" else args.nic, args.size_mb, args.repeat,
+                                   timeout=args.timeout, emulated=args.cluster == "emulated", streams=args.streams,
+                                   progress=say)
+    print(f"\nalpa-comm bench --mode processes on {desc['description']}; 'x lower bound' is the time over raw "
+          f"gloo's for the same bytes between the same processes\n")
+    print(results_table(results))
+    print()
+    print(acceptance_table(results))
+    if desc["jax_refusals"]:
+        print("\nJAX's own device_put on the layout-change cases (each in processes of its own):\n")
+        print(jax_refusals_table(desc["jax_refusals"]))
+    paths = write_bench_outputs(results, desc, Path(args.out))
+    print("\nwrote " + ", ".join(str(p) for p in paths.values()))
+    return 0
+
+
+def streams_arg(text: str):
+    """``auto`` or a stream count in [1, 8]."""
+    if text == "auto":
+        return text
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= 8:
+        raise argparse.ArgumentTypeError(f"--streams must be auto or an integer in [1, 8], got {text!r}")
+    return n
 
 
 def cmd_train(args) -> int:

@@ -24,6 +24,7 @@ per process) moves device memory handed over by DLPack (``buffers="device"``, se
 """
 from __future__ import annotations
 
+import math
 import os
 import socket
 import threading
@@ -31,9 +32,15 @@ import time
 from datetime import timedelta
 
 from ..errors import AlpaCommError, InvalidOptionError
-from ..runtime.backend import DEFAULT_TIMEOUT_S, CommunicationError, GlooSubgroupBackend
+from ..runtime.backend import DEFAULT_TIMEOUT_S, MAX_STREAMS, CommunicationError, GlooSubgroupBackend
+from ..runtime.host_memory import DEFAULT_MAX_FREE_BYTES, BufferPool
 
 BACKENDS = ("gloo", "nccl")
+DEFAULT_STREAM_GBPS = 10.0
+"""What one TCP stream between two hosts carries, for ``streams="auto"``: about what a
+Linux TCP stream sustains between hosts; on this kind of machine, over loopback, one
+gloo stream moved 27-31 Gbit/s and two 36-42 (``alpa-comm bench --mode processes
+--suite same-layout`` reports the raw rate for one stream and for the group's)."""
 BUFFERS = ("host", "device")
 _default: dict = {}
 
@@ -142,6 +149,18 @@ class _RayKV:
             time.sleep(self.POLL_S)
 
 
+def streams_for(streams, nic_gbps: float, stream_gbps: float) -> int:
+    """TCP streams per pair of hosts: as asked, or ``"auto"``: as many as the NIC needs at
+    ``stream_gbps`` a stream (at most ``MAX_STREAMS``)."""
+    if streams == "auto":
+        if not (isinstance(stream_gbps, (int, float)) and stream_gbps > 0):
+            raise InvalidOptionError(f"stream_gbps must be a positive number (Gbit/s), got {stream_gbps!r}")
+        return max(1, min(MAX_STREAMS, math.ceil(nic_gbps / stream_gbps - 1e-9)))
+    if isinstance(streams, bool) or not isinstance(streams, int) or not 1 <= streams <= MAX_STREAMS:
+        raise InvalidOptionError(f"streams must be 'auto' or an integer in [1, {MAX_STREAMS}], got {streams!r}")
+    return streams
+
+
 def _buffers(backend: str, buffers: str | None) -> str:
     """The buffers a group keeps: as asked, else device memory for NCCL and host for gloo."""
     return buffers or ("device" if backend == "nccl" else "host")
@@ -171,7 +190,8 @@ class ProcessGroup:
 
     def __init__(self, rank: int, world_size: int, address: str | None = None, backend: str = "gloo",
                  timeout: float = DEFAULT_TIMEOUT_S, nic_gbps: float = 10.0, latency_s: float = 20e-6,
-                 buffers: str | None = None, _kv=None, _name: str = "group"):
+                 buffers: str | None = None, streams: int | str = "auto", stream_gbps: float = DEFAULT_STREAM_GBPS,
+                 recycle_bytes: int = DEFAULT_MAX_FREE_BYTES, _kv=None, _name: str = "group"):
         if backend not in BACKENDS:
             raise InvalidOptionError(f"backend {backend!r} is not available; choose one of {', '.join(BACKENDS)}")
         buffers = _buffers(backend, buffers)
@@ -188,6 +208,11 @@ class ProcessGroup:
         if not (isinstance(latency_s, (int, float)) and latency_s >= 0):
             raise InvalidOptionError(f"latency_s must be a number of seconds >= 0, got {latency_s!r}")
         self.rank, self.world_size, self.timeout, self.nic_gbps = rank, world_size, float(timeout), nic_gbps
+        self.streams = streams_for(streams, nic_gbps, stream_gbps)
+        try:
+            self.pool = BufferPool(recycle_bytes)  # destination memory recycled across calls
+        except ValueError as e:
+            raise InvalidOptionError(f"recycle_bytes: {e}") from None
         self.latency_s = float(latency_s)  # what one message costs beyond its bytes: sets chunk and bucket sizes
         self.address, self.name = address, _name
         self._subgroups: dict[tuple[int, ...], GlooSubgroupBackend] = {}
@@ -306,7 +331,8 @@ class ProcessGroup:
         self._stores.append(store)
         if self.backend_name == "nccl":
             return _nccl_subgroup(self.rank, hosts, dist.PrefixStore(name, store), self.timeout)
-        return GlooSubgroupBackend(self.rank, hosts, dist.PrefixStore(name, store), self.timeout)
+        return GlooSubgroupBackend(self.rank, hosts, dist.PrefixStore(name, store), self.timeout,
+                                   streams=self.streams)
 
     def close(self) -> None:
         self._subgroups.clear()

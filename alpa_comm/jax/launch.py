@@ -43,13 +43,18 @@ def _free_port(ip: str) -> int:
 
 
 def launch(world: int, devices: int, command: list[str], *, network=None, timeout: float = 240,
-           env: dict | None = None, fail_fast: bool = False, progress=None) -> list[ProcessOutput]:
+           env: dict | None = None, fail_fast: bool = False, progress=None,
+           cross_host_transfers: bool = False) -> list[ProcessOutput]:
     """Run ``command`` as ``world`` JAX processes of ``devices`` CPU devices each and wait
     for all (at most ``timeout`` seconds, then the rest are killed). ``network``: an
     ``EmulatedNetwork`` that is up (rank i = host i); else every rank on loopback.
     ``fail_fast``: once one process fails (non-zero exit), end the others after a few
     seconds instead of letting them wait for it until the deadline. ``progress``: called
-    with each line a process writes to stderr as ``progress: ...``, as it comes."""
+    with each line a process writes to stderr as ``progress: ...``, as it comes.
+    ``cross_host_transfers``: give every process its own address for JAX's cross-host
+    ``device_put`` (``ALPA_COMM_JAX_TRANSFER_ADDRESS``; ``worker_init`` sets
+    ``jax_cross_host_transfer_socket_address`` from it: a nonzero port of its own, as
+    JAX needs)."""
     from ..runtime.emulated import netns  # noqa: PLC0415
 
     if network is not None and network.num_hosts < world:
@@ -67,6 +72,9 @@ def launch(world: int, devices: int, command: list[str], *, network=None, timeou
             penv = dict(base, ALPA_COMM_JAX_RANK=str(r), GLOO_SOCKET_IFNAME=netns.host_ifname(r) if network else "lo")
             if network:
                 penv["ALPA_COMM_GROUP_ADDR"] = netns.host_ip(r)
+            if cross_host_transfers:  # port 0 would be published as 0 and the receiver would hang
+                ip = netns.host_ip(r) if network else "127.0.0.1"
+                penv["ALPA_COMM_JAX_TRANSFER_ADDRESS"] = f"{ip}:{port + 1 + r if network else _free_port(ip)}"
             prefix = network.exec_prefix(r) if network else []
             procs.append(subprocess.Popen(prefix + list(command), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                           stderr=subprocess.PIPE, text=True, env=penv))
@@ -145,6 +153,8 @@ def worker_init(x64: bool = False):
     rank, world = int(os.environ["ALPA_COMM_JAX_RANK"]), int(os.environ["ALPA_COMM_JAX_WORLD"])
     devices = int(os.environ["ALPA_COMM_JAX_DEVICES"])
     jax.config.update("jax_num_cpu_devices", devices)
+    if os.environ.get("ALPA_COMM_JAX_TRANSFER_ADDRESS"):  # before the first jax.devices()
+        jax.config.update("jax_cross_host_transfer_socket_address", os.environ["ALPA_COMM_JAX_TRANSFER_ADDRESS"])
     if x64:
         jax.config.update("jax_enable_x64", True)
     jax.distributed.initialize(coordinator_address=os.environ["ALPA_COMM_JAX_COORDINATOR"], num_processes=world,

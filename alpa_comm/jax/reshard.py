@@ -77,7 +77,7 @@ def reshard_tree(tree, dst_tree, *, group: ProcessGroup | None = None, strategy:
         raise InvalidOptionError(f"the destination tree's leaves {sorted(dsts)} do not match the array tree's "
                                  f"{sorted(p for p, _ in leaves)}")
     prep = _prepare(leaves, dsts, group, strategy, bucket_bytes, wire_dtype)
-    io = buffers_for(group.buffers, prep.hosts)
+    io = buffers_for(group.buffers, prep.hosts, group.pool)
     src = [io.sources(x, prep.hosts, wire) for (_, x), wire in zip(leaves, prep.wires)]
     dst = _run(prep.job, io.layouts(prep.layouts), prep.participants, src, group, timeout, io)
     return tree_unflatten(tree, io.place([(x.shape, x.dtype) for _, x in leaves], _want(dtype), prep.shardings,
@@ -93,6 +93,7 @@ def _run(job: HostJob, layouts, participants, src, group: ProcessGroup, timeout,
     memory ``io`` keeps buffers in; returns the received buffers per leaf. A failure names
     the peer and the group's first failure."""
     dst = [lay.empty_destinations(job.is_local, alloc=io.alloc) for lay in layouts]
+    group.pool.trim()
     backend = group.backend(participants)
     try:
         HostExecutor(group.rank, layouts, src, dst, backend, job.host_of, timeout or group.timeout,
@@ -125,7 +126,7 @@ def _reshard_between_programs(tree, dst_tree, group: ProcessGroup, strategy, buc
     key = (_group_key(group), strategy, bucket_bytes, json.dumps(picture, sort_keys=True))
     prep = _cached(key, lambda: _prepare_programs(picture, group, strategy, bucket_bytes))
     xs = dict(leaves)
-    io = buffers_for(group.buffers, hosts)
+    io = buffers_for(group.buffers, hosts, group.pool)
     src = [io.sources(xs[path], hosts, numpy_dtype(wire)) if path in xs else {} for path, _, wire in prep.moves]
     dst = _run(prep.job, io.layouts(prep.layouts), prep.participants, src, group, timeout, io)
     if dst_tree is None:

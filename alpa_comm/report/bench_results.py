@@ -19,14 +19,15 @@ def results_table(results: list[Result]) -> str:
     for r in results:
         s = sp[(r.suite, r.case, r.method)]
         spread = f"{min(r.seconds):.3f}-{max(r.seconds):.3f}"
-        base = next((s[b] for b in ("alpa", "per_array", "gather_broadcast") if b in s), float("nan"))
+        base = next((s[b] for b in ("alpa", "per_array", "gather_broadcast", "jax_device_put") if b in s),
+                    float("nan"))
         simulated = fmt_seconds(r.predicted_seconds) if r.predicted_seconds == r.predicted_seconds else "-"
         rows.append([r.suite, r.case, r.method, fmt_seconds(r.median_seconds), spread, f"{r.gbps:.3f}",
                      f"{r.median_seconds / r.lower_bound_seconds:.2f}" if carries_data(r.strategy) else "-",
                      f"{base:.2f}x", simulated,
                      "yes" if r.verified else ("n/a" if r.verified is None else "NO")])
     return table(["suite", "case", "method", "median", "spread (s)", "effective Gbit/s", "x lower bound",
-                  "speedup vs alpa (weight-sync: per_array; processes: gather_broadcast)", "simulator", "verified"], rows)
+                  "speedup vs alpa (weight-sync: per_array; processes: gather_broadcast / jax_device_put)", "simulator", "verified"], rows)
 
 
 def write_bench_outputs(results: list[Result], cluster_desc: dict, out: Path) -> dict[str, Path]:
@@ -61,6 +62,14 @@ def baseline_note(results: list[Result]) -> str:
     """Where the Alpa baselines came from (one line; empty without them)."""
     sources = dict.fromkeys(f"{r.method}: {r.extra['baseline']}" for r in results if r.extra.get("baseline"))
     return "Alpa baselines from " + "; ".join(sources) if sources else ""
+
+
+def jax_refusals_table(refusals: list[dict]) -> str:
+    """What JAX's own ``device_put`` did on each case, process by process."""
+    return table(["case", "process", "JAX's device_put"],
+                 [[r["case"], str(p["rank"]), p.get("error") or (p["outcome"] + (
+                     "" if "correct" not in p else f", data {'correct' if p['correct'] else 'WRONG'}"))]
+                  for r in refusals for p in r["processes"]])
 
 
 def acceptance_table(results: list[Result]) -> str:

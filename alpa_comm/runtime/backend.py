@@ -234,25 +234,54 @@ class _Subgroup:
             return message
 
 
+MAX_STREAMS = 8
+STRIPE_MIN_BYTES = 4 << 20
+"""A message this large is split over every stream (smaller ones ride one)."""
+TAG_LIMIT = 2**31
+"""gloo tags are 32-bit signed integers."""
+
+
+def striped_handle(handles: list) -> Handle:
+    """One handle over the parts of a striped message: its wait waits for every part,
+    all within the one timeout."""
+    if len(handles) == 1:
+        return handles[0]
+
+    def wait(timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for h in handles:
+            h.wait(max(0.001, deadline - time.monotonic()))
+    return Handle(wait, handles[0].what)
+
+
 class GlooSubgroupBackend(_Subgroup, Backend):
     """gloo among some of the hosts only (``hosts``, this process being ``host``), from a
     rendezvous store: no default process group, so processes outside ``hosts`` take no
     part, and a program's own ``torch.distributed`` use is left alone. Peers are host
-    ids, as everywhere in the executor."""
+    ids, as everywhere in the executor.
+
+    ``streams``: TCP connections per pair of hosts (one gloo device, so one context and
+    one I/O thread, each). Where one stream cannot fill a link (loopback, 100 Gbit/s
+    NICs), large messages are striped over all of them (``_stripes``)."""
 
     name = "gloo"
 
-    def __init__(self, host: int, hosts, store, timeout: float = DEFAULT_TIMEOUT_S):
+    def __init__(self, host: int, hosts, store, timeout: float = DEFAULT_TIMEOUT_S, streams: int = 1):
         import torch.distributed as dist  # noqa: PLC0415 - optional dependency
 
+        if isinstance(streams, bool) or not isinstance(streams, int) or not 1 <= streams <= MAX_STREAMS:
+            raise ValueError(f"streams must be an integer in [1, {MAX_STREAMS}], got {streams!r}")
         self._member_of(host, hosts, store)
-        self.rank, self.world = host, len(self.hosts)
+        self.rank, self.world, self.streams = host, len(self.hosts), streams
         self._join_barrier(timeout)
         pg_class = dist.ProcessGroupGloo
         opts = pg_class._Options()
         opts._timeout = timedelta(seconds=timeout)
         ifname = os.environ.get("GLOO_SOCKET_IFNAME")
-        opts._devices = [pg_class.create_device(interface=ifname) if ifname else pg_class.create_default_device()]
+        # one gloo device per stream: a context (own TCP connections, own I/O thread) each;
+        # ProcessGroupGloo sends a message with tag t over context t % streams
+        opts._devices = [pg_class.create_device(interface=ifname) if ifname else pg_class.create_default_device()
+                         for _ in range(streams)]
         try:
             self._pg = pg_class(store, self._index[host], self.world, opts)
         except Exception as e:  # noqa: BLE001 - re-raised with the hosts named
@@ -272,13 +301,30 @@ class GlooSubgroupBackend(_Subgroup, Backend):
     def _handle(self, work, peer: int, what: str) -> Handle:
         return gloo_handle(self.rank, work, peer, what)
 
+    def _stripes(self, buf, tag: int) -> list:
+        """(part, wire tag) of a message: with several streams a message of at least
+        ``STRIPE_MIN_BYTES`` goes as one part per stream (wire tag ``tag * n + i`` rides
+        context i), a smaller one whole; both ends split alike, knowing the size."""
+        n = self.streams
+        if n == 1:
+            return [(buf, tag)]
+        base = (tag % (TAG_LIMIT // n)) * n
+        if buf.nbytes < STRIPE_MIN_BYTES:
+            return [(buf, base + tag % n)]
+        bounds = np.linspace(0, buf.shape[0], n + 1).astype(np.int64)
+        return [(buf[bounds[i]:bounds[i + 1]], base + i) for i in range(n)]
+
     def isend(self, buf, peer, tag):
-        return self._handle(self._pg.send([_readable_tensor(buf)], self._peer(peer), tag), peer, "sending to")
+        rank = self._peer(peer)
+        return striped_handle([self._handle(self._pg.send([_readable_tensor(part)], rank, t), peer, "sending to")
+                               for part, t in self._stripes(buf, tag)])
 
     def irecv(self, buf, peer, tag):
         import torch  # noqa: PLC0415
 
-        return self._handle(self._pg.recv([torch.from_numpy(buf)], self._peer(peer), tag), peer, "receiving from")
+        rank = self._peer(peer)
+        return striped_handle([self._handle(self._pg.recv([torch.from_numpy(part)], rank, t), peer, "receiving from")
+                               for part, t in self._stripes(buf, tag)])
 
     def barrier(self, timeout=DEFAULT_TIMEOUT_S):
         try:

@@ -37,6 +37,7 @@ from ..resharding.kinds import transfer_kind
 from ..resharding.plan import Leaf, Transfer
 from ..spec import Box
 from .backend import DEFAULT_TIMEOUT_S, Backend, CommunicationError
+from .host_memory import aligned_empty
 
 RING_TAG = 512
 TAGS_PER_TRANSFER = 1024  # chunk tags below RING_TAG, ring steps above
@@ -78,21 +79,6 @@ def array_module(*buffer_lists):
 
                     return cupy
     return np
-
-
-HOST_ALIGNMENT = 64
-"""Bytes a host buffer is aligned to: XLA's CPU client adopts a NumPy array of this
-alignment as a device buffer without copying it (``jax.device_put`` aliases it), so the
-buffers receives land in become the result's shards as they are."""
-
-
-def aligned_empty(shape, dtype, zeros: bool = False) -> np.ndarray:
-    """A C-contiguous host array starting on a ``HOST_ALIGNMENT`` boundary."""
-    dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    raw = (np.zeros if zeros else np.empty)(nbytes + HOST_ALIGNMENT, np.uint8)
-    start = (-raw.ctypes.data) % HOST_ALIGNMENT
-    return raw[start:start + nbytes].view(dtype).reshape(shape)
 
 
 def view(buf: np.ndarray, buf_box: Box, index: Box) -> np.ndarray:
@@ -138,6 +124,30 @@ class TransferTiming:
     kind: str
     start: float
     end: float
+
+
+_THREADS = threading.local()
+
+
+def _transfer_threads(limit: int) -> ThreadPoolExecutor:
+    """The calling thread's own pool of transfer threads, kept between runs (starting a
+    thread costs about a millisecond, a cached small reshard a few). Per calling thread,
+    so executors that run side by side in one process (hosts as threads, a pipeline's
+    stages) never wait for each other's threads."""
+    pools = _THREADS.__dict__.setdefault("pools", {})
+    if limit not in pools:
+        pools[limit] = ThreadPoolExecutor(max_workers=limit, thread_name_prefix="alpa-comm-transfer")
+    return pools[limit]
+
+
+def _drop_transfer_threads(pool: ThreadPoolExecutor) -> None:
+    """After a failure: the transfers still in flight end within their own timeouts on
+    the old pool's threads; the next run gets fresh ones."""
+    pools = _THREADS.__dict__.get("pools", {})
+    for k, v in list(pools.items()):
+        if v is pool:
+            del pools[k]
+    pool.shutdown(wait=False, cancel_futures=True)
 
 
 class HostExecutor:
@@ -313,7 +323,7 @@ class HostExecutor:
                     inflight["bytes"] -= need
                     state.notify_all()
 
-        pool = ThreadPoolExecutor(max_workers=min(limit, len(transfers)), thread_name_prefix="alpa-comm-transfer")
+        pool = _transfer_threads(limit)
         try:
             for t in transfers:
                 need = self._buffer_bytes(t)
@@ -335,7 +345,7 @@ class HostExecutor:
             if failure:
                 for event in ended.values():
                     event.set()
-            pool.shutdown(wait=not failure, cancel_futures=True)
+                _drop_transfer_threads(pool)
         if failure:
             e = failure[0]
             raise e

@@ -1,0 +1,108 @@
+"""Host memory that receives land in and that becomes the result's shards.
+
+Two facts of XLA's CPU client shape it:
+
+* ``jax.device_put`` adopts a NumPy array without copying it (the device buffer
+  aliases the array) when the array starts on a ``HOST_ALIGNMENT`` boundary; NumPy's
+  own allocations are only 16-byte aligned, and then every shard is copied once more.
+* Fresh memory costs its page faults on first write (about half of a memory copy
+  here); a weight sync that repeats every step can receive into the memory of the
+  results it returned two steps ago, once nothing references them any more.
+
+``BufferPool`` recycles such memory: a buffer is reused only when the pool holds the
+only references to it (XLA keeps its reference to an adopted array for as long as any
+device buffer aliases it), and it keeps at most ``max_free_bytes`` of unused memory.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+from collections import deque
+
+import numpy as np
+
+HOST_ALIGNMENT = 64
+"""Bytes a host buffer is aligned to (XLA's CPU client adopts such arrays as they are)."""
+
+DEFAULT_MAX_FREE_BYTES = 1 << 30
+
+
+def aligned_empty(shape, dtype, zeros: bool = False) -> np.ndarray:
+    """A C-contiguous host array starting on a ``HOST_ALIGNMENT`` boundary."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = (np.zeros if zeros else np.empty)(nbytes + HOST_ALIGNMENT, np.uint8)
+    return _aligned_view(raw, nbytes, dtype, shape)
+
+
+def _aligned_view(raw: np.ndarray, nbytes: int, dtype, shape) -> np.ndarray:
+    start = (-raw.ctypes.data) % HOST_ALIGNMENT
+    return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
+class BufferPool:
+    """Aligned host buffers, recycled once nothing but the pool references them.
+
+    ``empty(shape, dtype)`` returns the oldest buffer of the same byte size when nothing
+    else references it any more, else a new one it keeps track of: buffers are handed out
+    and given back in about the same order (a sync's results replace the previous
+    sync's), so looking at the oldest one keeps a take O(1) however many are in use.
+    ``trim()`` (after each call) lets unused memory beyond ``max_free_bytes`` go
+    (0: nothing is recycled, every buffer is fresh)."""
+
+    def __init__(self, max_free_bytes: int = DEFAULT_MAX_FREE_BYTES):
+        if isinstance(max_free_bytes, bool) or not isinstance(max_free_bytes, int) or max_free_bytes < 0:
+            raise ValueError(f"max_free_bytes must be an integer >= 0, got {max_free_bytes!r}")
+        self.max_free_bytes = max_free_bytes
+        self._owned: dict[int, deque] = {}  # raw size -> raw arrays, oldest hand-out first
+        self._lock = threading.Lock()
+        self.reused = self.fresh = 0
+
+    @staticmethod
+    def _unused(queue: deque, i: int) -> bool:
+        # references: the pool's deque and getrefcount's own argument (no name is bound
+        # to the buffer here); any view (a result, XLA's adopted array) adds one
+        return sys.getrefcount(queue[i]) <= 2
+
+    def empty(self, shape, dtype) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        size = nbytes + HOST_ALIGNMENT
+        if self.max_free_bytes == 0 or nbytes == 0:
+            return aligned_empty(shape, dtype)
+        with self._lock:
+            queue = self._owned.setdefault(size, deque())
+            if queue and self._unused(queue, 0):
+                raw = queue.popleft()
+                self.reused += 1
+            else:
+                raw = np.empty(size, np.uint8)
+                self.fresh += 1
+            queue.append(raw)
+            return _aligned_view(raw, nbytes, dtype, shape)
+
+    def free_bytes(self) -> int:
+        """Memory the pool holds that nothing else uses."""
+        with self._lock:
+            return sum(queue[i].nbytes for queue in self._owned.values() for i in range(len(queue))
+                       if self._unused(queue, i))
+
+    def trim(self) -> None:
+        """Let go of unused buffers, largest first, until at most ``max_free_bytes`` stay."""
+        with self._lock:
+            free = sorted(((queue[i].nbytes, id(queue[i])) for queue in self._owned.values()
+                           for i in range(len(queue)) if self._unused(queue, i)), reverse=True)
+            total = sum(n for n, _ in free)
+            drop = set()
+            for n, key in free:
+                if total <= self.max_free_bytes:
+                    break
+                drop.add(key)
+                total -= n
+            if drop:
+                for size in list(self._owned):
+                    kept = deque(raw for raw in self._owned[size] if id(raw) not in drop)
+                    if kept:
+                        self._owned[size] = kept
+                    else:
+                        del self._owned[size]
