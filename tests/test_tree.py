@@ -90,12 +90,12 @@ def test_verify_catches_a_dropped_part():
         verify_plan(broken)
 
 
-@pytest.mark.parametrize("concurrent", [True, False])
-def test_every_packed_buffer_is_packed_off_the_calling_thread(monkeypatch, concurrent):
-    """Weight sync: a coalesced buffer is packed while other transfers are on the wire:
-    concurrently, on its own transfer's thread; in plan order (a backend that cannot run
-    transfers at once), on the packing thread ahead of its turn; the data stays
-    bit-exact."""
+def test_every_packed_buffer_is_packed_ahead_in_plan_order(monkeypatch):
+    """Weight sync on a backend that runs transfers in plan order (NCCL on one stream): the
+    next coalesced buffer is packed on the packing thread while the transfer before it is
+    on the wire, never on the sending thread after the wire went idle; bit-exact. (The
+    concurrent executor packs a bucket while the buckets before it are on the wire:
+    tests/test_executor_concurrency.py.)"""
     import threading
 
     from alpa_comm.runtime.backend import ThreadBackend
@@ -108,9 +108,8 @@ def test_every_packed_buffer_is_packed_off_the_calling_thread(monkeypatch, concu
         return original(self, t)
 
     monkeypatch.setattr(HostExecutor, "_pack", spy)
-    monkeypatch.setattr(ThreadBackend, "concurrent", concurrent)
+    monkeypatch.setattr(ThreadBackend, "concurrent", False)
     plan = plan_resharding_tree(transformer(), cluster=CLUSTER, bucket_bytes="auto")
     assert any(t.parts for t in plan.transfers)
     run_tree(plan)
-    thread = "alpa-comm-transfer" if concurrent else "alpa-comm-pack"
-    assert packed_on and all(name.startswith(thread) for name in packed_on), packed_on
+    assert packed_on and all(name.startswith("alpa-comm-pack") for name in packed_on), packed_on

@@ -14,6 +14,7 @@ executor's buffers and back.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 import numpy as np
@@ -125,13 +126,23 @@ def adopt(leaves, types, shardings, buffers, hosts: JaxHosts) -> list | None:
         for (shape, _), t, sharding, bufs in zip(leaves, types, shardings, buffers):
             devices = list(sharding._addressable_device_assignment)
             if not devices:
-                out.append(jax.make_array_from_single_device_arrays(tuple(shape), sharding, [], dtype=t))
+                out.append(_remote_array(tuple(shape), np.dtype(t), sharding))
                 continue
             xs = [bufs[hosts.id_of(d)].astype(t, copy=False) for d in devices]
             out.append(pxla.batched_device_put(core.ShapedArray(tuple(shape), t), sharding, xs, devices))
     except (AttributeError, TypeError):
         return None
     return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _remote_array(shape: tuple, dtype: np.dtype, sharding):
+    """The result a process holding none of it gets: a global array without addressable
+    shards (no buffers, immutable), made once per shape, type and sharding; a sender's
+    200-leaf sync would otherwise spend milliseconds making them anew every call."""
+    import jax  # noqa: PLC0415
+
+    return jax.make_array_from_single_device_arrays(shape, sharding, [], dtype=dtype)
 
 
 def carrier(dtype: np.dtype) -> np.dtype:

@@ -26,11 +26,11 @@ from ..resharding import plan_resharding
 from ..resharding.host_job import HostJob
 from ..resharding.tree import plan_resharding_tree, tree_flatten, tree_unflatten
 from ..runtime.backend import CommunicationError
-from ..runtime.executor import HostExecutor, Layout, numpy_dtype
+from ..runtime.executor import HostExecutor, Layout, destination_buffers, numpy_dtype
 from ..spec import ShardingSpec
 from ..topology import ClusterSpec
 from . import programs
-from .buffers import buffers_for
+from .buffers import HostBuffers, buffers_for
 from .group import ProcessGroup, default_group
 from .placement import JaxHosts, named_sharding, placement
 
@@ -92,7 +92,10 @@ def _run(job: HostJob, layouts, participants, src, group: ProcessGroup, timeout,
     """This host's share of a plan over the group's subgroup of ``participants``, in the
     memory ``io`` keeps buffers in; returns the received buffers per leaf. A failure names
     the peer and the group's first failure."""
-    dst = [lay.empty_destinations(job.is_local, alloc=io.alloc) for lay in layouts]
+    if io.xp is np and isinstance(io, HostBuffers):  # one slab: buckets land in place
+        dst = destination_buffers(layouts, job.is_local, lambda n: io.pool.empty((n,), np.uint8))
+    else:
+        dst = [lay.empty_destinations(job.is_local, alloc=io.alloc) for lay in layouts]
     group.pool.trim()
     backend = group.backend(participants)
     try:

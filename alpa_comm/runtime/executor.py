@@ -26,6 +26,7 @@ import bisect
 import copy
 import threading
 import time
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -34,10 +35,11 @@ import numpy as np
 
 from ..errors import InvalidOptionError
 from ..resharding.kinds import transfer_kind
+from ..resharding.kinds.base import finish_posted
 from ..resharding.plan import Leaf, Transfer
 from ..spec import Box
 from .backend import DEFAULT_TIMEOUT_S, Backend, CommunicationError
-from .host_memory import aligned_empty
+from .host_memory import HOST_ALIGNMENT, BufferPool, aligned_empty
 
 RING_TAG = 512
 TAGS_PER_TRANSFER = 1024  # chunk tags below RING_TAG, ring steps above
@@ -81,8 +83,30 @@ def array_module(*buffer_lists):
     return np
 
 
+def destination_buffers(layouts: list["Layout"], is_local: Callable[[int], bool], alloc_flat) -> list[dict]:
+    """Every leaf's destination buffers on this host cut from one flat slab
+    (``alloc_flat(nbytes)``: aligned host bytes), in (leaf, device) order, each region
+    starting on a ``HOST_ALIGNMENT`` boundary: the order the planner packs a bucket's
+    parts in, so a bucket's parts lie back to back and it is received in place
+    (``HostExecutor.bucket_target``). The slab lives while any of its arrays does."""
+    regions, total = [], 0
+    for i, lay in enumerate(layouts):
+        for d, box in lay.dst_boxes.items():
+            if is_local(d):
+                nbytes = int(np.prod(shape_of(box), dtype=np.int64)) * lay.dtype.itemsize
+                regions.append((i, d, box, total, nbytes))
+                total += -(-nbytes // HOST_ALIGNMENT) * HOST_ALIGNMENT
+    slab = alloc_flat(total)
+    out: list[dict] = [{} for _ in layouts]
+    for i, d, box, at, nbytes in regions:
+        out[i][d] = slab[at:at + nbytes].view(layouts[i].dtype).reshape(shape_of(box))
+    return out
+
+
 def view(buf: np.ndarray, buf_box: Box, index: Box) -> np.ndarray:
     """The part of ``buf`` (holding ``buf_box`` of the tensor) that covers ``index``."""
+    if index == buf_box:  # a whole shard: the common case of a weight sync, no slicing
+        return buf
     return buf[tuple(slice(a - b0, b - b0) for (a, b), (b0, _) in zip(index, buf_box))]
 
 
@@ -125,6 +149,9 @@ class TransferTiming:
     start: float
     end: float
 
+
+SCRATCH = BufferPool(MAX_INFLIGHT_BYTES)
+"""This process's recycled host scratch memory (at most ``MAX_INFLIGHT_BYTES`` kept unused)."""
 
 _THREADS = threading.local()
 
@@ -174,6 +201,7 @@ class HostExecutor:
         self.wait_s = timeout
         self.tag_base = tag_base  # separates plans that run at the same time over one backend
         self._packed: dict[int, Future] = {}  # transfer id -> its buffer, being packed ahead
+        self._in_place: dict[int, np.ndarray | None] = {}  # transfer id -> where its bucket lands
         self.xp = xp if xp is not None else array_module(self.srcs, self.dsts)
         self.max_concurrent = check_positive("max_concurrent", max_concurrent, MAX_CONCURRENT)
         self.max_inflight_bytes = check_positive("max_inflight_bytes", max_inflight_bytes, MAX_INFLIGHT_BYTES)
@@ -198,6 +226,8 @@ class HostExecutor:
         """The bytes of ``index`` held by source ``device``, flat and contiguous."""
         lay, src = (self.layout, self.src) if leaf is None else (self.layouts[leaf], self.srcs[leaf])
         data = view(src[device], lay.src_boxes[device], index)
+        if self.xp is np and data.flags.c_contiguous:
+            return data.reshape(-1).view(np.uint8)
         return self.xp.ascontiguousarray(data).reshape(-1).view(np.uint8)
 
     def read_destination(self, device: int, index: Box) -> np.ndarray:
@@ -224,14 +254,60 @@ class HostExecutor:
         return self.concat([self.slice_bytes(p.sender, p.index, p.leaf) for p in t.parts])
 
     def empty_bytes(self, nbytes: int) -> np.ndarray:
-        """A flat byte buffer of this executor's array module (host or device memory)."""
+        """A flat byte buffer of this executor's array module (host or device memory); host
+        scratch (packed buckets, receive buffers that are not destination memory) comes
+        from ``SCRATCH``, so a repeated sync does not pay fresh pages' faults each time."""
+        if self.xp is np:
+            return SCRATCH.empty((int(nbytes),), np.uint8)
         return self.xp.empty(int(nbytes), np.uint8)
 
     def concat(self, pieces: list) -> np.ndarray:
+        if self.xp is np:
+            return np.concatenate(pieces, out=self.empty_bytes(sum(p.nbytes for p in pieces)))
         return self.xp.concatenate(pieces)
 
+    def bucket_target(self, t: Transfer) -> np.ndarray | None:
+        """Where a coalesced ``t`` can be received in place: when every part has one
+        receiving device here and their regions lie back to back in memory, in part order
+        (destination buffers cut from one slab in (leaf, device) order, as
+        ``destination_buffers`` makes them, and the planner packs parts in that order),
+        the flat view spanning them. None otherwise: the bucket lands in scratch memory
+        and is unpacked."""
+        if not t.parts or self.xp is not np:
+            return None
+        if t.id in self._in_place:
+            return self._in_place[t.id]
+        self._in_place[t.id] = found = self._find_bucket_target(t)
+        return found
+
+    def _find_bucket_target(self, t: Transfer) -> np.ndarray | None:
+        start = end = None
+        first = None
+        for p in t.parts:
+            mine = [r for r in p.receivers if self.host_of(r) == self.host]
+            if len(mine) != 1:
+                return None
+            lay = self.layouts[p.leaf]
+            target = view(self.dsts[p.leaf][mine[0]], lay.dst_boxes[mine[0]], p.index)
+            if not target.flags.c_contiguous or target.nbytes != p.nbytes:
+                return None
+            at = target.__array_interface__["data"][0]
+            if first is None:
+                first, start = target, at
+            elif at != end:
+                return None
+            end = at + p.nbytes
+        base = first.base if first.base is not None else first
+        offset = start - base.__array_interface__["data"][0]
+        if base.ndim != 1 or base.dtype != np.uint8 or not 0 <= offset <= base.nbytes - (end - start):
+            return None
+        return base[offset:offset + (end - start)]
+
     def deliver(self, t: Transfer, flat: np.ndarray) -> None:
-        """Write what arrived into this host's receiving devices (unpacking parts)."""
+        """Write what arrived into this host's receiving devices (unpacking parts; nothing
+        to do for a bucket received in place, see ``bucket_target``)."""
+        if t.parts and self.xp is np and flat.size and self._landed_in_place(t, flat):
+            return
         if not t.parts:
             for r in self.local_receivers(t):
                 self.write(r, t.index, flat)
@@ -242,6 +318,10 @@ class HostExecutor:
                 if self.host_of(r) == self.host:
                     self.write(r, p.index, flat[pos:pos + p.nbytes], p.leaf)
             pos += p.nbytes
+
+    def _landed_in_place(self, t: Transfer, flat: np.ndarray) -> bool:
+        target = self._in_place.get(t.id)
+        return target is not None and target is flat
 
     def local_receivers(self, t: Transfer) -> list[int]:
         """The receiving devices of ``t`` on this host."""
@@ -279,28 +359,43 @@ class HostExecutor:
         """Run this host's ``transfers``: concurrently where the backend allows it
         (``Backend.concurrent``), else one after another in plan order."""
         limit = self.max_concurrent if self.backend.concurrent else 1
-        if limit > 1 and len(transfers) > 1:
-            return self._run_concurrently(transfers, limit)
-        return self._run_in_order(transfers)
+        try:
+            if limit > 1 and len(transfers) > 1:
+                return self._run_concurrently(transfers, limit)
+            return self._run_in_order(transfers)
+        finally:
+            SCRATCH.trim()
 
     def _run_concurrently(self, transfers: Sequence[Transfer], limit: int) -> list[TransferTiming]:
         """Every transfer whose turn has come is in flight at once, up to ``limit`` of them
         and ``max_inflight_bytes`` of buffers this host must make for them (packed sends,
-        receive buffers that are not destination memory); each runs its kind's blocking
-        code on a thread of its own, over a copy of this executor bound to its leaf.
+        receive buffers that are not destination memory). Where this host only sends and
+        receives (``TransferKind.post``: a point-to-point message, a chain's ends) its
+        operations are posted from this thread and collected in order later; a host that
+        must react to arrivals (a chain's middle, a ring) runs its part on a thread of its
+        own, over a copy of this executor bound to the transfer's leaf.
 
         Why it cannot deadlock: every host admits its transfers in the plan's one global
-        order, and admits one whenever nothing else is in flight. Take the earliest
-        transfer still unfinished: on each of its hosts every earlier transfer has ended,
-        so it is admitted there, and every message has its own (transfer, chunk) tag, so
-        its sends and receives match whatever else is on the wire. It ends; induction.
-        A transfer that reads what others delivered (``deps``, always earlier in the
-        order) starts once they have ended here."""
+        order, admits one whenever nothing else is in flight, and when it must wait for
+        room it waits for its oldest posted transfer or for any threaded one. Take the
+        earliest transfer still unfinished: on each of its hosts every earlier transfer
+        has ended, so it is admitted there, and every message has its own (transfer,
+        chunk) tag, so its sends and receives match whatever else is on the wire. It
+        ends; induction. A transfer that reads what others delivered (``deps``, always
+        earlier in the order) starts once they have ended here."""
         timings: list[TransferTiming] = []
         state = threading.Condition()
         inflight = {"count": 0, "bytes": 0}
         failure: list[BaseException] = []
         ended = {t.id: threading.Event() for t in transfers}
+        posted: deque = deque()  # (transfer, its executor, Posted, bytes, start), oldest first
+
+        def release(t: Transfer, need: int) -> None:
+            ended[t.id].set()
+            with state:
+                inflight["count"] -= 1
+                inflight["bytes"] -= need
+                state.notify_all()
 
         def one(t: Transfer, need: int) -> None:
             t0 = time.perf_counter()
@@ -317,35 +412,57 @@ class HostExecutor:
                 with state:
                     failure.append(e)
             finally:
-                ended[t.id].set()
-                with state:
-                    inflight["count"] -= 1
-                    inflight["bytes"] -= need
-                    state.notify_all()
+                release(t, need)
 
-        pool = _transfer_threads(limit)
+        def collect_oldest() -> None:
+            t, ex, part, need, t0 = posted.popleft()
+            try:
+                ex._finish(t, part)
+                timings.append(TransferTiming(t.id, t.kind, t0, time.perf_counter()))
+            except BaseException as e:  # noqa: BLE001 - raised below, as a thread's would be
+                with state:
+                    failure.append(e)
+            finally:
+                release(t, need)
+
+        pool = None
         try:
             for t in transfers:
                 need = self._buffer_bytes(t)
+                while True:
+                    with state:
+                        full = inflight["count"] and (inflight["count"] >= limit
+                                                      or inflight["bytes"] + need > self.max_inflight_bytes)
+                        if failure or not full:
+                            break
+                        if not posted:
+                            state.wait()
+                            continue
+                    collect_oldest()
+                if failure:
+                    break
                 with state:
-                    while not failure and inflight["count"] and (
-                            inflight["count"] >= limit or inflight["bytes"] + need > self.max_inflight_bytes):
-                        state.wait()
-                    if failure:
-                        break
                     inflight["count"] += 1
                     inflight["bytes"] += need
+                ex = self._scoped(t)
+                t0 = time.perf_counter()
+                part = ex._post(t) if not any(d in ended and not ended[d].is_set() for d in t.deps) else None
+                if part is not None:
+                    posted.append((t, ex, part, need, t0))
+                    continue
+                pool = pool or _transfer_threads(limit)
                 pool.submit(one, t, need)
+            while posted and not failure:
+                collect_oldest()
             with state:
                 while inflight["count"] and not failure:
                     state.wait()
         finally:
-            # after a failure the transfers still in flight end within their own timeouts;
-            # the error is raised now, not after them (and none waits for a cancelled one)
-            if failure:
+            if failure:  # none waits for a cancelled one; the next run gets fresh threads
                 for event in ended.values():
                     event.set()
-                _drop_transfer_threads(pool)
+                if pool is not None:
+                    _drop_transfer_threads(pool)
         if failure:
             e = failure[0]
             raise e
@@ -398,7 +515,9 @@ class HostExecutor:
         except InvalidOptionError:
             return False  # _run_one names the unknown kind
 
-    def _run_one(self, t: Transfer) -> None:
+    def _begin(self, t: Transfer) -> tuple:
+        """(kind, first tag) of ``t``, with this executor bound to its leaf and its wait
+        time set."""
         try:
             kind = transfer_kind(t.kind)
         except InvalidOptionError:
@@ -410,8 +529,29 @@ class HostExecutor:
         # long queue, still bounded when a peer is gone.
         own = t.nbytes / self.min_rate if self.min_rate else 0.0
         self.wait_s = self.timeout + 2 * max(own, t.start + t.duration)
+        return kind, self.tag_base + (t.id % 1_000_000) * TAGS_PER_TRANSFER
+
+    def _named(self, t: Transfer, e: CommunicationError) -> CommunicationError:
+        return CommunicationError(f"{e} (during transfer {t.id}: {t.kind} of slice {[list(p) for p in t.index]})")
+
+    def _run_one(self, t: Transfer) -> None:
+        kind, tag0 = self._begin(t)
         try:
-            kind.run(self, t, self.tag_base + (t.id % 1_000_000) * TAGS_PER_TRANSFER)
+            kind.run(self, t, tag0)
         except CommunicationError as e:
-            raise CommunicationError(f"{e} (during transfer {t.id}: {t.kind} of slice "
-                                     f"{[list(p) for p in t.index]})") from e
+            raise self._named(t, e) from e
+
+    def _post(self, t: Transfer):
+        """``t`` posted without blocking (``TransferKind.post``), or None."""
+        kind, tag0 = self._begin(t)
+        try:
+            return kind.post(self, t, tag0)
+        except CommunicationError as e:
+            raise self._named(t, e) from e
+
+    def _finish(self, t: Transfer, part) -> None:
+        """Wait for a posted ``t`` and finish it."""
+        try:
+            finish_posted(self, part)
+        except CommunicationError as e:
+            raise self._named(t, e) from e

@@ -19,7 +19,7 @@ Adding a kind is adding one module beside this one: ``kinds/__init__`` finds it.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, Dict, List, NamedTuple, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, ClassVar, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -36,6 +36,21 @@ Phase = Tuple[float, List[Tuple[float, Tuple[int, ...]]]]  # typing forms: alias
 
 HostGroups = Dict[int, List[int]]
 """Receiving devices grouped by host, hosts in chain order."""
+
+
+class Posted(NamedTuple):
+    """One host's part of a transfer, posted without blocking (``TransferKind.post``): the
+    handles to wait for, then ``finish`` (unpacking, intra-host copies) once they are done."""
+
+    handles: list
+    finish: Callable[[], None] | None = None
+
+
+def finish_posted(ex: "HostExecutor", posted: Posted) -> None:
+    """Wait for a posted part and finish it (what ``run`` does for a postable host)."""
+    ex.wait(posted.handles)
+    if posted.finish is not None:
+        posted.finish()
 
 
 class Candidate(NamedTuple):
@@ -128,9 +143,20 @@ class TransferKind:
         raise NotImplementedError
 
     # ------------------------------------------------------------- execution
+    def post(self, ex: "HostExecutor", t: "Transfer", tag0: int) -> Optional[Posted]:
+        """This host's part of ``t`` posted at once, where it only sends and receives
+        (nothing it forwards waits on an arrival): the executor then posts it from its
+        dispatching thread and collects it later, with no thread of its own. None where
+        this host must react to arrivals (a chain's middle, a ring): ``run`` then runs it
+        on a thread."""
+        return None
+
     def run(self, ex: "HostExecutor", t: "Transfer", tag0: int) -> None:
         """This host's part of ``t`` (tags ``tag0`` .. ``tag0 + 1023`` are the transfer's)."""
-        raise NotImplementedError
+        posted = self.post(ex, t, tag0)
+        if posted is None:
+            raise NotImplementedError
+        finish_posted(ex, posted)
 
     def __repr__(self) -> str:
         return f"<transfer kind {self.name}>"
@@ -216,12 +242,15 @@ def receive_buffer(ex: "HostExecutor", t: "Transfer", nbytes: int, data: bool = 
     """(flat buffer, this host's receiving devices, their flat targets) for a host that
     takes ``t`` in chunks and forwards them (chains, trees).
 
-    The buffer is the first local device's own region when that is contiguous, so the
-    bytes land in place; the caller copies each chunk on to the other targets as it
+    The buffer is the first local device's own region when that is contiguous (for a
+    coalesced transfer: its parts' regions when they lie back to back), so the bytes
+    land in place; the caller copies each chunk on to the other targets as it
     arrives, so intra-host copies overlap the network instead of following it."""
     mine = ex.local_receivers(t) if data and not t.parts else []
     targets = [ex.flat_target(r, t.index) for r in mine]
-    flat = targets[0] if targets and targets[0] is not None else ex.empty_bytes(nbytes)
+    in_place = ex.bucket_target(t) if data and t.parts else None
+    flat = (targets[0] if targets and targets[0] is not None
+            else in_place if in_place is not None else ex.empty_bytes(nbytes))
     return flat, mine, targets
 
 

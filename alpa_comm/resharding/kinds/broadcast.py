@@ -9,8 +9,8 @@ import numpy as np
 
 from .. import cost_model
 from ..resources import intra_link, nic_receive, nic_send
-from .base import (TransferKind, chain_rates, fan_out, groups_in_order, receive_buffer, receiving_hosts,
-                   store_received)
+from .base import (Posted, TransferKind, chain_rates, fan_out, finish_posted, groups_in_order, receive_buffer,
+                   receiving_hosts, store_received)
 
 
 class Broadcast(TransferKind):
@@ -60,20 +60,42 @@ class Broadcast(TransferKind):
         fill = cost_model.chain_time(n, rates, t.chunks, cluster.latency_s) - n / min(rates)
         return [(fill, [(n, links)])]
 
-    def run(self, ex, t, tag0):
+    def _chain(self, ex, t):
+        """(hosts in chain order, this host's position or None, bytes, chunk bounds)."""
         sender_host = ex.host_of(t.sender)
         chain = [sender_host] + receiving_hosts(t, ex.host_of, exclude=sender_host)
-        if ex.host not in chain:
-            return
-        p = chain.index(ex.host)
-        signal = not self.carries_data
-        nbytes = 1 if signal else t.nbytes
-        k = 1 if signal else max(1, min(t.chunks, nbytes))
-        bounds = np.linspace(0, nbytes, k + 1).astype(np.int64)
+        nbytes = 1 if not self.carries_data else t.nbytes
+        k = 1 if not self.carries_data else max(1, min(t.chunks, nbytes))
+        p = chain.index(ex.host) if ex.host in chain else None
+        return chain, p, nbytes, np.linspace(0, nbytes, k + 1).astype(np.int64)
+
+    def post(self, ex, t, tag0):
+        """The chain's ends post at once: the sender all its chunks, the last host all its
+        receives (its intra-host copies follow the last chunk); a middle host forwards
+        each chunk as it arrives, on a thread (``run``)."""
+        chain, p, nbytes, bounds = self._chain(ex, t)
+        if p is None:
+            return Posted([])
+        signal, k = not self.carries_data, len(bounds) - 1
         if p == 0:
             flat = ex.xp.zeros(1, np.uint8) if signal else ex.source(t)
-            ex.wait([ex.isend(flat[bounds[c]:bounds[c + 1]], chain[1], tag0 + c) for c in range(k)])
+            return Posted([ex.isend(flat[bounds[c]:bounds[c + 1]], chain[1], tag0 + c) for c in range(k)])
+        if p + 1 < len(chain):
+            return None
+        flat, mine, targets = receive_buffer(ex, t, nbytes, data=not signal)
+
+        def finish():
+            fan_out(flat, targets, 0, nbytes)
+            store_received(ex, t, flat, mine, targets, data=not signal)
+        return Posted([ex.irecv(flat[bounds[c]:bounds[c + 1]], chain[p - 1], tag0 + c) for c in range(k)], finish)
+
+    def run(self, ex, t, tag0):
+        posted = self.post(ex, t, tag0)
+        if posted is not None:
+            finish_posted(ex, posted)
             return
+        chain, p, nbytes, bounds = self._chain(ex, t)
+        signal, k = not self.carries_data, len(bounds) - 1
         flat, mine, targets = receive_buffer(ex, t, nbytes, data=not signal)
         recvs = [ex.irecv(flat[bounds[c]:bounds[c + 1]], chain[p - 1], tag0 + c) for c in range(k)]
         sends = []

@@ -5,7 +5,7 @@ import numpy as np
 
 from .. import cost_model
 from ..resources import intra_link, nic_receive, nic_send
-from .base import TransferKind
+from .base import Posted, TransferKind
 
 
 class SendRecv(TransferKind):
@@ -37,16 +37,21 @@ class SendRecv(TransferKind):
         """Messages the slice is sent as (one here)."""
         return 1
 
-    def run(self, ex, t, tag0):
+    def post(self, ex, t, tag0):
         """The sender's host sends the slice in ``message_parts`` messages; the receiving
         host takes them and writes every local receiver."""
         dst_host, src_host = ex.host_of(t.receivers[0]), ex.host_of(t.sender)
         parts = self.message_parts(t)
         bounds = np.linspace(0, t.nbytes, parts + 1).astype(np.int64)
+        handles, finish = [], None
         if src_host == ex.host:
             flat = ex.source(t)
-            ex.wait([ex.isend(flat[bounds[j]:bounds[j + 1]], dst_host, tag0 + j) for j in range(parts)])
+            handles += [ex.isend(flat[bounds[j]:bounds[j + 1]], dst_host, tag0 + j) for j in range(parts)]
         if dst_host == ex.host:
-            flat = ex.empty_bytes(t.nbytes)
-            ex.wait([ex.irecv(flat[bounds[j]:bounds[j + 1]], src_host, tag0 + j) for j in range(parts)])
-            ex.deliver(t, flat)
+            in_place = ex.bucket_target(t)
+            into = in_place if in_place is not None else ex.empty_bytes(t.nbytes)
+            handles += [ex.irecv(into[bounds[j]:bounds[j + 1]], src_host, tag0 + j) for j in range(parts)]
+
+            def finish():
+                ex.deliver(t, into)
+        return Posted(handles, finish)
