@@ -149,6 +149,18 @@ class _RayKV:
             time.sleep(self.POLL_S)
 
 
+def _import_in_background(module: str) -> None:
+    """Start importing ``module`` on a thread: ``torch.distributed`` takes 1-2.5 s to import
+    here, which would otherwise be most of the first call's join (the join itself, store
+    and gloo connections, takes milliseconds). A later import waits for this one."""
+    import importlib  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    if module not in sys.modules:
+        threading.Thread(target=importlib.import_module, args=(module,), daemon=True,
+                         name=f"alpa-comm-import-{module}").start()
+
+
 def streams_for(streams, nic_gbps: float, stream_gbps: float) -> int:
     """TCP streams per pair of hosts: as asked, or ``"auto"``: as many as the NIC needs at
     ``stream_gbps`` a stream (at most ``MAX_STREAMS``)."""
@@ -220,6 +232,8 @@ class ProcessGroup:
         self._attempts: dict[tuple[int, ...], int] = {}
         self._exchanges: dict[str, int] = {}
         self._own_ip: str | None = None
+        if backend == "gloo":
+            _import_in_background("torch.distributed")
         if _kv is not None:
             self.kv, self._towards = _kv, address
             return

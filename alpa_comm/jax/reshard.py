@@ -93,7 +93,7 @@ def _run(job: HostJob, layouts, participants, src, group: ProcessGroup, timeout,
     memory ``io`` keeps buffers in; returns the received buffers per leaf. A failure names
     the peer and the group's first failure."""
     if io.xp is np and isinstance(io, HostBuffers):  # one slab: buckets land in place
-        dst = destination_buffers(layouts, job.is_local, lambda n: io.pool.empty((n,), np.uint8))
+        dst = destination_buffers(layouts, job.is_local, lambda n: io.pool.empty((n,), np.uint8), job.transfers)
     else:
         dst = [lay.empty_destinations(job.is_local, alloc=io.alloc) for lay in layouts]
     group.pool.trim()

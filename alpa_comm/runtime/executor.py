@@ -83,19 +83,30 @@ def array_module(*buffer_lists):
     return np
 
 
-def destination_buffers(layouts: list["Layout"], is_local: Callable[[int], bool], alloc_flat) -> list[dict]:
+def destination_buffers(layouts: list["Layout"], is_local: Callable[[int], bool], alloc_flat,
+                        transfers: Sequence[Transfer] = ()) -> list[dict]:
     """Every leaf's destination buffers on this host cut from one flat slab
-    (``alloc_flat(nbytes)``: aligned host bytes), in (leaf, device) order, each region
-    starting on a ``HOST_ALIGNMENT`` boundary: the order the planner packs a bucket's
-    parts in, so a bucket's parts lie back to back and it is received in place
+    (``alloc_flat(nbytes)``: aligned host bytes), each region starting on a
+    ``HOST_ALIGNMENT`` boundary, in the order this host's buckets (coalesced
+    ``transfers``) carry them, the rest after in (leaf, device) order: a bucket whose parts
+    are whole shards then lies back to back and is received in place
     (``HostExecutor.bucket_target``). The slab lives while any of its arrays does."""
-    regions, total = [], 0
+    order = {}
+    for t in transfers:
+        for p in t.parts:
+            for r in p.receivers:
+                if is_local(r) and p.index == layouts[p.leaf].dst_boxes.get(r):
+                    order.setdefault((p.leaf, r), None)
     for i, lay in enumerate(layouts):
-        for d, box in lay.dst_boxes.items():
+        for d in lay.dst_boxes:
             if is_local(d):
-                nbytes = int(np.prod(shape_of(box), dtype=np.int64)) * lay.dtype.itemsize
-                regions.append((i, d, box, total, nbytes))
-                total += -(-nbytes // HOST_ALIGNMENT) * HOST_ALIGNMENT
+                order.setdefault((i, d), None)
+    regions, total = [], 0
+    for i, d in order:
+        box = layouts[i].dst_boxes[d]
+        nbytes = int(np.prod(shape_of(box), dtype=np.int64)) * layouts[i].dtype.itemsize
+        regions.append((i, d, box, total, nbytes))
+        total += -(-nbytes // HOST_ALIGNMENT) * HOST_ALIGNMENT
     slab = alloc_flat(total)
     out: list[dict] = [{} for _ in layouts]
     for i, d, box, at, nbytes in regions:

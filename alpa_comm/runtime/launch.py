@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING
-
 from ..errors import InvalidMeshError, InvalidOptionError
 from ..topology import ClusterSpec
 from .backend import DEFAULT_TIMEOUT_S, CommunicationError
@@ -16,18 +14,16 @@ from .emulated.launch import launch_emulated, restore_env, teardown_emulated
 from .emulated.netns import host_ifname
 from .emulated.ray_nodes import host_resource
 
-if TYPE_CHECKING:
-    from .cluster import Cluster
-
 EMULATED_LATENCY_S = 350e-6
 
 
 class ClusterLaunchers:
-    """The constructors of ``Cluster`` (a mixin: ``cls`` is the cluster class)."""
+    """The constructors of ``Cluster`` (a mixin: ``cls`` is the cluster class, so each
+    returns a ``Cluster``; this module never imports ``cluster.py``, which imports it)."""
 
     @classmethod
     def open(cls, kind: str, num_hosts: int, devices_per_host: int, nic: str | None = "400mbit",
-             timeout: float = DEFAULT_TIMEOUT_S, cpu: float | None = None, log=sys.stderr) -> "Cluster":
+             timeout: float = DEFAULT_TIMEOUT_S, cpu: float | None = None, log=sys.stderr) -> "ClusterLaunchers":
         """The cluster a command line names: ``emulated`` (root + iproute2; ``nic`` and
         ``cpu`` shape each host), ``local``, or ``ray://HOST:PORT`` / ``HOST:PORT`` of a
         running Ray cluster, or ``auto`` (its node count sets the hosts)."""
@@ -44,7 +40,7 @@ class ClusterLaunchers:
 
     @classmethod
     def local(cls, num_hosts: int, devices_per_host: int, timeout: float = DEFAULT_TIMEOUT_S,
-              **cluster_kw) -> "Cluster":
+              **cluster_kw) -> "ClusterLaunchers":
         """A Ray cluster on this machine, every host a worker process; no NIC shaping."""
         import ray  # noqa: PLC0415
 
@@ -59,7 +55,7 @@ class ClusterLaunchers:
 
     @classmethod
     def connect(cls, address: str, devices_per_host: int, timeout: float = DEFAULT_TIMEOUT_S,
-                **cluster_kw) -> "Cluster":
+                **cluster_kw) -> "ClusterLaunchers":
         """An existing Ray cluster: one host per node (nodes ordered by IP), pinned by node id."""
         import ray  # noqa: PLC0415
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: PLC0415
@@ -81,7 +77,7 @@ class ClusterLaunchers:
     @classmethod
     def emulated(cls, num_hosts: int, devices_per_host: int, nic: str | None = "400mbit",
                  timeout: float = DEFAULT_TIMEOUT_S, log=sys.stderr, cpu: float | None = None,
-                 **cluster_kw) -> "Cluster":
+                 **cluster_kw) -> "ClusterLaunchers":
         """Hosts as network namespaces with ``tc``-shaped NICs (see ``alpa_comm.runtime.emulated``);
         ``cpu`` caps each host at that many cores (hosts then compute side by side at a
         steady rate instead of contending for this machine's cores); ``shutdown``
@@ -95,7 +91,7 @@ class ClusterLaunchers:
 
     @classmethod
     def attach_emulated(cls, devices_per_host: int, timeout: float = DEFAULT_TIMEOUT_S, log=sys.stderr,
-                        **cluster_kw) -> "Cluster":
+                        **cluster_kw) -> "ClusterLaunchers":
         """Drive the emulated cluster started by ``alpa-comm cluster up`` (left running at shutdown)."""
         network = netns.EmulatedNetwork.load()
         if network is None or "address" not in network.info:
@@ -104,7 +100,7 @@ class ClusterLaunchers:
 
     @classmethod
     def _attach(cls, network, devices_per_host: int, timeout: float, log, owns_network: bool,
-                **cluster_kw) -> "Cluster":
+                **cluster_kw) -> "ClusterLaunchers":
         import ray  # noqa: PLC0415
 
         saved_env = {k: os.environ.get(k) for k in ray_nodes.auth_env("")}
@@ -134,7 +130,7 @@ class ClusterLaunchers:
 
     @classmethod
     def _start(cls, spec: ClusterSpec, timeout: float, ifname, network, strategies=None,
-               owns_ray: bool = True, emulated: bool = False) -> "Cluster":
+               owns_ray: bool = True, emulated: bool = False) -> "ClusterLaunchers":
         import ray  # noqa: PLC0415
 
         actor = ray.remote(cls.worker_class)

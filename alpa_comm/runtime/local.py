@@ -22,17 +22,21 @@ def tree_layouts(plan) -> list[Layout]:
 
 
 def execute_in_threads(plan: ReshardingPlan, array: np.ndarray, timeout: float = DEFAULT_TIMEOUT_S,
-                       kill_host: int | None = None) -> dict[int, np.ndarray]:
+                       kill_host: int | None = None, **executor_options) -> dict[int, np.ndarray]:
     """Shard ``array`` per the plan's source layout, run the plan, return every destination
     device's buffer. ``kill_host`` makes that host fail at its first transfer (fault tests)."""
-    return execute_tree_in_threads(plan, [array], timeout, kill_host)[0]
+    return execute_tree_in_threads(plan, [array], timeout, kill_host, **executor_options)[0]
 
 
 def execute_tree_in_threads(plan, arrays, timeout: float = DEFAULT_TIMEOUT_S,
-                            kill_host: int | None = None, xp=None) -> list[dict[int, np.ndarray]]:
+                            kill_host: int | None = None, xp=None, backend_class=ThreadBackend,
+                            on_timings=None, **executor_options) -> list[dict[int, np.ndarray]]:
     """Run a plan with hosts as threads; ``arrays`` in leaf order. Returns per leaf every
     destination device's buffer. ``xp``: keep every buffer in that array module's memory
-    (sources, destinations and everything the executor makes), as on GPUs."""
+    (sources, destinations and everything the executor makes), as on GPUs.
+    ``backend_class``: a ``ThreadBackend`` (sub)class; ``on_timings(host, timings)``: told
+    each host's transfer timings; ``executor_options``: ``HostExecutor``'s
+    ``max_concurrent`` and ``max_inflight_bytes``."""
     layouts = tree_layouts(plan)
     for leaf, lay, a in zip(plan.leaves, layouts, arrays):
         if a.shape != tuple(leaf.shape) or a.dtype != lay.dtype:
@@ -53,7 +57,10 @@ def execute_tree_in_threads(plan, arrays, timeout: float = DEFAULT_TIMEOUT_S,
         if xp is not None:
             src = [{d: xp.asarray(b) for d, b in leaf_src.items()} for leaf_src in src]
         mine = [{d: b for d, b in leaf_dst.items() if job.is_local(d)} for leaf_dst in dst]
-        HostExecutor(h, layouts, src, mine, ThreadBackend(h, hub), job.host_of, timeout, xp=xp).run(job.transfers)
+        timings = HostExecutor(h, layouts, src, mine, backend_class(h, hub), job.host_of, timeout, xp=xp,
+                               **executor_options).run(job.transfers)
+        if on_timings is not None:
+            on_timings(h, timings)
 
     _run_hosts(hosts, work, hub, timeout)
     return dst

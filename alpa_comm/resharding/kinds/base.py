@@ -19,7 +19,7 @@ Adding a kind is adding one module beside this one: ``kinds/__init__`` finds it.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, ClassVar, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, ClassVar, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -27,9 +27,9 @@ from ...topology import ClusterSpec
 from .. import cost_model
 from ..resources import intra_link, nic_receive, nic_send
 
-if TYPE_CHECKING:  # the executor is the runtime's; kinds only call its primitives
-    from ...runtime.executor import HostExecutor
-    from ..plan import Transfer
+# Annotations name ``HostExecutor`` (``runtime.executor``: the primitives kinds call) and
+# ``Transfer`` (``resharding.plan``) without importing them: the executor and the plan
+# import the kinds, and a kind needs neither module to run.
 
 Phase = Tuple[float, List[Tuple[float, Tuple[int, ...]]]]  # typing forms: aliases run on Python 3.8
 """(fixed delay in seconds, [(bytes, resource keys the flow crosses), ...])."""

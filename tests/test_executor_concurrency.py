@@ -1,0 +1,186 @@
+"""The concurrent executor: transfers overlap, within the count and the buffer budget it
+is given, deadlock-free at any limit on random plans, bit-exact, and a failure surfaces
+at once naming the host; the buffers it recycles are reused only once nothing else
+holds them."""
+import threading
+import time
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from alpa_comm import STRATEGIES, ClusterSpec, DeviceMesh, plan_resharding
+from alpa_comm.errors import InvalidOptionError
+from alpa_comm.placement import Resharding
+from alpa_comm.resharding.strategies import carries_data
+from alpa_comm.resharding.tree import plan_resharding_tree
+from alpa_comm.runtime.backend import CommunicationError, ThreadBackend
+from alpa_comm.runtime.executor import HostExecutor, destination_buffers
+from alpa_comm.runtime.host_memory import HOST_ALIGNMENT, BufferPool, aligned_empty
+from alpa_comm.runtime.local import execute_in_threads, execute_tree_in_threads, tree_layouts
+
+from exactness import expect_exact
+from strategies_hyp import resharding_cases
+from test_tree import CLUSTER as TREE_CLUSTER, transformer
+
+DATA_STRATEGIES = [s for s in STRATEGIES if carries_data(s)]
+
+
+class SlowWire(ThreadBackend):
+    """A ThreadBackend whose messages take a few milliseconds to arrive, so transfers that
+    run at once overlap visibly; counts the messages in flight."""
+
+    DELAY_S = 0.004
+    lock = threading.Lock()
+    pending = peak = 0
+
+    def isend(self, buf, peer, tag):
+        cls = type(self)
+        with cls.lock:
+            cls.pending += 1
+            cls.peak = max(cls.peak, cls.pending)
+        handle = super().isend(buf, peer, tag)
+        inner = handle._wait
+        arrives = time.monotonic() + self.DELAY_S
+
+        def wait(timeout):
+            time.sleep(max(0.0, arrives - time.monotonic()))
+            inner(timeout)
+            with cls.lock:
+                cls.pending -= 1
+        handle._wait = wait
+        return handle
+
+
+def peak_overlap(timings) -> int:
+    events = sorted([(t.start, 1) for t in timings] + [(t.end, -1) for t in timings], key=lambda e: (e[0], e[1]))
+    now = best = 0
+    for _, step in events:
+        now += step
+        best = max(best, now)
+    return best
+
+
+def test_transfers_overlap_up_to_the_limit_and_one_means_plan_order():
+    cluster = ClusterSpec(num_hosts=2, devices_per_host=4)
+    plan = plan_resharding((64, 32), "float32", "1x4@0", "S1R", "1x4@1", "RS1", cluster=cluster,
+                           strategy="send_recv")
+    assert len(plan.host_operations[0]) > 4
+    x = np.arange(64 * 32, dtype=np.float32).reshape(64, 32)
+    for limit, expect in ((1, 1), (3, 3), (32, None)):
+        seen = {}
+        out = execute_in_threads(plan, x, timeout=10, max_concurrent=limit, backend_class=SlowWire,
+                                 on_timings=lambda h, ts: seen.setdefault(h, ts))
+        expect_exact(plan, x, out)
+        peak = peak_overlap(seen[0])
+        assert peak == expect if expect else peak > 3, (limit, peak)
+
+
+def test_the_buffer_budget_bounds_the_buckets_in_flight():
+    plan = plan_resharding_tree(transformer(2), cluster=TREE_CLUSTER, bucket_bytes=4096)
+    packed = [t for t in plan.transfers if t.parts]
+    assert len(packed) > 4
+    budget = 2 * max(t.nbytes for t in packed)
+    seen = {}
+    arrays = [np.random.default_rng(i).standard_normal(leaf.shape).astype(np.float32)
+              for i, leaf in enumerate(plan.leaves)]
+    out = execute_tree_in_threads(plan, arrays, timeout=10, backend_class=SlowWire, max_inflight_bytes=budget,
+                                  on_timings=lambda h, ts: seen.setdefault(h, ts))
+    for leaf, a, got in zip(tree_layouts(plan), arrays, out):
+        for d, box in leaf.dst_boxes.items():
+            assert np.array_equal(got[d], a[tuple(slice(lo, hi) for lo, hi in box)])
+    size = {t.id: t.nbytes for t in packed}
+    for h, timings in seen.items():
+        for t in timings:  # at every transfer's start, what else holds a bucket is within the budget
+            held = sum(size.get(o.transfer, 0) for o in timings if o.start <= t.start < o.end)
+            assert held <= budget + size.get(t.transfer, 0), (h, t.transfer, held, budget)
+
+
+@settings(max_examples=40, deadline=None)
+@given(resharding_cases(), st.sampled_from(DATA_STRATEGIES), st.integers(1, 4), st.sampled_from([1, 64, 1 << 20]))
+def test_random_plans_are_bit_exact_at_any_limit(case, strategy, limit, budget):
+    """Deadlock freedom comes from admission in plan order, not from a large limit: any
+    count and any budget (even below one transfer's buffer) completes, bit-exact."""
+    shape, src_t, sspec, dst_t, dspec, dph = case
+    hosts = max(max(DeviceMesh.parse(t, dph).hosts) for t in (src_t, dst_t)) + 1
+    plan = plan_resharding(shape, "float32", src_t, sspec, dst_t, dspec,
+                           cluster=ClusterSpec(num_hosts=hosts, devices_per_host=dph), strategy=strategy,
+                           loadbalance="greedy")
+    x = (np.arange(np.prod(shape)) % 251).astype(np.float32).reshape(shape)
+    expect_exact(plan, x, execute_in_threads(plan, x, timeout=20, max_concurrent=limit, max_inflight_bytes=budget))
+
+
+def test_a_failure_surfaces_at_once_naming_the_host():
+    cluster = ClusterSpec(num_hosts=3, devices_per_host=2)
+    plan = plan_resharding((64, 8), "float32", "1x2@0", "S1R", "2x2@1,2", "RR", cluster=cluster)
+    t0 = time.monotonic()
+    with pytest.raises(CommunicationError, match="host 0"):
+        execute_in_threads(plan, np.zeros((64, 8), np.float32), timeout=3, kill_host=0)
+    assert time.monotonic() - t0 < 10
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "4"])
+def test_bad_limits_are_refused_by_name(bad):
+    with pytest.raises(InvalidOptionError, match="max_concurrent"):
+        HostExecutor(0, [], [], [], None, lambda d: 0, max_concurrent=bad)
+    with pytest.raises(InvalidOptionError, match="max_inflight_bytes"):
+        HostExecutor(0, [], [], [], None, lambda d: 0, max_inflight_bytes=bad)
+
+
+def test_a_bucket_lands_in_place_in_a_destination_slab():
+    """Destination buffers cut from one slab in the order the buckets carry them: every
+    bucket of a same-layout tree (leaves of many sizes, packed largest first) is received
+    where its parts belong (nothing to unpack)."""
+    cluster = ClusterSpec(num_hosts=2, devices_per_host=2)
+    moves = [Resharding.between((256 + 64 * i,), "float32", DeviceMesh.parse("1x2@0", 2), "S1",
+                                DeviceMesh.parse("1x2@1", 2), "S1") for i in range(20)]
+    plan = plan_resharding_tree(moves, cluster=cluster, bucket_bytes=1 << 14)
+    layouts = tree_layouts(plan)
+    host_of = cluster.host_of
+    dst = destination_buffers(layouts, lambda d: host_of(d) == 1, lambda n: aligned_empty((n,), np.uint8),
+                              plan.transfers)
+    ex = HostExecutor(1, layouts, [{} for _ in layouts], dst, ThreadBackend(1, _Hub()), host_of)
+    buckets = [t for t in plan.transfers if t.parts and all(host_of(r) == 1 for p in t.parts for r in p.receivers)]
+    assert buckets
+    assert all(ex.bucket_target(t) is not None for t in buckets)
+    arrays = [np.arange(leaf.shape[0], dtype=np.float32) + i for i, leaf in enumerate(plan.leaves)]
+    out = execute_tree_in_threads(plan, arrays, timeout=10)
+    for a, got in zip(arrays, out):
+        assert np.array_equal(np.concatenate([got[2], got[3]]), a)
+    for leaf in dst:
+        for buf in leaf.values():
+            assert buf.__array_interface__["data"][0] % HOST_ALIGNMENT == 0
+
+
+class _Hub:
+    world = 2
+
+
+def test_the_pool_reuses_only_what_nothing_holds():
+    pool = BufferPool(1 << 20)
+    a = pool.empty((100,), np.float32)
+    pa = a.__array_interface__["data"][0]
+    b = pool.empty((100,), np.float32)
+    assert b.__array_interface__["data"][0] != pa  # a is still held
+    view = a[10:20]
+    del a
+    c = pool.empty((100,), np.float32)
+    assert c.__array_interface__["data"][0] != pa  # a view of it is still held
+    del view, c
+    d = pool.empty((25, 4), np.float32)  # the same bytes, another shape
+    assert d.__array_interface__["data"][0] == pa and pool.reused == 1
+    assert d.__array_interface__["data"][0] % HOST_ALIGNMENT == 0
+    del b, d
+    pool.max_free_bytes = 500
+    pool.trim()
+    assert pool.free_bytes() <= 500
+    with pytest.raises(ValueError, match="max_free_bytes"):
+        BufferPool(-1)
+
+
+def test_jax_adopts_the_aligned_buffers_without_a_copy():
+    jax = pytest.importorskip("jax")
+    buf = aligned_empty((1024,), np.float32)
+    buf[:] = 3
+    y = jax.device_put(buf, jax.devices()[0])
+    assert y.unsafe_buffer_pointer() == buf.__array_interface__["data"][0]
