@@ -55,6 +55,10 @@ def test_bad_options_fail_before_starting(capsys):
     assert "--repeat" in capsys.readouterr().err
     assert main(["bench", "--hosts", "2", "--cluster", "local"]) == 2  # the suites need 5 hosts
     assert "host" in capsys.readouterr().err
+    assert main(["bench", "--suite", "same-layout", "--cluster", "local"]) == 2  # the user's processes only
+    assert "--mode processes" in capsys.readouterr().err
+    assert main(["bench", "--streams", "2", "--cluster", "local"]) == 2
+    assert "--streams does nothing without --mode processes" in capsys.readouterr().err
 
 
 def test_weight_sync_suite_runs_verified(cluster, monkeypatch):

@@ -160,8 +160,34 @@ def test_the_weight_sync_processes_bench_verifies_every_method(tmp_path):
     assert (tmp_path / "weight_sync_processes.png").exists()
 
 
+def test_the_data_plane_bench_verifies_every_method_and_lists_jax_refusals(tmp_path):
+    """``alpa-comm bench --mode processes --suite data-plane`` on loopback at a small size:
+    every case of both suites, all three methods, every shard verified; JAX's own
+    device_put probed on every layout-change case (each process's outcome recorded)."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "alpa_comm.cli", "bench", "--mode", "processes", "--suite",
+                           "data-plane", "--cluster", "local", "--size-mb", "0.25", "--repeat", "1", "--out",
+                           str(tmp_path)], capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = json.loads((tmp_path / "results.json").read_text())
+    rows = data["results"]
+    assert {r["method"] for r in rows} == {"alpa_comm", "jax_device_put", "raw"}
+    assert {r["suite"] for r in rows} == {"same-layout-processes", "layout-change-processes"}
+    assert all(r["verified"] for r in rows if r["method"] != "raw")
+    assert len({r["case"] for r in rows}) == 9
+    refusals = data["cluster"]["jax_refusals"]
+    assert len(refusals) == 4 and all(len(r["processes"]) == 3 for r in refusals)
+    assert all(p["outcome"] for r in refusals for p in r["processes"])
+    assert "JAX's own device_put" in done.stdout and "a cached call within 5 ms" in done.stdout
+    assert (tmp_path / "same_layout_processes.png").exists() and (tmp_path / "layout_change_processes.png").exists()
+
+
 @pytest.mark.parametrize("argv,message", [
-    (["--suite", "n-to-m"], "weight-sync suite only"),
+    (["--suite", "n-to-m"], "not --suite n-to-m"),
+    (["--suite", "weight-sync", "--streams", "2"], "--streams does nothing with --suite weight-sync"),
     (["--suite", "weight-sync", "--cluster", "ray://h:1"], "emulated or local"),
     (["--suite", "weight-sync", "--hosts", "3"], "--hosts does nothing with --mode processes"),
 ])

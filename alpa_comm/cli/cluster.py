@@ -2,7 +2,6 @@
 ``alpa-comm bench`` (every method side by side, measured) and ``alpa-comm train``."""
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -12,7 +11,7 @@ from ..errors import AlpaCommError
 from ..topology import ClusterSpec
 from .options import (add_alpa_baseline_arg, add_emulated_host_args, add_live_cluster_args, add_schedule_args,
                       add_strategy_arg, alpa_baseline, reject_unused)
-from .values import count, number, output_dir, output_file
+from .values import auto_or_count, count, number, output_dir, output_file
 
 MAX_SEQ = 8192
 """Longer byte sequences run for many minutes a step on CPUs: a typo more likely than a plan."""
@@ -49,7 +48,7 @@ def _register_bench(sub) -> None:
                         "JAX processes (alpa_comm.jax): --suite weight-sync (against gather-then-broadcast and "
                         "per-leaf transfers) or same-layout / layout-change / data-plane (against JAX's "
                         "device_put and raw gloo); --cluster local is loopback with no tc (the unshaped regime)")
-    p.add_argument("--streams", type=streams_arg, default="auto",
+    p.add_argument("--streams", type=auto_or_count(1, 8), default="auto",
                    help="--mode processes: gloo TCP streams per pair of processes, or auto (from the NIC rate: "
                         "one per 10 Gbit/s; loopback counts as 40) (default auto)")
     p.add_argument("--size-mb", type=number(0, exclusive=True, maximum=1 << 20), default=64,
@@ -238,19 +237,6 @@ def _bench_data_plane(args, say) -> int:
     paths = write_bench_outputs(results, desc, Path(args.out))
     print("\nwrote " + ", ".join(str(p) for p in paths.values()))
     return 0
-
-
-def streams_arg(text: str):
-    """``auto`` or a stream count in [1, 8]."""
-    if text == "auto":
-        return text
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if not 1 <= n <= 8:
-        raise argparse.ArgumentTypeError(f"--streams must be auto or an integer in [1, 8], got {text!r}")
-    return n
 
 
 def cmd_train(args) -> int:

@@ -37,6 +37,15 @@ def count(minimum: int = 1, maximum: int = MAX_COUNT):
     return _named(parse, "integer")
 
 
+def auto_or_count(minimum: int = 1, maximum: int = MAX_COUNT):
+    """``auto`` (kept as the text) or an integer in [minimum, maximum]."""
+    whole = count(minimum, maximum)
+
+    def parse(text: str):
+        return text if text == "auto" else whole(text)
+    return _named(parse, "auto or integer")
+
+
 def number(minimum: float = 0.0, *, exclusive: bool = False, maximum: float = math.inf, allow_inf: bool = False):
     """A finite float above ``minimum`` (``exclusive``: strictly), at most ``maximum``;
     ``allow_inf`` also accepts 'inf' (an ideal link)."""

@@ -165,3 +165,17 @@ def worker_init(x64: bool = False):
 def python_command(module: str, *args: str) -> list[str]:
     """``python -m module args`` with this interpreter."""
     return [sys.executable, "-m", module, *args]
+
+
+def run_worker(work, *args) -> int:
+    """A launched process's main: ``work(*args)``'s exit code; on any failure the traceback
+    on stderr, then an immediate exit (code 1) without JAX's shutdown barrier, where the
+    other processes would wait for this one until their deadline."""
+    try:
+        return work(*args)
+    except BaseException:  # noqa: BLE001 - say why, then leave
+        import traceback  # noqa: PLC0415
+
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)

@@ -276,15 +276,9 @@ def main(argv=None) -> int:
                                             "(run by 'alpa-comm bench --suite weight-sync --mode processes')")
     p.add_argument("--worker", required=True, help="the benchmark's JSON configuration")
     args = p.parse_args(argv)
-    try:
-        return _worker(args.worker)
-    except BaseException:  # noqa: BLE001 - say why, then leave without JAX's shutdown barrier
-        import os
-        import traceback
+    from .launch import run_worker
 
-        traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(1)
+    return run_worker(_worker, args.worker)
 
 
 if __name__ == "__main__":

@@ -363,15 +363,9 @@ def main(argv=None) -> int:
     g.add_argument("--worker", help="the benchmark's JSON configuration")
     g.add_argument("--probe", help="a probe's JSON configuration (one case of JAX's own device_put)")
     args = p.parse_args(argv)
-    try:
-        return _worker(args.worker) if args.worker else _probe_worker(args.probe)
-    except BaseException:  # noqa: BLE001 - say why, then leave without JAX's shutdown barrier
-        import os
-        import traceback
+    from .launch import run_worker
 
-        traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(1)
+    return run_worker(_worker, args.worker) if args.worker else run_worker(_probe_worker, args.probe)
 
 
 if __name__ == "__main__":
