@@ -26,7 +26,7 @@ from ..resharding import plan_resharding
 from ..resharding.host_job import HostJob
 from ..resharding.tree import plan_resharding_tree, tree_flatten, tree_unflatten
 from ..runtime.backend import CommunicationError
-from ..runtime.executor import HostExecutor, Layout, destination_buffers, numpy_dtype
+from ..runtime.executor import HostExecutor, Layout, destination_buffers, numpy_dtype, slab_regions
 from ..spec import ShardingSpec
 from ..topology import ClusterSpec
 from . import programs
@@ -79,7 +79,7 @@ def reshard_tree(tree, dst_tree, *, group: ProcessGroup | None = None, strategy:
     prep = _prepare(leaves, dsts, group, strategy, bucket_bytes, wire_dtype)
     io = buffers_for(group.buffers, prep.hosts, group.pool)
     src = [io.sources(x, prep.hosts, wire) for (_, x), wire in zip(leaves, prep.wires)]
-    dst = _run(prep.job, io.layouts(prep.layouts), prep.participants, src, group, timeout, io)
+    dst = _run(prep.job, io.layouts(prep.layouts), prep.participants, src, group, timeout, io, prep)
     return tree_unflatten(tree, io.place([(x.shape, x.dtype) for _, x in leaves], _want(dtype), prep.shardings,
                                          dst, prep.hosts, prep.wires))
 
@@ -88,12 +88,14 @@ def _want(dtype):
     return None if dtype is None else numpy_dtype(dtype) if isinstance(dtype, str) else np.dtype(dtype)
 
 
-def _run(job: HostJob, layouts, participants, src, group: ProcessGroup, timeout, io) -> list[dict]:
+def _run(job: HostJob, layouts, participants, src, group: ProcessGroup, timeout, io, share=None) -> list[dict]:
     """This host's share of a plan over the group's subgroup of ``participants``, in the
     memory ``io`` keeps buffers in; returns the received buffers per leaf. A failure names
     the peer and the group's first failure."""
     if io.xp is np and isinstance(io, HostBuffers):  # one slab: buckets land in place
-        dst = destination_buffers(layouts, job.is_local, lambda n: io.pool.empty((n,), np.uint8), job.transfers)
+        regions = share.slab_regions(layouts) if share is not None else None
+        dst = destination_buffers(layouts, job.is_local, lambda n: io.pool.empty((n,), np.uint8), job.transfers,
+                                  regions)
     else:
         dst = [lay.empty_destinations(job.is_local, alloc=io.alloc) for lay in layouts]
     group.pool.trim()
@@ -131,7 +133,7 @@ def _reshard_between_programs(tree, dst_tree, group: ProcessGroup, strategy, buc
     xs = dict(leaves)
     io = buffers_for(group.buffers, hosts, group.pool)
     src = [io.sources(xs[path], hosts, numpy_dtype(wire)) if path in xs else {} for path, _, wire in prep.moves]
-    dst = _run(prep.job, io.layouts(prep.layouts), prep.participants, src, group, timeout, io)
+    dst = _run(prep.job, io.layouts(prep.layouts), prep.participants, src, group, timeout, io, prep)
     if dst_tree is None:
         return None
     shapes = {path: (tuple(d["shape"]), numpy_dtype(d["dtype"])) for path, d in picture["src"]}
@@ -151,6 +153,12 @@ class _Share:
     job: HostJob
     participants: frozenset
     layouts: list
+
+    def slab_regions(self, layouts) -> tuple:
+        """Where this host's destination buffers lie in a call's slab (made once)."""
+        if "_regions" not in self.__dict__:
+            self.__dict__["_regions"] = slab_regions(layouts, self.job.is_local, self.job.transfers)
+        return self.__dict__["_regions"]
 
     @classmethod
     def of(cls, plan, rank: int) -> "_Share":

@@ -46,8 +46,14 @@ TAGS_PER_TRANSFER = 1024  # chunk tags below RING_TAG, ring steps above
 MAX_CONCURRENT = 32
 """Transfers a host keeps in flight at once (each on a thread of its own)."""
 MAX_INFLIGHT_BYTES = 256 * 2**20
-"""Bytes of packing and unpacking buffers a host holds at once, beyond the source and
-destination memory (a transfer larger than this runs when nothing else is in flight)."""
+"""Bytes of packing and unpacking buffers a host holds at once for the transfers in
+flight, beyond the source and destination memory (a transfer larger than this runs when
+nothing else is in flight); the ``PACK_AHEAD`` buckets packed ahead of their turn come
+on top."""
+PACK_AHEAD = 2
+"""Coalesced buffers a sending host packs ahead of their turn, on a packing thread: gloo
+writes a send into the socket on the thread that posts it, so packing and sending on one
+thread would take turns."""
 
 
 def check_positive(name: str, value, default: int) -> int:
@@ -84,9 +90,20 @@ def array_module(*buffer_lists):
 
 
 def destination_buffers(layouts: list["Layout"], is_local: Callable[[int], bool], alloc_flat,
-                        transfers: Sequence[Transfer] = ()) -> list[dict]:
+                        transfers: Sequence[Transfer] = (), regions=None) -> list[dict]:
     """Every leaf's destination buffers on this host cut from one flat slab
-    (``alloc_flat(nbytes)``: aligned host bytes), each region starting on a
+    (``alloc_flat(nbytes)``: aligned host bytes) at ``slab_regions`` (pass them to skip
+    working them out again: a repeated call has the same)."""
+    total, regions = regions if regions is not None else slab_regions(layouts, is_local, transfers)
+    slab = alloc_flat(total)
+    out: list[dict] = [{} for _ in layouts]
+    for i, d, at, nbytes, shape in regions:
+        out[i][d] = slab[at:at + nbytes].view(layouts[i].dtype).reshape(shape)
+    return out
+
+
+def slab_regions(layouts: list["Layout"], is_local: Callable[[int], bool], transfers: Sequence[Transfer] = ()):
+    """(slab bytes, [(leaf, device, offset, bytes, shape)]): each region starting on a
     ``HOST_ALIGNMENT`` boundary, in the order this host's buckets (coalesced
     ``transfers``) carry them, the rest after in (leaf, device) order: a bucket whose parts
     are whole shards then lies back to back and is received in place
@@ -103,15 +120,11 @@ def destination_buffers(layouts: list["Layout"], is_local: Callable[[int], bool]
                 order.setdefault((i, d), None)
     regions, total = [], 0
     for i, d in order:
-        box = layouts[i].dst_boxes[d]
-        nbytes = int(np.prod(shape_of(box), dtype=np.int64)) * layouts[i].dtype.itemsize
-        regions.append((i, d, box, total, nbytes))
+        shape = shape_of(layouts[i].dst_boxes[d])
+        nbytes = int(np.prod(shape, dtype=np.int64)) * layouts[i].dtype.itemsize
+        regions.append((i, d, total, nbytes, shape))
         total += -(-nbytes // HOST_ALIGNMENT) * HOST_ALIGNMENT
-    slab = alloc_flat(total)
-    out: list[dict] = [{} for _ in layouts]
-    for i, d, box, at, nbytes in regions:
-        out[i][d] = slab[at:at + nbytes].view(layouts[i].dtype).reshape(shape_of(box))
-    return out
+    return total, regions
 
 
 def view(buf: np.ndarray, buf_box: Box, index: Box) -> np.ndarray:
@@ -256,12 +269,12 @@ class HostExecutor:
         """The bytes this (sending) host puts on the wire for ``t``: one slice, or the
         parts of a coalesced transfer packed back to back (packed ahead by ``run``, while
         the transfer before it was on the wire, where it could be)."""
-        if not t.parts:
-            return self.slice_bytes(t.sender, t.index)
         ahead = self._packed.pop(t.id, None)
         return ahead.result() if ahead is not None else self._pack(t)
 
     def _pack(self, t: Transfer) -> np.ndarray:
+        if not t.parts:
+            return self.slice_bytes(t.sender, t.index, t.leaf)
         return self.concat([self.slice_bytes(p.sender, p.index, p.leaf) for p in t.parts])
 
     def empty_bytes(self, nbytes: int) -> np.ndarray:
@@ -437,8 +450,15 @@ class HostExecutor:
                 release(t, need)
 
         pool = None
+        packing = [i for i, t in enumerate(transfers) if self._packs(t)]  # positions, ascending
+        packer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="alpa-comm-pack") if packing else None
         try:
-            for t in transfers:
+            for i, t in enumerate(transfers):
+                if packer is not None:  # gloo writes a send on the posting thread: pack ahead on another
+                    k = bisect.bisect_left(packing, i)
+                    for j in packing[k:k + PACK_AHEAD]:
+                        if transfers[j].id not in self._packed:
+                            self._packed[transfers[j].id] = packer.submit(self._pack, transfers[j])
                 need = self._buffer_bytes(t)
                 while True:
                     with state:
@@ -457,7 +477,12 @@ class HostExecutor:
                     inflight["bytes"] += need
                 ex = self._scoped(t)
                 t0 = time.perf_counter()
-                part = ex._post(t) if not any(d in ended and not ended[d].is_set() for d in t.deps) else None
+                try:
+                    part = ex._post(t) if not any(d in ended and not ended[d].is_set() for d in t.deps) else None
+                except BaseException as e:  # noqa: BLE001 - raised below, as a thread's would be
+                    failure.append(e)
+                    release(t, need)
+                    break
                 if part is not None:
                     posted.append((t, ex, part, need, t0))
                     continue
@@ -469,6 +494,9 @@ class HostExecutor:
                 while inflight["count"] and not failure:
                     state.wait()
         finally:
+            if packer is not None:
+                packer.shutdown(wait=True, cancel_futures=True)
+                self._packed.clear()
             if failure:  # none waits for a cancelled one; the next run gets fresh threads
                 for event in ended.values():
                     event.set()
@@ -505,7 +533,7 @@ class HostExecutor:
             for i, t in enumerate(transfers):
                 if pool is not None:  # this transfer's buffer and the next one this host packs
                     k = bisect.bisect_left(packing, i)
-                    for j in packing[k:k + 2]:
+                    for j in packing[k:k + PACK_AHEAD]:
                         if transfers[j].id not in self._packed:
                             self._packed[transfers[j].id] = pool.submit(self._pack, transfers[j])
                 t0 = time.perf_counter()
@@ -517,14 +545,21 @@ class HostExecutor:
         return timings
 
     def _packs(self, t: Transfer) -> bool:
-        """Whether this host sends ``t`` from a buffer it must first pack (a coalesced
-        transfer; a single slice is sent from where it lies when contiguous)."""
-        if not t.parts or self.host_of(t.sender) != self.host:
+        """Whether this host sends ``t`` from a buffer it must first pack: a coalesced
+        transfer, or a slice that is not contiguous in its source shard (a layout change);
+        a contiguous slice is sent from where it lies."""
+        if t.sender is None or self.host_of(t.sender) != self.host:
             return False
         try:
-            return transfer_kind(t.kind).carries_data
+            if not transfer_kind(t.kind).carries_data:
+                return False
         except InvalidOptionError:
             return False  # _run_one names the unknown kind
+        if t.parts:
+            return True
+        lay, src = self.layouts[t.leaf], self.srcs[t.leaf]
+        data = view(src[t.sender], lay.src_boxes[t.sender], t.index) if t.sender in src else None
+        return data is not None and not data.flags.c_contiguous
 
     def _begin(self, t: Transfer) -> tuple:
         """(kind, first tag) of ``t``, with this executor bound to its leaf and its wait
