@@ -164,9 +164,11 @@ class Cluster(ClusterLaunchers):
 
     def reshard(self, array: DistributedArray, dst_mesh, dst_spec, strategy: str = "broadcast",
                 loadbalance: str = "auto", chunks: int | None = None, seed: int = 0,
-                plan: ReshardingPlan | None = None) -> DistributedArray:
+                plan: ReshardingPlan | None = None, in_order: bool = False) -> DistributedArray:
         """Move ``array`` to ``dst_mesh`` with layout ``dst_spec``; returns the new array.
-        ``self.last`` then holds the measured time and the plan."""
+        ``self.last`` then holds the measured time and the plan. ``in_order``: every host
+        runs its transfers one after another in plan order instead of all at once (how
+        Alpa 0.2.3's workers run its messages: the benchmark's Alpa baselines)."""
         self._check_usable()
         if array.cluster is not self:
             raise ValueError("the array belongs to another cluster")
@@ -176,8 +178,8 @@ class Cluster(ClusterLaunchers):
         if tuple(plan.shape) != array.shape or plan.dtype != array.dtype:
             raise ValueError(f"plan is for {plan.shape} {plan.dtype}, the array is {array.shape} {array.dtype}")
         dst_id = uuid.uuid4().hex
-        refs = [(w.execute.remote(HostJob.for_host(plan, h), [array.id], [dst_id], self.timeout), h) for h, w in
-                enumerate(self.workers)]
+        refs = [(w.execute.remote(HostJob.for_host(plan, h), [array.id], [dst_id], self.timeout, True, in_order), h)
+                for h, w in enumerate(self.workers)]
         # Hosts bound each wait themselves; the driver allows the plan's predicted time
         # three times over on top, so a long resharding is not cut short.
         results = self._wait(refs, f"resharding {array} to {plan.dst_spec} on {plan.dst_mesh.label()}",

@@ -74,9 +74,10 @@ class HostWorker:
 
     # ------------------------------------------------------------- resharding
     def execute(self, job: HostJob, src_ids: list[str], dst_ids: list[str], timeout: float = DEFAULT_TIMEOUT_S,
-                barrier: bool = True) -> dict:
+                barrier: bool = True, in_order: bool = False) -> dict:
         """Run this host's share of one plan over one or more arrays (a tree plan: one
-        per leaf). Returns wall-clock start/end and per-transfer timings."""
+        per leaf); ``in_order``: one transfer after another in plan order. Returns
+        wall-clock start/end and per-transfer timings."""
         if self.backend is None:
             raise CommunicationError(f"host {self.host}: not connected to the other hosts")
         layouts = [Layout.of(leaf) for leaf in job.leaves]
@@ -86,7 +87,7 @@ class HostWorker:
             self.backend.barrier(timeout)
         start = time.time()
         timings = HostExecutor(self.host, layouts, src, dst, self.backend, job.host_of, timeout,
-                               job.min_rate).run(job.transfers)
+                               job.min_rate, max_concurrent=1 if in_order else None).run(job.transfers)
         end = time.time()
         for i, leaf_dst in zip(dst_ids, dst):
             if leaf_dst:
