@@ -61,19 +61,20 @@ def peak_overlap(timings) -> int:
     return best
 
 
-def test_transfers_overlap_up_to_the_limit_and_one_means_plan_order():
+def test_transfers_overlap_up_to_the_limits_and_one_means_plan_order():
     cluster = ClusterSpec(num_hosts=2, devices_per_host=4)
     plan = plan_resharding((64, 32), "float32", "1x4@0", "S1R", "1x4@1", "RS1", cluster=cluster,
                            strategy="send_recv")
     assert len(plan.host_operations[0]) > 4
     x = np.arange(64 * 32, dtype=np.float32).reshape(64, 32)
-    for limit, expect in ((1, 1), (3, 3), (32, None)):
+    # every transfer here leaves host 0 through its one NIC: the per-NIC window bounds them too
+    for limit, window, expect in ((1, 32, 1), (3, 32, 3), (32, 32, None), (32, 2, 2), (32, 1, 1)):
         seen = {}
-        out = execute_in_threads(plan, x, timeout=10, max_concurrent=limit, backend_class=SlowWire,
-                                 on_timings=lambda h, ts: seen.setdefault(h, ts))
+        out = execute_in_threads(plan, x, timeout=10, max_concurrent=limit, max_per_resource=window,
+                                 backend_class=SlowWire, on_timings=lambda h, ts: seen.setdefault(h, ts))
         expect_exact(plan, x, out)
         peak = peak_overlap(seen[0])
-        assert peak == expect if expect else peak > 3, (limit, peak)
+        assert peak == expect if expect else peak > 3, (limit, window, peak)
 
 
 def test_the_buffer_budget_bounds_the_buckets_in_flight():
@@ -85,7 +86,7 @@ def test_the_buffer_budget_bounds_the_buckets_in_flight():
     arrays = [np.random.default_rng(i).standard_normal(leaf.shape).astype(np.float32)
               for i, leaf in enumerate(plan.leaves)]
     out = execute_tree_in_threads(plan, arrays, timeout=10, backend_class=SlowWire, max_inflight_bytes=budget,
-                                  on_timings=lambda h, ts: seen.setdefault(h, ts))
+                                  max_per_resource=64, on_timings=lambda h, ts: seen.setdefault(h, ts))
     for leaf, a, got in zip(tree_layouts(plan), arrays, out):
         for d, box in leaf.dst_boxes.items():
             assert np.array_equal(got[d], a[tuple(slice(lo, hi) for lo, hi in box)])
@@ -97,8 +98,9 @@ def test_the_buffer_budget_bounds_the_buckets_in_flight():
 
 
 @settings(max_examples=40, deadline=None)
-@given(resharding_cases(), st.sampled_from(DATA_STRATEGIES), st.integers(1, 4), st.sampled_from([1, 64, 1 << 20]))
-def test_random_plans_are_bit_exact_at_any_limit(case, strategy, limit, budget):
+@given(resharding_cases(), st.sampled_from(DATA_STRATEGIES), st.integers(1, 4), st.sampled_from([1, 64, 1 << 20]),
+       st.integers(1, 3))
+def test_random_plans_are_bit_exact_at_any_limit(case, strategy, limit, budget, window):
     """Deadlock freedom comes from admission in plan order, not from a large limit: any
     count and any budget (even below one transfer's buffer) completes, bit-exact."""
     shape, src_t, sspec, dst_t, dspec, dph = case
@@ -107,7 +109,8 @@ def test_random_plans_are_bit_exact_at_any_limit(case, strategy, limit, budget):
                            cluster=ClusterSpec(num_hosts=hosts, devices_per_host=dph), strategy=strategy,
                            loadbalance="greedy")
     x = (np.arange(np.prod(shape)) % 251).astype(np.float32).reshape(shape)
-    expect_exact(plan, x, execute_in_threads(plan, x, timeout=20, max_concurrent=limit, max_inflight_bytes=budget))
+    expect_exact(plan, x, execute_in_threads(plan, x, timeout=20, max_concurrent=limit, max_inflight_bytes=budget,
+                                             max_per_resource=window))
 
 
 def test_a_failure_surfaces_at_once_naming_the_host():
@@ -125,6 +128,8 @@ def test_bad_limits_are_refused_by_name(bad):
         HostExecutor(0, [], [], [], None, lambda d: 0, max_concurrent=bad)
     with pytest.raises(InvalidOptionError, match="max_inflight_bytes"):
         HostExecutor(0, [], [], [], None, lambda d: 0, max_inflight_bytes=bad)
+    with pytest.raises(InvalidOptionError, match="max_per_resource"):
+        HostExecutor(0, [], [], [], None, lambda d: 0, max_per_resource=bad)
 
 
 def test_a_bucket_lands_in_place_in_a_destination_slab():

@@ -50,6 +50,11 @@ MAX_INFLIGHT_BYTES = 256 * 2**20
 flight, beyond the source and destination memory (a transfer larger than this runs when
 nothing else is in flight); the ``PACK_AHEAD`` buckets packed ahead of their turn come
 on top."""
+MAX_PER_RESOURCE = 2
+"""Transfers a host keeps in flight on any one NIC (or intra-host link) at once, taken in
+the plan's order on it: the planner balanced and ordered each NIC's transfers as a
+sequence, and a second one admitted while the first is on the wire hides the
+per-transfer start-up without turning the NIC's sequence into a free-for-all."""
 PACK_AHEAD = 2
 """Coalesced buffers a sending host packs ahead of their turn, on a packing thread: gloo
 writes a send into the socket on the thread that posts it, so packing and sending on one
@@ -201,6 +206,13 @@ def _drop_transfer_threads(pool: ThreadPoolExecutor) -> None:
     pool.shutdown(wait=False, cancel_futures=True)
 
 
+class _HostMap:
+    """What a kind's ``transfer_resources`` reads of a cluster: which host a device is on."""
+
+    def __init__(self, host_of):
+        self.host_of = host_of
+
+
 class HostExecutor:
     """Runs ``transfers`` (this host's, in plan order) moving data from ``src`` to ``dst`` buffers.
 
@@ -215,7 +227,8 @@ class HostExecutor:
 
     def __init__(self, host: int, layout, src, dst, backend: Backend, host_of: Callable[[int], int],
                  timeout: float = DEFAULT_TIMEOUT_S, min_rate: float | None = None, tag_base: int = 0,
-                 xp=None, max_concurrent: int | None = None, max_inflight_bytes: int | None = None):
+                 xp=None, max_concurrent: int | None = None, max_inflight_bytes: int | None = None,
+                 max_per_resource: int | None = None):
         many = isinstance(layout, (list, tuple))
         self.layouts = list(layout) if many else [layout]
         self.srcs = list(src) if many else [src]
@@ -229,6 +242,7 @@ class HostExecutor:
         self.xp = xp if xp is not None else array_module(self.srcs, self.dsts)
         self.max_concurrent = check_positive("max_concurrent", max_concurrent, MAX_CONCURRENT)
         self.max_inflight_bytes = check_positive("max_inflight_bytes", max_inflight_bytes, MAX_INFLIGHT_BYTES)
+        self.max_per_resource = check_positive("max_per_resource", max_per_resource, MAX_PER_RESOURCE)
         self._select(0)
 
     def _select(self, leaf: int) -> None:
@@ -399,9 +413,14 @@ class HostExecutor:
         must react to arrivals (a chain's middle, a ring) runs its part on a thread of its
         own, over a copy of this executor bound to the transfer's leaf.
 
+        On each NIC (and intra-host link) a transfer uses, at most ``max_per_resource`` of
+        this host's transfers are in flight, in the plan's order there: the planner
+        balanced and ordered each NIC's work as a sequence.
+
         Why it cannot deadlock: every host admits its transfers in the plan's one global
         order, admits one whenever nothing else is in flight, and when it must wait for
-        room it waits for its oldest posted transfer or for any threaded one. Take the
+        room it waits for transfers admitted before (its oldest posted one, any threaded
+        one, or the oldest on a NIC it needs). Take the
         earliest transfer still unfinished: on each of its hosts every earlier transfer
         has ended, so it is admitted there, and every message has its own (transfer,
         chunk) tag, so its sends and receives match whatever else is on the wire. It
@@ -413,6 +432,7 @@ class HostExecutor:
         failure: list[BaseException] = []
         ended = {t.id: threading.Event() for t in transfers}
         posted: deque = deque()  # (transfer, its executor, Posted, bytes, start), oldest first
+        windows: dict[int, deque] = {}  # resource key -> its transfers in flight here, oldest first
 
         def release(t: Transfer, need: int) -> None:
             ended[t.id].set()
@@ -460,6 +480,16 @@ class HostExecutor:
                         if transfers[j].id not in self._packed:
                             self._packed[transfers[j].id] = packer.submit(self._pack, transfers[j])
                 need = self._buffer_bytes(t)
+                keys = self._resource_keys(t)
+                for key in keys:  # the plan's order on each NIC, at most max_per_resource deep
+                    window = windows.setdefault(key, deque())
+                    while len(window) >= self.max_per_resource and not failure:
+                        oldest = window.popleft()
+                        while not ended[oldest].is_set() and not failure:
+                            if posted and any(p[0].id == oldest for p in posted):
+                                collect_oldest()
+                            else:
+                                ended[oldest].wait(0.05)
                 while True:
                     with state:
                         full = inflight["count"] and (inflight["count"] >= limit
@@ -472,6 +502,8 @@ class HostExecutor:
                     collect_oldest()
                 if failure:
                     break
+                for key in keys:
+                    windows[key].append(t.id)
                 with state:
                     inflight["count"] += 1
                     inflight["bytes"] += need
@@ -514,13 +546,22 @@ class HostExecutor:
         ex._select(t.leaf)
         return ex
 
+    def _resource_keys(self, t: Transfer) -> tuple:
+        """The NICs and intra-host links ``t`` holds, as the planner sees them (its kind's
+        ``transfer_resources``); none for a kind that cannot say."""
+        try:
+            return tuple(transfer_kind(t.kind).transfer_resources(t, _HostMap(self.host_of)))
+        except Exception:  # noqa: BLE001 - _run_one names an unknown kind; ordering is only an aid
+            return ()
+
     def _buffer_bytes(self, t: Transfer) -> int:
         """Bytes of buffers this host makes for ``t`` beyond source and destination memory:
-        a coalesced transfer is packed (sender) or unpacked (receiver) through one."""
-        if not t.parts:
-            return 0
-        on_host = self.host_of(t.sender) == self.host or any(self.host_of(r) == self.host for r in t.receivers)
-        return t.nbytes if on_host else 0
+        a coalesced transfer is packed (sender) or received (receiver) through one unless it
+        lands in place, and a strided slice is packed before it is sent."""
+        if t.parts:
+            on_host = self.host_of(t.sender) == self.host or any(self.host_of(r) == self.host for r in t.receivers)
+            return t.nbytes if on_host else 0
+        return t.nbytes if self._packs(t) else 0
 
     def _run_in_order(self, transfers: Sequence[Transfer]) -> list[TransferTiming]:
         """One transfer at a time in plan order, packing the next coalesced buffer on a
