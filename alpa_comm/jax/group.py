@@ -198,7 +198,12 @@ def _reachable_ip(towards: str | None, own: str | None = None) -> str:
 
 
 class ProcessGroup:
-    """This process's membership (``rank`` of ``world_size``) of a resharding group."""
+    """This process's membership (``rank`` of ``world_size``) of a resharding group.
+
+    ``nic_gbps``/``latency_s``: the network the planner plans for; ``streams``: TCP
+    connections per pair of processes (``"auto"``: one per ``stream_gbps`` of the NIC, at
+    most 8); ``recycle_bytes``: unused result memory kept for the next call (0: none);
+    ``buffers``/``backend``: see the module's docstring; ``timeout``: every wait's bound."""
 
     def __init__(self, rank: int, world_size: int, address: str | None = None, backend: str = "gloo",
                  timeout: float = DEFAULT_TIMEOUT_S, nic_gbps: float = 10.0, latency_s: float = 20e-6,

@@ -102,7 +102,7 @@ def _run(job: HostJob, layouts, participants, src, group: ProcessGroup, timeout,
     backend = group.backend(participants)
     try:
         HostExecutor(group.rank, layouts, src, dst, backend, job.host_of, timeout or group.timeout,
-                     job.min_rate, xp=io.xp).run(job.transfers)
+                     job.min_rate, xp=io.xp, latency_s=job.latency_s).run(job.transfers)
     except CommunicationError as e:
         first = backend.report_failure(str(e))
         if first != str(e):

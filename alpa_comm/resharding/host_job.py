@@ -17,13 +17,15 @@ from .plan import Leaf, Transfer
 class HostJob:
     """``leaves``: every array of the plan (a single-array plan has one); ``transfers``:
     this host's, in plan order; ``min_rate``: bytes/s of the slowest NIC of the cluster
-    (lets a wait on a large message take the time its bytes need)."""
+    (lets a wait on a large message take the time its bytes need); ``latency_s``: what
+    the planner was told one message costs beyond its bytes."""
 
     host: int
     devices_per_host: int
     min_rate: float
     leaves: tuple[Leaf, ...]
     transfers: tuple[Transfer, ...]
+    latency_s: float = 0.0
 
     @classmethod
     def for_host(cls, plan, host: int) -> "HostJob":
@@ -31,7 +33,8 @@ class HostJob:
         spec = plan.cluster
         return cls(host, spec.devices_per_host,
                    spec.slowest_nic_rate,
-                   tuple(plan.leaves), tuple(plan.transfers[i] for i in plan.host_operations.get(host, ())))
+                   tuple(plan.leaves), tuple(plan.transfers[i] for i in plan.host_operations.get(host, ())),
+                   spec.latency_s)
 
     def host_of(self, device: int) -> int:
         return device // self.devices_per_host

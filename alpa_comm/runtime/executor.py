@@ -54,7 +54,12 @@ MAX_PER_RESOURCE = 2
 """Transfers a host keeps in flight on any one NIC (or intra-host link) at once, taken in
 the plan's order on it: the planner balanced and ordered each NIC's transfers as a
 sequence, and a second one admitted while the first is on the wire hides the
-per-transfer start-up without turning the NIC's sequence into a free-for-all."""
+per-transfer start-up without turning the NIC's sequence into a free-for-all. Only
+transfers that hold a NIC for long count (``ORDERED_LATENCIES``)."""
+ORDERED_LATENCIES = 8
+"""A transfer whose bytes take fewer than this many message latencies on the slowest NIC
+is latency-bound: its order on a NIC hardly matters, and overlapping it with others
+hides what it costs, so it is admitted outside the NIC windows."""
 PACK_AHEAD = 2
 """Coalesced buffers a sending host packs ahead of their turn, on a packing thread: gloo
 writes a send into the socket on the thread that posts it, so packing and sending on one
@@ -228,7 +233,7 @@ class HostExecutor:
     def __init__(self, host: int, layout, src, dst, backend: Backend, host_of: Callable[[int], int],
                  timeout: float = DEFAULT_TIMEOUT_S, min_rate: float | None = None, tag_base: int = 0,
                  xp=None, max_concurrent: int | None = None, max_inflight_bytes: int | None = None,
-                 max_per_resource: int | None = None):
+                 max_per_resource: int | None = None, latency_s: float = 0.0):
         many = isinstance(layout, (list, tuple))
         self.layouts = list(layout) if many else [layout]
         self.srcs = list(src) if many else [src]
@@ -243,6 +248,7 @@ class HostExecutor:
         self.max_concurrent = check_positive("max_concurrent", max_concurrent, MAX_CONCURRENT)
         self.max_inflight_bytes = check_positive("max_inflight_bytes", max_inflight_bytes, MAX_INFLIGHT_BYTES)
         self.max_per_resource = check_positive("max_per_resource", max_per_resource, MAX_PER_RESOURCE)
+        self.latency_s = latency_s  # what one message costs beyond its bytes (the planner's figure)
         self._select(0)
 
     def _select(self, leaf: int) -> None:
@@ -548,7 +554,10 @@ class HostExecutor:
 
     def _resource_keys(self, t: Transfer) -> tuple:
         """The NICs and intra-host links ``t`` holds, as the planner sees them (its kind's
-        ``transfer_resources``); none for a kind that cannot say."""
+        ``transfer_resources``), where it holds them long enough for its order there to
+        matter (``ORDERED_LATENCIES``); none for a kind that cannot say."""
+        if self.min_rate and t.nbytes < ORDERED_LATENCIES * self.latency_s * self.min_rate:
+            return ()
         try:
             return tuple(transfer_kind(t.kind).transfer_resources(t, _HostMap(self.host_of)))
         except Exception:  # noqa: BLE001 - _run_one names an unknown kind; ordering is only an aid

@@ -87,7 +87,8 @@ class HostWorker:
             self.backend.barrier(timeout)
         start = time.time()
         timings = HostExecutor(self.host, layouts, src, dst, self.backend, job.host_of, timeout,
-                               job.min_rate, max_concurrent=1 if in_order else None).run(job.transfers)
+                               job.min_rate, max_concurrent=1 if in_order else None,
+                               latency_s=job.latency_s).run(job.transfers)
         end = time.time()
         for i, leaf_dst in zip(dst_ids, dst):
             if leaf_dst:
