@@ -39,8 +39,8 @@ BACKENDS = ("gloo", "nccl")
 DEFAULT_STREAM_GBPS = 10.0
 """What one TCP stream between two hosts carries, for ``streams="auto"``: about what a
 Linux TCP stream sustains between hosts; on this kind of machine, over loopback, one
-gloo stream moved 27-31 Gbit/s and two 36-42 (``alpa-comm bench --mode processes
---suite same-layout`` reports the raw rate for one stream and for the group's)."""
+gloo stream moved 27-31 Gbit/s, two 36-42 and four up to 49 (``alpa-comm bench --mode
+processes --suite same-layout --streams N`` measures the raw rate on N streams)."""
 BUFFERS = ("host", "device")
 _default: dict = {}
 
