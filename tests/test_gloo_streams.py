@@ -1,9 +1,8 @@
 """Several gloo streams per pair: a large message is striped over every stream and a small
 one rides one; both ends split alike, every byte arrives, and a bad count is refused."""
-import threading
-
 import numpy as np
 import pytest
+from ranks import run_ranks
 
 torch = pytest.importorskip("torch")
 
@@ -14,21 +13,8 @@ def pair(streams: int):
     import torch.distributed as dist
 
     store = dist.HashStore()
-    out, errors = [None, None], []
-
-    def make(rank):
-        try:
-            out[rank] = GlooSubgroupBackend(rank, [0, 1], dist.PrefixStore("pair", store), timeout=20,
-                                            streams=streams)
-        except BaseException as e:  # noqa: BLE001
-            errors.append(e)
-    threads = [threading.Thread(target=make, args=(r,)) for r in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert not errors, errors
-    return out
+    return run_ranks(2, lambda rank: GlooSubgroupBackend(rank, [0, 1], dist.PrefixStore("pair", store), timeout=20,
+                                                         streams=streams))
 
 
 @pytest.mark.parametrize("streams", [1, 3])

@@ -1,6 +1,5 @@
 """The distributed pipeline trainer's pure parts: edge planning between stage meshes,
 the bucketed all-reduce, tag ranges, and the measurement helpers."""
-import threading
 
 import numpy as np
 import pytest
@@ -17,6 +16,8 @@ from alpa_comm.pipeline.edges import Edge, edge_plans, model_edges, stage_mesh
 from alpa_comm.report.trace import chrome_trace
 from alpa_comm.train.measure import costs_from, iteration_seconds, stage_times
 from alpa_comm.train.transport import tag_slot
+
+from ranks import run_ranks
 
 UT4 = [{}, {"h": 0}, {"h": 1, "skip1": 1}, {"h": 2, "skip0": 0}]  # utransformer(4, half_layers=2).consumes
 
@@ -65,20 +66,7 @@ def test_too_many_concurrent_transfers_is_a_clear_error():
 
 def _run_ranks(n, fn):
     hub = ThreadHub(n)
-    out, errors = [None] * n, []
-
-    def body(r):
-        try:
-            out[r] = fn(ThreadBackend(r, hub), r)
-        except Exception as e:  # noqa: BLE001
-            errors.append(e)
-    threads = [threading.Thread(target=body, args=(r,)) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert not errors, errors
-    return out
+    return run_ranks(n, lambda r: fn(ThreadBackend(r, hub), r))
 
 
 @settings(max_examples=30, deadline=None)
