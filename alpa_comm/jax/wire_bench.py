@@ -289,7 +289,8 @@ def run(suites, nic: str | None, size_mb: float, repeat: int, timeout: float = 6
         streams: int | str = "auto", stream_gbps: float | None = None, probe: bool = True,
         progress=None) -> tuple[list, dict]:
     """Launch the processes (loopback, or the emulated cluster with ``nic``), collect their
-    reports; returns (``bench.Result`` rows, a description of the run, JAX's refusals)."""
+    reports; returns (``bench.Result`` rows, a description of the run with JAX's refusals
+    under ``jax_refusals``)."""
     from ..bench import Result, VerificationError
     from ..runtime.emulated import netns
     from ..runtime.emulated.launch import teardown_emulated
