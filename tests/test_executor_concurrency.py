@@ -15,7 +15,7 @@ from alpa_comm.placement import Resharding
 from alpa_comm.resharding.strategies import carries_data
 from alpa_comm.resharding.tree import plan_resharding_tree
 from alpa_comm.runtime.backend import CommunicationError, ThreadBackend
-from alpa_comm.runtime.executor import HostExecutor, destination_buffers
+from alpa_comm.runtime.executor import HostExecutor, destination_buffers, slab_regions
 from alpa_comm.runtime.host_memory import HOST_ALIGNMENT, BufferPool, aligned_empty
 from alpa_comm.runtime.local import execute_in_threads, execute_tree_in_threads, tree_layouts
 
@@ -142,8 +142,8 @@ def test_a_bucket_lands_in_place_in_a_destination_slab():
     plan = plan_resharding_tree(moves, cluster=cluster, bucket_bytes=1 << 14)
     layouts = tree_layouts(plan)
     host_of = cluster.host_of
-    dst = destination_buffers(layouts, lambda d: host_of(d) == 1, lambda n: aligned_empty((n,), np.uint8),
-                              plan.transfers)
+    regions = slab_regions(layouts, lambda d: host_of(d) == 1, plan.transfers)
+    dst = destination_buffers(layouts, regions, lambda n: aligned_empty((n,), np.uint8))
     ex = HostExecutor(1, layouts, [{} for _ in layouts], dst, ThreadBackend(1, _Hub()), host_of)
     buckets = [t for t in plan.transfers if t.parts and all(host_of(r) == 1 for p in t.parts for r in p.receivers)]
     assert buckets

@@ -19,7 +19,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..runtime.executor import Layout
+from ..runtime.executor import Layout, destination_buffers
 from ..runtime.host_memory import BufferPool
 from .placement import JaxHosts
 
@@ -31,9 +31,12 @@ class HostBuffers:
     def __init__(self, pool: BufferPool | None = None):
         self.pool = pool or BufferPool(0)
 
-    def alloc(self, device: int, shape, dtype):
-        """A destination buffer: aligned host memory, recycled where the pool has some."""
-        return self.pool.empty(shape, dtype)
+    def destinations(self, layouts: list[Layout], share) -> list[dict]:
+        """This host's destination buffers of a prepared call (``share``), cut from one
+        aligned slab out of the pool (buckets land in place; JAX adopts the regions)."""
+        dst = destination_buffers(layouts, share.slab_regions, lambda n: self.pool.empty((n,), np.uint8))
+        self.pool.trim()
+        return dst
 
     def sources(self, x, hosts: JaxHosts, wire: np.dtype) -> dict[int, np.ndarray]:
         """This process's source shards of ``x`` by alpa_comm device id, in the wire type."""
@@ -66,6 +69,10 @@ class DeviceBuffers:
 
     def __init__(self, xp, hosts: JaxHosts):
         self.xp, self._hosts = xp, hosts
+
+    def destinations(self, layouts: list[Layout], share) -> list[dict]:
+        """This host's destination buffers of a prepared call, one per device, in device memory."""
+        return [lay.empty_destinations(share.job.is_local, alloc=self.alloc) for lay in layouts]
 
     def alloc(self, device: int, shape, dtype):
         """A destination buffer in ``device``'s memory."""

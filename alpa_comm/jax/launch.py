@@ -14,7 +14,6 @@ The launched command reads its place from the environment (``worker_init`` does 
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -36,12 +35,6 @@ class ProcessOutput:
         return [ln[len(prefix):] for ln in self.stdout.splitlines() if ln.startswith(prefix)]
 
 
-def _free_port(ip: str) -> int:
-    with socket.socket() as s:
-        s.bind((ip, 0))
-        return s.getsockname()[1]
-
-
 def launch(world: int, devices: int, command: list[str], *, network=None, timeout: float = 240,
            env: dict | None = None, fail_fast: bool = False, progress=None,
            cross_host_transfers: bool = False) -> list[ProcessOutput]:
@@ -56,12 +49,13 @@ def launch(world: int, devices: int, command: list[str], *, network=None, timeou
     ``jax_cross_host_transfer_socket_address`` from it: a nonzero port of its own, as
     JAX needs)."""
     from ..runtime.emulated import netns  # noqa: PLC0415
+    from ..runtime.worker import free_port  # noqa: PLC0415
 
     if network is not None and network.num_hosts < world:
         raise ValueError(f"{world} processes need {world} emulated hosts, the network has {network.num_hosts}")
     coordinator = netns.host_ip(0) if network else "127.0.0.1"
     # inside host 0's namespace nothing else listens: a port derived from our PID is free
-    port = 7000 + os.getpid() % 1000 if network else _free_port(coordinator)
+    port = 7000 + os.getpid() % 1000 if network else free_port(coordinator)
     base = {**os.environ, **(env or {}), "JAX_PLATFORMS": "cpu",
             "PYTHONPATH": os.pathsep.join(filter(None, [str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")])),
             "ALPA_COMM_JAX_WORLD": str(world), "ALPA_COMM_JAX_DEVICES": str(devices),
@@ -74,7 +68,7 @@ def launch(world: int, devices: int, command: list[str], *, network=None, timeou
                 penv["ALPA_COMM_GROUP_ADDR"] = netns.host_ip(r)
             if cross_host_transfers:  # port 0 would be published as 0 and the receiver would hang
                 ip = netns.host_ip(r) if network else "127.0.0.1"
-                penv["ALPA_COMM_JAX_TRANSFER_ADDRESS"] = f"{ip}:{port + 1 + r if network else _free_port(ip)}"
+                penv["ALPA_COMM_JAX_TRANSFER_ADDRESS"] = f"{ip}:{port + 1 + r if network else free_port(ip)}"
             prefix = network.exec_prefix(r) if network else []
             procs.append(subprocess.Popen(prefix + list(command), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                           stderr=subprocess.PIPE, text=True, env=penv))

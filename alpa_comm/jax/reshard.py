@@ -13,6 +13,7 @@ the group's timeout. Between separate JAX programs: ``programs``.
 """
 from __future__ import annotations
 
+import functools
 import json
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -26,11 +27,11 @@ from ..resharding import plan_resharding
 from ..resharding.host_job import HostJob
 from ..resharding.tree import plan_resharding_tree, tree_flatten, tree_unflatten
 from ..runtime.backend import CommunicationError
-from ..runtime.executor import HostExecutor, Layout, destination_buffers, numpy_dtype, slab_regions
+from ..runtime.executor import HostExecutor, Layout, numpy_dtype, slab_regions
 from ..spec import ShardingSpec
 from ..topology import ClusterSpec
 from . import programs
-from .buffers import HostBuffers, buffers_for
+from .buffers import buffers_for
 from .group import ProcessGroup, default_group
 from .placement import JaxHosts, named_sharding, placement
 
@@ -79,7 +80,7 @@ def reshard_tree(tree, dst_tree, *, group: ProcessGroup | None = None, strategy:
     prep = _prepare(leaves, dsts, group, strategy, bucket_bytes, wire_dtype)
     io = buffers_for(group.buffers, prep.hosts, group.pool)
     src = [io.sources(x, prep.hosts, wire) for (_, x), wire in zip(leaves, prep.wires)]
-    dst = _run(prep.job, io.layouts(prep.layouts), prep.participants, src, group, timeout, io, prep)
+    dst = _run(prep, io.layouts(prep.layouts), src, group, timeout, io)
     return tree_unflatten(tree, io.place([(x.shape, x.dtype) for _, x in leaves], _want(dtype), prep.shardings,
                                          dst, prep.hosts, prep.wires))
 
@@ -88,18 +89,13 @@ def _want(dtype):
     return None if dtype is None else numpy_dtype(dtype) if isinstance(dtype, str) else np.dtype(dtype)
 
 
-def _run(job: HostJob, layouts, participants, src, group: ProcessGroup, timeout, io, share=None) -> list[dict]:
-    """This host's share of a plan over the group's subgroup of ``participants``, in the
+def _run(share: "_Share", layouts, src, group: ProcessGroup, timeout, io) -> list[dict]:
+    """This host's share of a plan over the group's subgroup of its participants, in the
     memory ``io`` keeps buffers in; returns the received buffers per leaf. A failure names
     the peer and the group's first failure."""
-    if io.xp is np and isinstance(io, HostBuffers):  # one slab: buckets land in place
-        regions = share.slab_regions(layouts) if share is not None else None
-        dst = destination_buffers(layouts, job.is_local, lambda n: io.pool.empty((n,), np.uint8), job.transfers,
-                                  regions)
-    else:
-        dst = [lay.empty_destinations(job.is_local, alloc=io.alloc) for lay in layouts]
-    group.pool.trim()
-    backend = group.backend(participants)
+    job = share.job
+    dst = io.destinations(layouts, share)
+    backend = group.backend(share.participants)
     try:
         HostExecutor(group.rank, layouts, src, dst, backend, job.host_of, timeout or group.timeout,
                      job.min_rate, xp=io.xp, latency_s=job.latency_s).run(job.transfers)
@@ -133,7 +129,7 @@ def _reshard_between_programs(tree, dst_tree, group: ProcessGroup, strategy, buc
     xs = dict(leaves)
     io = buffers_for(group.buffers, hosts, group.pool)
     src = [io.sources(xs[path], hosts, numpy_dtype(wire)) if path in xs else {} for path, _, wire in prep.moves]
-    dst = _run(prep.job, io.layouts(prep.layouts), prep.participants, src, group, timeout, io, prep)
+    dst = _run(prep, io.layouts(prep.layouts), src, group, timeout, io)
     if dst_tree is None:
         return None
     shapes = {path: (tuple(d["shape"]), numpy_dtype(d["dtype"])) for path, d in picture["src"]}
@@ -154,11 +150,10 @@ class _Share:
     participants: frozenset
     layouts: list
 
-    def slab_regions(self, layouts) -> tuple:
-        """Where this host's destination buffers lie in a call's slab (made once)."""
-        if "_regions" not in self.__dict__:
-            self.__dict__["_regions"] = slab_regions(layouts, self.job.is_local, self.job.transfers)
-        return self.__dict__["_regions"]
+    @functools.cached_property
+    def slab_regions(self) -> tuple:
+        """Where this host's destination buffers lie in a call's slab (worked out once)."""
+        return slab_regions(self.layouts, self.job.is_local, self.job.transfers)
 
     @classmethod
     def of(cls, plan, rank: int) -> "_Share":

@@ -99,15 +99,14 @@ def array_module(*buffer_lists):
     return np
 
 
-def destination_buffers(layouts: list["Layout"], is_local: Callable[[int], bool], alloc_flat,
-                        transfers: Sequence[Transfer] = (), regions=None) -> list[dict]:
+def destination_buffers(layouts: list["Layout"], regions: tuple, alloc_flat) -> list[dict]:
     """Every leaf's destination buffers on this host cut from one flat slab
-    (``alloc_flat(nbytes)``: aligned host bytes) at ``slab_regions`` (pass them to skip
-    working them out again: a repeated call has the same)."""
-    total, regions = regions if regions is not None else slab_regions(layouts, is_local, transfers)
+    (``alloc_flat(nbytes)``: aligned host bytes) at ``regions`` (``slab_regions``: the same
+    for every repetition of a call, so worked out once)."""
+    total, cuts = regions
     slab = alloc_flat(total)
     out: list[dict] = [{} for _ in layouts]
-    for i, d, at, nbytes, shape in regions:
+    for i, d, at, nbytes, shape in cuts:
         out[i][d] = slab[at:at + nbytes].view(layouts[i].dtype).reshape(shape)
     return out
 
@@ -209,6 +208,36 @@ def _drop_transfer_threads(pool: ThreadPoolExecutor) -> None:
         if v is pool:
             del pools[k]
     pool.shutdown(wait=False, cancel_futures=True)
+
+
+class _PackAhead:
+    """The buffers a host must pack (``HostExecutor._packs``: coalesced transfers, strided
+    slices), packed on a packing thread ``PACK_AHEAD`` at a time ahead of their turn into
+    the executor's ``_packed``, where ``source`` picks them up."""
+
+    def __init__(self, ex: "HostExecutor", transfers: Sequence[Transfer]):
+        self.ex, self.transfers = ex, transfers
+        self.positions = [i for i, t in enumerate(transfers) if ex._packs(t)]  # ascending
+        self._set = set(self.positions)
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="alpa-comm-pack") if self.positions else None
+
+    def packs(self, i: int) -> bool:
+        return i in self._set
+
+    def submit_from(self, i: int) -> None:
+        """Transfer ``i``'s buffer and the next ones this host packs, if not yet submitted."""
+        if self.pool is None:
+            return
+        k = bisect.bisect_left(self.positions, i)
+        for j in self.positions[k:k + PACK_AHEAD]:
+            t = self.transfers[j]
+            if t.id not in self.ex._packed:
+                self.ex._packed[t.id] = self.pool.submit(self.ex._pack, t)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.ex._packed.clear()
 
 
 class _HostMap:
@@ -438,6 +467,7 @@ class HostExecutor:
         failure: list[BaseException] = []
         ended = {t.id: threading.Event() for t in transfers}
         posted: deque = deque()  # (transfer, its executor, Posted, bytes, start), oldest first
+        posted_ids: set[int] = set()
         windows: dict[int, deque] = {}  # resource key -> its transfers in flight here, oldest first
 
         def release(t: Transfer, need: int) -> None:
@@ -466,6 +496,7 @@ class HostExecutor:
 
         def collect_oldest() -> None:
             t, ex, part, need, t0 = posted.popleft()
+            posted_ids.discard(t.id)
             try:
                 ex._finish(t, part)
                 timings.append(TransferTiming(t.id, t.kind, t0, time.perf_counter()))
@@ -476,23 +507,18 @@ class HostExecutor:
                 release(t, need)
 
         pool = None
-        packing = [i for i, t in enumerate(transfers) if self._packs(t)]  # positions, ascending
-        packer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="alpa-comm-pack") if packing else None
+        ahead = _PackAhead(self, transfers)  # gloo writes a send on the posting thread: pack on another
         try:
             for i, t in enumerate(transfers):
-                if packer is not None:  # gloo writes a send on the posting thread: pack ahead on another
-                    k = bisect.bisect_left(packing, i)
-                    for j in packing[k:k + PACK_AHEAD]:
-                        if transfers[j].id not in self._packed:
-                            self._packed[transfers[j].id] = packer.submit(self._pack, transfers[j])
-                need = self._buffer_bytes(t)
+                ahead.submit_from(i)
+                need = self._buffer_bytes(t, ahead.packs(i))
                 keys = self._resource_keys(t)
                 for key in keys:  # the plan's order on each NIC, at most max_per_resource deep
                     window = windows.setdefault(key, deque())
                     while len(window) >= self.max_per_resource and not failure:
                         oldest = window.popleft()
                         while not ended[oldest].is_set() and not failure:
-                            if posted and any(p[0].id == oldest for p in posted):
+                            if oldest in posted_ids:
                                 collect_oldest()
                             else:
                                 ended[oldest].wait(0.05)
@@ -523,6 +549,7 @@ class HostExecutor:
                     break
                 if part is not None:
                     posted.append((t, ex, part, need, t0))
+                    posted_ids.add(t.id)
                     continue
                 pool = pool or _transfer_threads(limit)
                 pool.submit(one, t, need)
@@ -532,9 +559,7 @@ class HostExecutor:
                 while inflight["count"] and not failure:
                     state.wait()
         finally:
-            if packer is not None:
-                packer.shutdown(wait=True, cancel_futures=True)
-                self._packed.clear()
+            ahead.close()
             if failure:  # none waits for a cancelled one; the next run gets fresh threads
                 for event in ended.values():
                     event.set()
@@ -563,35 +588,29 @@ class HostExecutor:
         except Exception:  # noqa: BLE001 - _run_one names an unknown kind; ordering is only an aid
             return ()
 
-    def _buffer_bytes(self, t: Transfer) -> int:
+    def _buffer_bytes(self, t: Transfer, packs: bool) -> int:
         """Bytes of buffers this host makes for ``t`` beyond source and destination memory:
         a coalesced transfer is packed (sender) or received (receiver) through one unless it
-        lands in place, and a strided slice is packed before it is sent."""
+        lands in place, and a strided slice is packed (``packs``) before it is sent."""
         if t.parts:
             on_host = self.host_of(t.sender) == self.host or any(self.host_of(r) == self.host for r in t.receivers)
             return t.nbytes if on_host else 0
-        return t.nbytes if self._packs(t) else 0
+        return t.nbytes if packs else 0
 
     def _run_in_order(self, transfers: Sequence[Transfer]) -> list[TransferTiming]:
         """One transfer at a time in plan order, packing the next coalesced buffer on a
         thread while the transfer before it is on the wire (backends whose operations must
         be issued in one order on every host: NCCL on one stream)."""
         timings = []
-        packing = [i for i, t in enumerate(transfers) if self._packs(t)]  # positions, ascending
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="alpa-comm-pack") if packing else None
+        ahead = _PackAhead(self, transfers)
         try:
             for i, t in enumerate(transfers):
-                if pool is not None:  # this transfer's buffer and the next one this host packs
-                    k = bisect.bisect_left(packing, i)
-                    for j in packing[k:k + PACK_AHEAD]:
-                        if transfers[j].id not in self._packed:
-                            self._packed[transfers[j].id] = pool.submit(self._pack, transfers[j])
+                ahead.submit_from(i)
                 t0 = time.perf_counter()
                 self._run_one(t)
                 timings.append(TransferTiming(t.id, t.kind, t0, time.perf_counter()))
         finally:
-            if pool is not None:
-                pool.shutdown(wait=True)
+            ahead.close()
         return timings
 
     def _packs(self, t: Transfer) -> bool:
