@@ -69,6 +69,9 @@ def launch(world: int, devices: int, command: list[str], *, network=None, timeou
             if cross_host_transfers:  # port 0 would be published as 0 and the receiver would hang
                 ip = netns.host_ip(r) if network else "127.0.0.1"
                 penv["ALPA_COMM_JAX_TRANSFER_ADDRESS"] = f"{ip}:{port + 1 + r if network else free_port(ip)}"
+                if network:  # JAX's default streams bind 0.0.0.0 and publish an address the other
+                    # namespaces cannot reach: bind its four streams to this host's own address
+                    penv["ALPA_COMM_JAX_TRANSPORT_ADDRESSES"] = ",".join([f"{ip}:0"] * 4)
             prefix = network.exec_prefix(r) if network else []
             procs.append(subprocess.Popen(prefix + list(command), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                           stderr=subprocess.PIPE, text=True, env=penv))
@@ -149,6 +152,8 @@ def worker_init(x64: bool = False):
     jax.config.update("jax_num_cpu_devices", devices)
     if os.environ.get("ALPA_COMM_JAX_TRANSFER_ADDRESS"):  # before the first jax.devices()
         jax.config.update("jax_cross_host_transfer_socket_address", os.environ["ALPA_COMM_JAX_TRANSFER_ADDRESS"])
+    if os.environ.get("ALPA_COMM_JAX_TRANSPORT_ADDRESSES"):
+        jax.config.update("jax_cross_host_transport_addresses", os.environ["ALPA_COMM_JAX_TRANSPORT_ADDRESSES"])
     if x64:
         jax.config.update("jax_enable_x64", True)
     jax.distributed.initialize(coordinator_address=os.environ["ALPA_COMM_JAX_COORDINATOR"], num_processes=world,

@@ -121,7 +121,8 @@ def _worker(config_path: str) -> int:
     src_mesh = Mesh(np.array(of[0]), ("x",))
     meshes = {"p1": Mesh(np.array(of[1]), ("x",)), "p1-one": Mesh(np.array(of[1][:1]), ("x",)),
               "p1p2": Mesh(np.array([of[1][0], of[2][0]]), ("x",))}
-    group = ProcessGroup.from_jax(nic_gbps=cfg["nic_gbps"], streams=cfg["streams"], timeout=cfg["timeout"])
+    group = ProcessGroup.from_jax(nic_gbps=cfg["nic_gbps"], streams=cfg["streams"], timeout=cfg["timeout"],
+                                  latency_s=cfg["latency_s"])
     barrier_n = [0]
 
     def barrier():
@@ -294,6 +295,7 @@ def run(suites, nic: str | None, size_mb: float, repeat: int, timeout: float = 6
     from ..bench import Result, VerificationError
     from ..runtime.emulated import netns
     from ..runtime.emulated.launch import teardown_emulated
+    from ..runtime.launch import EMULATED_LATENCY_S
     from .group import DEFAULT_STREAM_GBPS, streams_for
     from .launch import launch, python_command
 
@@ -302,7 +304,8 @@ def run(suites, nic: str | None, size_mb: float, repeat: int, timeout: float = 6
     n_streams = streams_for(streams, nic_gbps, stream_gbps or DEFAULT_STREAM_GBPS)
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump({"suites": list(suites), "size_mb": size_mb, "repeat": repeat, "timeout": timeout,
-                   "nic_gbps": nic_gbps, "streams": n_streams}, f)
+                   "nic_gbps": nic_gbps, "streams": n_streams,
+                   "latency_s": EMULATED_LATENCY_S if emulated else LOOPBACK_LATENCY_S}, f)
     Path(f.name).chmod(0o644)
     network = netns.EmulatedNetwork(WORLD, nic).up() if emulated else None
     try:
@@ -352,6 +355,8 @@ def run(suites, nic: str | None, size_mb: float, repeat: int, timeout: float = 6
     return results, desc
 
 
+LOOPBACK_LATENCY_S = 20e-6
+"""What the planner is told one message costs on loopback (the group's default)."""
 LOOPBACK_GBPS = 40.0
 """What the planner and ``streams="auto"`` are told a loopback link carries: two gloo
 streams moved 36-42 Gbit/s between two processes here, one 27-31."""
