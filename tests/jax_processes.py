@@ -6,6 +6,7 @@ A case: ``{"shape", "dtype", "src": {"ids", "axes", "spec"}, "dst": {...}}`` wit
 ids in alpa_comm's numbering (process * devices + position); optional ``"tree"`` (a
 list of cases moved by one ``reshard_tree``), ``"kill"`` (a rank that exits instead of
 taking part), ``"wire"``/``"out_dtype"`` (``wire_dtype``/``dtype`` of the call),
+``"bucket"`` (a tree's ``bucket_bytes``),
 ``"buffers": "device"`` (a group that hands shards over by DLPack)."""
 from __future__ import annotations
 
@@ -57,6 +58,8 @@ for c, case in enumerate(cases):
     t0 = time.monotonic()
     try:
         extra = {"timeout": case.get("timeout"), "wire_dtype": case.get("wire"), "dtype": case.get("out_dtype")}
+        if "bucket" in case:
+            extra["bucket_bytes"] = case["bucket"]
         if case.get("buffers") == "device":  # shards handed over by DLPack, not read as NumPy
             if "device" not in groups:
                 from alpa_comm.jax import ProcessGroup

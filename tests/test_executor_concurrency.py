@@ -21,7 +21,7 @@ from alpa_comm.runtime.local import execute_in_threads, execute_tree_in_threads,
 
 from exactness import expect_exact
 from strategies_hyp import resharding_cases
-from test_tree import CLUSTER as TREE_CLUSTER, transformer
+from test_tree import CLUSTER as TREE_CLUSTER, small_leaves, transformer
 
 DATA_STRATEGIES = [s for s in STRATEGIES if carries_data(s)]
 
@@ -122,6 +122,26 @@ def test_a_failure_surfaces_at_once_naming_the_host():
     assert time.monotonic() - t0 < 10
 
 
+def test_a_failure_while_packing_ends_the_transfer_instead_of_hanging(monkeypatch):
+    """A bucket whose packing fails on the packing thread (here: reading a part raises)
+    ends its chunked send with that error at once; nothing waits for bytes that will not
+    be packed."""
+    plan = plan_resharding_tree(small_leaves(), cluster=TREE_CLUSTER, bucket_bytes=8 << 20)
+    assert any(t.parts and t.chunks > 1 for t in plan.transfers)
+    original = HostExecutor.slice_bytes
+
+    def broken(self, device, index, leaf=None):
+        if threading.current_thread().name.startswith("alpa-comm-pack"):
+            raise RuntimeError("cannot read a part")
+        return original(self, device, index, leaf)
+    monkeypatch.setattr(HostExecutor, "slice_bytes", broken)
+    arrays = [np.zeros(leaf.shape, leaf.dtype) for leaf in plan.leaves]
+    t0 = time.monotonic()
+    with pytest.raises(Exception, match="cannot read a part"):
+        execute_tree_in_threads(plan, arrays, timeout=20)
+    assert time.monotonic() - t0 < 15
+
+
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "4"])
 def test_bad_limits_are_refused_by_name(bad):
     with pytest.raises(InvalidOptionError, match="max_concurrent"):
@@ -143,11 +163,16 @@ def test_a_bucket_lands_in_place_in_a_destination_slab():
     layouts = tree_layouts(plan)
     host_of = cluster.host_of
     regions = slab_regions(layouts, lambda d: host_of(d) == 1, plan.transfers)
-    dst = destination_buffers(layouts, regions, lambda n: aligned_empty((n,), np.uint8))
+    dst, in_place = destination_buffers(layouts, regions, lambda n: aligned_empty((n,), np.uint8))
     ex = HostExecutor(1, layouts, [{} for _ in layouts], dst, ThreadBackend(1, _Hub()), host_of)
     buckets = [t for t in plan.transfers if t.parts and all(host_of(r) == 1 for p in t.parts for r in p.receivers)]
     assert buckets
-    assert all(ex.bucket_target(t) is not None for t in buckets)
+    found = {t.id: ex.bucket_target(t) for t in buckets}
+    assert all(v is not None for v in found.values())
+    # worked out once from the slab's arithmetic: the same views the search finds
+    assert set(in_place) == set(found)
+    for tid, v in in_place.items():
+        assert v.__array_interface__["data"] == found[tid].__array_interface__["data"] and v.nbytes == found[tid].nbytes
     arrays = [np.arange(leaf.shape[0], dtype=np.float32) + i for i, leaf in enumerate(plan.leaves)]
     out = execute_tree_in_threads(plan, arrays, timeout=10)
     for a, got in zip(arrays, out):

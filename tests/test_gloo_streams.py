@@ -6,7 +6,7 @@ from ranks import run_ranks
 
 torch = pytest.importorskip("torch")
 
-from alpa_comm.runtime.backend import STRIPE_MIN_BYTES, GlooSubgroupBackend  # noqa: E402
+from alpa_comm.runtime.backend import STRIPE_MIN_BYTES, GlooSubgroupBackend, stream_of  # noqa: E402
 
 
 def pair(streams: int):
@@ -58,3 +58,13 @@ def test_auto_streams_follow_the_nic_rate():
             streams_for(bad, 10.0, 10.0)
     with pytest.raises(InvalidOptionError, match="stream_gbps"):
         streams_for("auto", 10.0, 0)
+
+
+def test_whole_messages_of_successive_transfers_spread_over_the_streams():
+    """The executor's transfers are 1,024 tags apart (tag % streams would put every
+    single-chunk transfer on stream 0): their whole messages use every stream, evenly."""
+    for streams in (2, 3, 4, 8):
+        used = [stream_of(k * 1024, streams) for k in range(64 * streams)]
+        counts = [used.count(s) for s in range(streams)]
+        assert min(counts) > 0.5 * max(counts), (streams, counts)
+        assert [stream_of(k, streams) for k in range(100)] == [stream_of(k, streams) for k in range(100)]

@@ -3,7 +3,7 @@ per host (here: local processes, CPU devices, gloo between them), global ``jax.A
 on named meshes moved with ``reshard``/``reshard_tree`` and every addressable shard of
 the result compared with NumPy, bit for bit."""
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings, strategies as st
+from hypothesis import HealthCheck, Phase, example, given, settings, strategies as st
 
 import jax_processes
 
@@ -76,6 +76,36 @@ def _check(results, cases_):
 def test_random_meshes_and_partition_specs_are_bit_exact(batch):
     """Random meshes over 1-3 of 3 processes (host-major or device-major, named axes),
     random PartitionSpecs, shapes and dtypes: one multi-process launch per batch."""
+    _check(jax_processes.run(WORLD, DEVICES, batch), batch)
+
+
+@st.composite
+def trees(draw):
+    """2-6 random leaves (each its own meshes and specs) moved in one ``reshard_tree``,
+    with buckets small enough that leaves share them and large leaves span several
+    transfers: every leaf is placed as soon as its last writer on a process ends
+    (``ProgressivePlacer``). On CPU devices the result aliases the received buffer, so
+    bytes written after an early placement would still show; bfloat16 on the wire makes
+    placement a cast (a copy), where a leaf placed too early shows as wrong bytes."""
+    leaves = [{k: v for k, v in c.items() if k != "buffers"}
+              for c in draw(st.lists(cases(), min_size=2, max_size=6))]
+    return {"tree": leaves, "bucket": draw(st.sampled_from([64, 256, 4096, "auto"])),
+            "wire": draw(st.sampled_from([None, "bfloat16"])), "out_dtype": None}
+
+
+GATHERED = [  # every destination shard gathers pieces from two senders: two writers a leaf
+    {"tree": [{"shape": [8, 4], "dtype": "float32", "src": {"ids": [[0, 1], [2, 3]], "axes": ["a", "b"], "spec": "S01R"},
+               "dst": {"ids": [[4, 5]], "axes": ["a", "b"], "spec": "RR"}},
+              {"shape": [64], "dtype": "float32", "src": {"ids": [[0, 2], [1, 3]], "axes": ["a", "b"], "spec": "S01"},
+               "dst": {"ids": [[4, 5]], "axes": ["a", "b"], "spec": "S1"}}],
+     "bucket": None, "wire": "bfloat16", "out_dtype": None}]
+
+
+@settings(max_examples=2, deadline=None, phases=[Phase.explicit, Phase.generate],
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.lists(trees(), min_size=4, max_size=4))
+@example(GATHERED * 4)
+def test_random_trees_are_bit_exact_whatever_the_buckets(batch):
     _check(jax_processes.run(WORLD, DEVICES, batch), batch)
 
 

@@ -103,9 +103,9 @@ def test_every_packed_buffer_is_packed_ahead_in_plan_order(monkeypatch):
 
     packed_on, original = [], HostExecutor._pack
 
-    def spy(self, t):
+    def spy(self, t, *progress):
         packed_on.append(threading.current_thread().name)
-        return original(self, t)
+        return original(self, t, *progress)
 
     monkeypatch.setattr(HostExecutor, "_pack", spy)
     monkeypatch.setattr(ThreadBackend, "concurrent", False)
@@ -113,3 +113,43 @@ def test_every_packed_buffer_is_packed_ahead_in_plan_order(monkeypatch):
     assert any(t.parts for t in plan.transfers)
     run_tree(plan)
     assert packed_on and all(name.startswith("alpa-comm-pack") for name in packed_on), packed_on
+
+
+def small_leaves(n: int = 160, elements: int = 16384) -> list:
+    """``n`` float32 leaves of ``elements`` each (64 KiB), host 0 to host 1 in the same
+    layout: buckets of several MiB, each of many parts."""
+    from alpa_comm.mesh import DeviceMesh
+    from alpa_comm.placement import Resharding
+
+    src, dst = DeviceMesh.parse("1x4@0", 4), DeviceMesh.parse("1x4@1", 4)
+    return [Resharding.between((elements,), "float32", src, "S1", dst, "S1") for _ in range(n)]
+
+
+def test_each_senders_first_bucket_ramps_up_and_leaves_chunk_by_chunk(monkeypatch):
+    """A sending host's first coalesced chain goes in at least ``RAMP_PIECES`` chunks (so
+    its wire starts once one chunk is packed), later buckets keep the cost model's
+    chunks; the executor sends each chunk once it is packed, bit-exact."""
+    from alpa_comm.resharding import tree as tree_module
+    from alpa_comm.runtime.executor import HostExecutor
+
+    plan = plan_resharding_tree(small_leaves(), cluster=CLUSTER, bucket_bytes=8 << 20, strategy="broadcast")
+    firsts, seen = [], set()
+    for t in plan.transfers:
+        host = CLUSTER.host_of(t.sender) if t.sender is not None else None
+        if t.parts and host not in seen:
+            seen.add(host)
+            firsts.append(t)
+    assert firsts and any(t.chunks > 1 for t in firsts)
+    for t in firsts:
+        want = min(tree_module.RAMP_PIECES, t.nbytes // tree_module.RAMP_PIECE_MIN)
+        assert t.chunks >= want, (t.id, t.chunks, want)
+    waited = []
+    original = HostExecutor.source_pieces
+
+    def spy(self, t, bounds):
+        for piece in original(self, t, bounds):
+            waited.append((t.id, piece.nbytes))
+            yield piece
+    monkeypatch.setattr(HostExecutor, "source_pieces", spy)
+    run_tree(plan)
+    assert {tid for tid, _ in waited} >= {t.id for t in firsts if t.chunks > 1}

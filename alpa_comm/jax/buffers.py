@@ -15,13 +15,44 @@ executor's buffers and back.
 from __future__ import annotations
 
 import functools
+import threading
+from collections.abc import Mapping
 from dataclasses import replace
 
 import numpy as np
 
-from ..runtime.executor import Layout, destination_buffers
+from ..runtime.executor import Destinations, Layout, destination_buffers
 from ..runtime.host_memory import BufferPool
 from .placement import JaxHosts
+
+
+class LazyShards(Mapping):
+    """A leaf's source shards (device id -> NumPy array), read on first use: the executor
+    then reads a bucket's leaves on its packing thread as it packs them, so a 200-leaf
+    tree's first bytes leave without waiting for all 200 leaves' shards to be read
+    (``addressable_shards`` and a type cast each). Reading twice at once is harmless."""
+
+    __slots__ = ("_read", "_shards")
+
+    def __init__(self, read):
+        self._read, self._shards = read, None
+
+    def _get(self) -> dict:
+        if self._shards is None:
+            self._shards = self._read()
+        return self._shards
+
+    def __getitem__(self, device):
+        return self._get()[device]
+
+    def __contains__(self, device) -> bool:
+        return device in self._get()
+
+    def __iter__(self):
+        return iter(self._get())
+
+    def __len__(self) -> int:
+        return len(self._get())
 
 
 class HostBuffers:
@@ -31,16 +62,18 @@ class HostBuffers:
     def __init__(self, pool: BufferPool | None = None):
         self.pool = pool or BufferPool(0)
 
-    def destinations(self, layouts: list[Layout], share) -> list[dict]:
+    def destinations(self, layouts: list[Layout], share) -> Destinations:
         """This host's destination buffers of a prepared call (``share``), cut from one
         aligned slab out of the pool (buckets land in place; JAX adopts the regions)."""
         dst = destination_buffers(layouts, share.slab_regions, lambda n: self.pool.empty((n,), np.uint8))
         self.pool.trim()
         return dst
 
-    def sources(self, x, hosts: JaxHosts, wire: np.dtype) -> dict[int, np.ndarray]:
-        """This process's source shards of ``x`` by alpa_comm device id, in the wire type."""
-        return {hosts.id_of(s.device): np.asarray(s.data).astype(wire, copy=False) for s in x.addressable_shards}
+    def sources(self, x, hosts: JaxHosts, wire: np.dtype) -> "LazyShards":
+        """This process's source shards of ``x`` by alpa_comm device id, in the wire type,
+        read when the executor first asks (``LazyShards``)."""
+        return LazyShards(lambda: {hosts.id_of(s.device): np.asarray(s.data).astype(wire, copy=False)
+                                   for s in x.addressable_shards})
 
     def layouts(self, layouts: list[Layout]) -> list[Layout]:
         return layouts
@@ -64,15 +97,123 @@ class HostBuffers:
         return _arrays(leaves, types, shardings, order, placed)
 
 
+    def placer(self, leaves, want, shardings, hosts: JaxHosts, wires, writers: dict) -> "Placer":
+        """Places each leaf as soon as its buffers are written (``ProgressivePlacer``)."""
+        return ProgressivePlacer(self, leaves, want, shardings, hosts, wires, writers)
+
+
+class Placer:
+    """Turns a call's received buffers into the result's ``jax.Array``s: ``start(buffers)``
+    before the transfers run, ``done(transfer)`` as each ends here, ``results()`` after.
+    This one places every leaf at the end (``io.place``)."""
+
+    def __init__(self, io, leaves, want, shardings, hosts: JaxHosts, wires):
+        self.io, self.leaves, self.want, self.shardings, self.hosts, self.wires = (io, leaves, want, shardings,
+                                                                                    hosts, wires)
+        self.buffers: list = []
+
+    def start(self, buffers: list) -> None:
+        self.buffers = buffers
+
+    def done(self, transfer) -> None:
+        pass
+
+    def close(self) -> None:
+        """After a failed call: let go of what was started (nothing here)."""
+
+    def results(self) -> list:
+        return self.io.place(self.leaves, self.want, self.shardings, self.buffers, self.hosts, self.wires)
+
+
+class ProgressivePlacer(Placer):
+    """Adopts a leaf's buffers as its ``jax.Array`` (``adopt_leaf``: no copy on CPU devices)
+    as soon as the last transfer that writes into it on this host has ended, on a placing
+    thread of its own while the other transfers are still on the wire: a 200-leaf tree
+    otherwise pays its ~200 adoptions (a few milliseconds) after the last byte arrived,
+    and adopting on the thread that posts the transfers would delay the next receive.
+    ``writers``: transfer id -> the leaves it writes here (``_Share.writers``). Where JAX
+    lacks the private path, every leaf is placed at the end by the public one."""
+
+    def __init__(self, io, leaves, want, shardings, hosts: JaxHosts, wires, writers: dict):
+        super().__init__(io, leaves, want, shardings, hosts, wires)
+        self.writers = writers
+        self.pending = [0] * len(leaves)
+        for written in writers.values():
+            for i in written:
+                self.pending[i] += 1
+        self.types = [want or np.dtype(dtype) for _, dtype in leaves]
+        self.out: list = [None] * len(leaves)
+        self.public = False  # the private path failed: place everything at the end
+        self._lock = threading.Lock()
+        self._ready: list[int] = []
+        self._wake = threading.Condition(self._lock)
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def done(self, transfer) -> None:
+        ready = []
+        with self._lock:
+            for i in self.writers.get(transfer.id, ()):
+                self.pending[i] -= 1
+                if self.pending[i] == 0:
+                    ready.append(i)
+            if not ready or self.public:
+                return
+            self._ready.extend(ready)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._place_loop, name="alpa-comm-place", daemon=True)
+                self._thread.start()
+            self._wake.notify()
+
+    def _place_loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._ready and not self._closed:
+                    self._wake.wait()
+                if not self._ready:
+                    return
+                batch, self._ready = self._ready, []
+            for i in batch:
+                self._adopt(i)
+
+    def _adopt(self, i: int) -> None:
+        shape, _ = self.leaves[i]
+        if self.public:
+            return
+        got = adopt_leaf(tuple(shape), self.types[i], self.shardings[i], self.buffers[i], self.hosts)
+        with self._lock:
+            if got is None:
+                self.public = True
+            else:
+                self.out[i] = got
+
+    def close(self) -> None:
+        """The placing thread ends once what it was given is placed (after a failure:
+        nothing more comes)."""
+        with self._lock:
+            self._closed = True
+            self._wake.notify()
+
+    def results(self) -> list:
+        self.close()
+        if self._thread is not None:
+            self._thread.join()
+        for i, got in enumerate(self.out):
+            if got is None and not self.public:
+                self._adopt(i)
+        return super().results() if self.public else self.out
+
+
 class DeviceBuffers:
     name = "device"
 
     def __init__(self, xp, hosts: JaxHosts):
         self.xp, self._hosts = xp, hosts
 
-    def destinations(self, layouts: list[Layout], share) -> list[dict]:
-        """This host's destination buffers of a prepared call, one per device, in device memory."""
-        return [lay.empty_destinations(share.job.is_local, alloc=self.alloc) for lay in layouts]
+    def destinations(self, layouts: list[Layout], share) -> Destinations:
+        """This host's destination buffers of a prepared call, one per device, in device
+        memory (buckets are received into scratch and unpacked)."""
+        return Destinations([lay.empty_destinations(share.job.is_local, alloc=self.alloc) for lay in layouts], {})
 
     def alloc(self, device: int, shape, dtype):
         """A destination buffer in ``device``'s memory."""
@@ -96,6 +237,10 @@ class DeviceBuffers:
         return [lay if carrier(lay.dtype) == lay.dtype else replace(lay, dtype=carrier(lay.dtype))
                 for lay in layouts]
 
+    def placer(self, leaves, want, shardings, hosts: JaxHosts, wires, writers: dict) -> Placer:
+        """Places every leaf at the end: one batched hand-back by DLPack."""
+        return Placer(self, leaves, want, shardings, hosts, wires)
+
     def place(self, leaves, want, shardings, buffers, hosts: JaxHosts, wires) -> list:
         import jax  # noqa: PLC0415
 
@@ -114,32 +259,37 @@ class DeviceBuffers:
 
 
 def adopt(leaves, types, shardings, buffers, hosts: JaxHosts) -> list | None:
-    """Every leaf's global array straight from this process's buffers, one call per leaf
-    (JAX's own per-array path under ``device_put`` of a NumPy array:
-    ``pxla.batched_device_put``, which adopts aligned host buffers on CPU devices without
-    a copy), instead of one ``device_put`` per shard plus one
-    ``make_array_from_single_device_arrays`` per leaf: about 80 us per shard less, which
-    is most of what a 200-leaf tree costs beyond its bytes. None where this JAX lacks that
-    path (the caller then takes the public one)."""
-    import jax  # noqa: PLC0415
+    """Every leaf's global array straight from this process's buffers (``adopt_leaf``);
+    None where this JAX lacks that path (the caller then takes the public one)."""
+    out = []
+    for (shape, _), t, sharding, bufs in zip(leaves, types, shardings, buffers):
+        got = adopt_leaf(tuple(shape), t, sharding, bufs, hosts)
+        if got is None:
+            return None
+        out.append(got)
+    return out
 
+
+def adopt_leaf(shape: tuple, dtype: np.dtype, sharding, bufs: dict, hosts: JaxHosts):
+    """One leaf's global array straight from this process's buffers in one call (JAX's own
+    per-array path under ``device_put`` of a NumPy array: ``pxla.batched_device_put``,
+    which adopts aligned host buffers on CPU devices without a copy), instead of one
+    ``device_put`` per shard plus one ``make_array_from_single_device_arrays``: about
+    80 us per shard less, which is most of what a 200-leaf tree costs beyond its bytes.
+    None where this JAX lacks that path."""
     try:
         from jax._src import core  # noqa: PLC0415 - JAX's own, guarded: the public path stays
         from jax._src.interpreters import pxla  # noqa: PLC0415
     except ImportError:
         return None
-    out = []
     try:
-        for (shape, _), t, sharding, bufs in zip(leaves, types, shardings, buffers):
-            devices = list(sharding._addressable_device_assignment)
-            if not devices:
-                out.append(_remote_array(tuple(shape), np.dtype(t), sharding))
-                continue
-            xs = [bufs[hosts.id_of(d)].astype(t, copy=False) for d in devices]
-            out.append(pxla.batched_device_put(core.ShapedArray(tuple(shape), t), sharding, xs, devices))
+        devices = list(sharding._addressable_device_assignment)
+        if not devices:
+            return _remote_array(shape, np.dtype(dtype), sharding)
+        xs = [bufs[hosts.id_of(d)].astype(dtype, copy=False) for d in devices]
+        return pxla.batched_device_put(core.ShapedArray(shape, dtype), sharding, xs, devices)
     except (AttributeError, TypeError):
         return None
-    return out
 
 
 @functools.lru_cache(maxsize=4096)

@@ -22,12 +22,13 @@ import numpy as np
 
 from ..dtypes import dtype_name
 from ..errors import InvalidOptionError
+from ..gc_pause import gc_paused
 from ..placement import Resharding
 from ..resharding import plan_resharding
 from ..resharding.host_job import HostJob
 from ..resharding.tree import plan_resharding_tree, tree_flatten, tree_unflatten
 from ..runtime.backend import CommunicationError
-from ..runtime.executor import HostExecutor, Layout, numpy_dtype, slab_regions
+from ..runtime.executor import HostExecutor, Layout, SlabLayout, numpy_dtype, slab_regions
 from ..spec import ShardingSpec
 from ..topology import ClusterSpec
 from . import programs
@@ -64,6 +65,11 @@ def reshard_tree(tree, dst_tree, *, group: ProcessGroup | None = None, strategy:
     ``tree`` where it holds the source arrays, ``dst_tree`` (shardings in its own program)
     where it receives, None for the side it is not on; every member of the group calls.
     The sources' ``wire_dtype`` decides the wire type."""
+    with gc_paused():  # no collection pass stalls the wire mid-call (see gc_pause)
+        return _reshard_tree(tree, dst_tree, group, strategy, bucket_bytes, wire_dtype, dtype, timeout)
+
+
+def _reshard_tree(tree, dst_tree, group, strategy, bucket_bytes, wire_dtype, dtype, timeout):
     import jax  # noqa: PLC0415
 
     group = group or default_group()
@@ -80,25 +86,34 @@ def reshard_tree(tree, dst_tree, *, group: ProcessGroup | None = None, strategy:
     prep = _prepare(leaves, dsts, group, strategy, bucket_bytes, wire_dtype)
     io = buffers_for(group.buffers, prep.hosts, group.pool)
     src = [io.sources(x, prep.hosts, wire) for (_, x), wire in zip(leaves, prep.wires)]
-    dst = _run(prep, io.layouts(prep.layouts), src, group, timeout, io)
-    return tree_unflatten(tree, io.place([(x.shape, x.dtype) for _, x in leaves], _want(dtype), prep.shardings,
-                                         dst, prep.hosts, prep.wires))
+    placer = io.placer([(x.shape, x.dtype) for _, x in leaves], _want(dtype), prep.shardings, prep.hosts,
+                       prep.wires, prep.writers)
+    try:
+        _run(prep, io.layouts(prep.layouts), src, group, timeout, io, placer)
+    except BaseException:
+        placer.close()
+        raise
+    return tree_unflatten(tree, placer.results())
 
 
 def _want(dtype):
     return None if dtype is None else numpy_dtype(dtype) if isinstance(dtype, str) else np.dtype(dtype)
 
 
-def _run(share: "_Share", layouts, src, group: ProcessGroup, timeout, io) -> list[dict]:
+def _run(share: "_Share", layouts, src, group: ProcessGroup, timeout, io, placer=None) -> list[dict]:
     """This host's share of a plan over the group's subgroup of its participants, in the
-    memory ``io`` keeps buffers in; returns the received buffers per leaf. A failure names
-    the peer and the group's first failure."""
+    memory ``io`` keeps buffers in; returns the received buffers per leaf (``placer``, if
+    given, sees them first and each transfer as it ends). A failure names the peer and
+    the group's first failure."""
     job = share.job
-    dst = io.destinations(layouts, share)
+    dst, in_place = io.destinations(layouts, share)
+    if placer is not None:
+        placer.start(dst)
     backend = group.backend(share.participants)
     try:
         HostExecutor(group.rank, layouts, src, dst, backend, job.host_of, timeout or group.timeout,
-                     job.min_rate, xp=io.xp, latency_s=job.latency_s).run(job.transfers)
+                     job.min_rate, xp=io.xp, latency_s=job.latency_s, in_place=in_place,
+                     on_done=None if placer is None else placer.done).run(job.transfers)
     except CommunicationError as e:
         first = backend.report_failure(str(e))
         if first != str(e):
@@ -151,9 +166,25 @@ class _Share:
     layouts: list
 
     @functools.cached_property
-    def slab_regions(self) -> tuple:
+    def slab_regions(self) -> SlabLayout:
         """Where this host's destination buffers lie in a call's slab (worked out once)."""
         return slab_regions(self.layouts, self.job.is_local, self.job.transfers)
+
+    @functools.cached_property
+    def writers(self) -> dict[int, tuple[int, ...]]:
+        """transfer id -> the leaves whose buffers on this host it writes (its own leaf, or
+        its parts'), for transfers with a receiving device here: a leaf is complete here
+        once all of them have ended. Every kind writes only its local receivers."""
+        local = self.job.is_local
+        out = {}
+        for t in self.job.transfers:
+            if t.parts:
+                written = tuple(sorted({p.leaf for p in t.parts if any(local(r) for r in p.receivers)}))
+            else:
+                written = (t.leaf,) if any(local(r) for r in t.receivers) else ()
+            if written:
+                out[t.id] = written
+        return out
 
     @classmethod
     def of(cls, plan, rank: int) -> "_Share":
@@ -227,7 +258,7 @@ PREPARED_CACHE_SIZE = 64
 
 def _prepare(leaves, dsts: dict, group: ProcessGroup, strategy: str, bucket_bytes, wire_dtype) -> _Prepared:
     key = (_group_key(group), strategy, bucket_bytes, str(wire_dtype),
-           tuple((path, tuple(x.shape), str(x.dtype), x.sharding, _hashable(dsts[path])) for path, x in leaves))
+           tuple((path, x.shape, x.dtype, x.sharding, _hashable(dsts[path])) for path, x in leaves))
     return _cached(key, lambda: _prepare_afresh(leaves, dsts, group, strategy, bucket_bytes, wire_dtype))
 
 

@@ -7,12 +7,12 @@ jointly for many arrays.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import math
 from typing import Callable, Sequence, TypeVar
 
 from ..dtypes import itemsize
 from ..errors import InvalidOptionError
+from ..gc_pause import gc_paused
 from ..mesh import DeviceMesh, devices_per_host_needed
 from ..placement import Placement, Resharding
 from ..spec import ShardingSpec
@@ -102,16 +102,8 @@ def plan_resharding(shape: Sequence[int], dtype, src_mesh, src_spec, dst_mesh, d
     (default True: the same resharding planned again is served from
     ``cache.PLAN_CACHE``; False plans afresh; or a ``PlanCache`` of your own).
     """
-    # Planning allocates hundreds of thousands of small immutable tuples and no
-    # cycles; the cyclic GC would rescan them all repeatedly (a third of the time
-    # on 25,000 tasks), so it is paused for the duration.
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with gc_paused():  # hundreds of thousands of small tuples, no cycles: see gc_pause
         return _plan(shape, dtype, src_mesh, src_spec, dst_mesh, dst_spec, **kwargs)
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _plan(shape: Sequence[int], dtype, src_mesh, src_spec, dst_mesh, dst_spec, *,

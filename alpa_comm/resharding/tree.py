@@ -17,12 +17,12 @@ effect of packing is predicted, and the simulator sees it too.
 """
 from __future__ import annotations
 
-import gc
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from ..dtypes import itemsize
 from ..errors import InvalidOptionError
+from ..gc_pause import gc_paused
 from ..placement import Placement, Resharding
 from ..topology import ClusterSpec
 from . import loadbalance as balancing
@@ -38,6 +38,10 @@ TREE_STRATEGIES = PER_TASK_STRATEGIES + (AUTO,)
 """Tree plans take every per-task kind and ``auto`` (Alpa's rewrite is per array: not here)."""
 AUTO_BUCKET_MIN = 64 << 10
 AUTO_BUCKET_MAX = 64 << 20
+RAMP_PIECES = 8
+RAMP_PIECE_MIN = 1 << 20
+"""A sending host's first coalesced chain goes in at least ``RAMP_PIECES`` chunks of at
+least ``RAMP_PIECE_MIN`` bytes (``ramp_up``)."""
 
 
 LeafLayout = Resharding.between
@@ -78,11 +82,17 @@ class TreePlan:
 
 
 # ------------------------------------------------------------------ pytrees
+_CONTAINERS = (dict, list, tuple)
+
+
 def tree_flatten(tree, prefix: str = "", is_leaf=None) -> list[tuple[str, Any]]:
     """(path, leaf) pairs of nested dicts (keys sorted) and lists/tuples; ``is_leaf(node)``
     marks containers that are leaves themselves (e.g. a ``(mesh, "S01R")`` pair)."""
     if is_leaf is not None and is_leaf(tree):
         return [(prefix or "/", tree)]
+    if type(tree) in (list, tuple) and not any(isinstance(v, _CONTAINERS) or is_leaf is not None and is_leaf(v)
+                                               for v in tree):
+        return [(f"{prefix}/{i}", v) for i, v in enumerate(tree)]  # a flat list of leaves: one step
     if isinstance(tree, dict):
         return [pl for k in sorted(tree, key=str) for pl in tree_flatten(tree[k], f"{prefix}/{k}", is_leaf)]
     if isinstance(tree, (list, tuple)):
@@ -148,17 +158,12 @@ def plan_resharding_tree(tree, *, cluster: ClusterSpec, strategy: str = "broadca
         hit = store.get(key)
         if hit is not None:
             return hit
-    was = gc.isenabled()
-    gc.disable()
-    try:
+    with gc_paused():
         per_leaf = tuple(tuple(decompose(leaf.shape, itemsize(leaf.dtype), leaf.src_mesh, leaf.src_spec,
                                          leaf.dst_mesh, leaf.dst_spec)) for leaf in leaves)
         bounds = LowerBounds([t for tasks in per_leaf for t in tasks], cluster)
         plan = plan_for(strategy, lambda s: _plan_tree(leaves, per_leaf, bounds, cluster, s, loadbalance, bucket,
                                                        chunks, seed, dfs_budget_s), bounds)
-    finally:
-        if was:
-            gc.enable()
     if store is not None:
         store.put(key, plan)
     return plan
@@ -187,10 +192,30 @@ def _plan_tree(leaves: tuple[Leaf, ...], per_leaf: tuple[tuple[UnitTask, ...], .
         jobs, job_leaf, members = _pack(jobs, job_leaf, bucket, strategy, cluster, chunks)
     jobs, job_leaf, members = group_jobs(jobs, job_leaf, members, cluster)
     sched = balancing.balance(jobs, loadbalance, seed=seed, dfs_budget_s=dfs_budget_s)
-    transfers = build_transfers(jobs, job_leaf, members, per_leaf, sched, cluster)
+    transfers = ramp_up(build_transfers(jobs, job_leaf, members, per_leaf, sched, cluster), cluster)
     return TreePlan(leaves, per_leaf, tuple(transfers), cluster, strategy, sched.mode, bucket,
                     sched.makespan, bounds.bandwidth(strategy), bounds.latency_aware(strategy),
                     host_operations(transfers, cluster))
+
+
+def ramp_up(transfers: list[Transfer], cluster: ClusterSpec) -> list[Transfer]:
+    """Each sending host's first coalesced chain (``broadcast``) in at least
+    ``RAMP_PIECES`` chunks: a bucket must be packed before it is sent, and nothing is on
+    that host's wire while its first one is; in chunks, the first leaves once a chunk is
+    packed (the executor sends each chunk as soon as it is packed) and packing overlaps
+    the wire from then on. Later buckets are packed while earlier ones are on the wire,
+    so they keep the chunks the cost model chose (each chunk is a message)."""
+    seen: set[int] = set()
+    out = []
+    for t in transfers:
+        host = None if t.sender is None else cluster.host_of(t.sender)
+        if t.parts and t.kind == "broadcast" and host not in seen:
+            seen.add(host)
+            pieces = min(RAMP_PIECES, t.nbytes // RAMP_PIECE_MIN)
+            if pieces > t.chunks:
+                t = t._replace(chunks=pieces)
+        out.append(t)
+    return out
 
 
 def _pack(jobs: list[Job], job_leaf: list[int], bucket: int, strategy: str, cluster: ClusterSpec, chunks):

@@ -29,7 +29,7 @@ import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
@@ -61,6 +61,9 @@ ORDERED_LATENCIES = 8
 is latency-bound: its order on a NIC hardly matters, and overlapping it with others
 hides what it costs, so it is admitted outside the NIC windows."""
 PACK_AHEAD = 2
+PACK_RUN_BYTES = 256 << 10
+"""A coalesced buffer is packed in runs of parts of at least this many bytes, each
+announced as packed, so a chunked send can start before the whole buffer is packed."""
 """Coalesced buffers a sending host packs ahead of their turn, on a packing thread: gloo
 writes a send into the socket on the thread that posts it, so packing and sending on one
 thread would take turns."""
@@ -99,24 +102,42 @@ def array_module(*buffer_lists):
     return np
 
 
-def destination_buffers(layouts: list["Layout"], regions: tuple, alloc_flat) -> list[dict]:
+class SlabLayout(NamedTuple):
+    """Where a host's destination buffers lie in one flat slab (``slab_regions``)."""
+
+    total: int
+    regions: list  # (leaf, device, offset, bytes, shape) of every local destination buffer
+    buckets: dict  # transfer id -> (offset, bytes): coalesced transfers that land in place
+
+
+class Destinations(NamedTuple):
+    """A call's destination buffers (per leaf: device -> buffer) and, per coalesced
+    transfer that lands in place, the flat slab view it is received into."""
+
+    buffers: list
+    in_place: dict
+
+
+def destination_buffers(layouts: list["Layout"], slab: SlabLayout, alloc_flat) -> Destinations:
     """Every leaf's destination buffers on this host cut from one flat slab
-    (``alloc_flat(nbytes)``: aligned host bytes) at ``regions`` (``slab_regions``: the same
-    for every repetition of a call, so worked out once)."""
-    total, cuts = regions
-    slab = alloc_flat(total)
+    (``alloc_flat(nbytes)``: aligned host bytes) as ``slab`` (``slab_regions``: the same
+    for every repetition of a call, so worked out once) says, with the views the
+    in-place buckets are received into (no search per call)."""
+    flat = alloc_flat(slab.total)
     out: list[dict] = [{} for _ in layouts]
-    for i, d, at, nbytes, shape in cuts:
-        out[i][d] = slab[at:at + nbytes].view(layouts[i].dtype).reshape(shape)
-    return out
+    for i, d, at, nbytes, shape in slab.regions:
+        out[i][d] = flat[at:at + nbytes].view(layouts[i].dtype).reshape(shape)
+    return Destinations(out, {tid: flat[at:at + nbytes] for tid, (at, nbytes) in slab.buckets.items()})
 
 
-def slab_regions(layouts: list["Layout"], is_local: Callable[[int], bool], transfers: Sequence[Transfer] = ()):
-    """(slab bytes, [(leaf, device, offset, bytes, shape)]): each region starting on a
-    ``HOST_ALIGNMENT`` boundary, in the order this host's buckets (coalesced
-    ``transfers``) carry them, the rest after in (leaf, device) order: a bucket whose parts
-    are whole shards then lies back to back and is received in place
-    (``HostExecutor.bucket_target``). The slab lives while any of its arrays does."""
+def slab_regions(layouts: list["Layout"], is_local: Callable[[int], bool],
+                 transfers: Sequence[Transfer] = ()) -> SlabLayout:
+    """Each local destination buffer's region, starting on a ``HOST_ALIGNMENT`` boundary,
+    in the order this host's buckets (coalesced ``transfers``) carry them, the rest after
+    in (leaf, device) order; a bucket whose parts are whole shards with one receiving
+    device here each then lies back to back (where no padding falls between) and is
+    received in place (``SlabLayout.buckets``). The slab lives while any of its arrays
+    does."""
     order = {}
     for t in transfers:
         for p in t.parts:
@@ -127,13 +148,38 @@ def slab_regions(layouts: list["Layout"], is_local: Callable[[int], bool], trans
         for d in lay.dst_boxes:
             if is_local(d):
                 order.setdefault((i, d), None)
-    regions, total = [], 0
+    regions, total, at = [], 0, {}
     for i, d in order:
         shape = shape_of(layouts[i].dst_boxes[d])
         nbytes = int(np.prod(shape, dtype=np.int64)) * layouts[i].dtype.itemsize
         regions.append((i, d, total, nbytes, shape))
+        at[i, d] = (total, nbytes)
         total += -(-nbytes // HOST_ALIGNMENT) * HOST_ALIGNMENT
-    return total, regions
+    return SlabLayout(total, regions, _in_place_buckets(layouts, is_local, transfers, at))
+
+
+def _in_place_buckets(layouts, is_local, transfers, at: dict) -> dict:
+    """transfer id -> (offset, bytes) of every coalesced transfer whose parts are whole
+    destination shards, one local receiver each, lying back to back in the slab in part
+    order."""
+    out = {}
+    for t in transfers:
+        if not t.parts:
+            continue
+        start = end = None
+        for p in t.parts:
+            mine = [r for r in p.receivers if is_local(r)]
+            if len(mine) != 1 or p.index != layouts[p.leaf].dst_boxes.get(mine[0]):
+                break
+            offset, nbytes = at[p.leaf, mine[0]]
+            if nbytes != p.nbytes or (end is not None and offset != end):
+                break
+            start = offset if start is None else start
+            end = offset + nbytes
+        else:
+            if start is not None:
+                out[t.id] = (start, end - start)
+    return out
 
 
 def view(buf: np.ndarray, buf_box: Box, index: Box) -> np.ndarray:
@@ -200,6 +246,15 @@ def _transfer_threads(limit: int) -> ThreadPoolExecutor:
     return pools[limit]
 
 
+def _packing_thread() -> ThreadPoolExecutor:
+    """The calling thread's own packing thread, kept between runs (as ``_transfer_threads``:
+    a thread started afresh each call delays a sync's first bucket by its start-up)."""
+    pools = _THREADS.__dict__.setdefault("pools", {})
+    if "pack" not in pools:
+        pools["pack"] = ThreadPoolExecutor(max_workers=1, thread_name_prefix="alpa-comm-pack")
+    return pools["pack"]
+
+
 def _drop_transfer_threads(pool: ThreadPoolExecutor) -> None:
     """After a failure: the transfers still in flight end within their own timeouts on
     the old pool's threads; the next run gets fresh ones."""
@@ -210,16 +265,50 @@ def _drop_transfer_threads(pool: ThreadPoolExecutor) -> None:
     pool.shutdown(wait=False, cancel_futures=True)
 
 
+class _Packing:
+    """A coalesced buffer being packed on the packing thread, part run by part run: a
+    sender may put its first bytes on the wire while the rest are still being packed
+    (``HostExecutor.source_pieces``)."""
+
+    def __init__(self, nbytes: int):
+        self.nbytes = nbytes
+        self.flat: np.ndarray | None = None
+        self.packed = 0  # bytes of ``flat`` packed so far
+        self.failed = False
+        self._cond = threading.Condition()
+
+    def advance(self, flat: np.ndarray, packed: int) -> None:
+        with self._cond:
+            self.flat, self.packed = flat, packed
+            self._cond.notify_all()
+
+    def fail(self) -> None:
+        with self._cond:
+            self.failed = True
+            self._cond.notify_all()
+
+    def wait_for(self, nbytes: int, future: Future) -> bool:
+        """Wait until the first ``nbytes`` are packed; False where packing ended without
+        them (``future`` then raises what it raised)."""
+        with self._cond:
+            while self.packed < nbytes and not self.failed:
+                if future.done():
+                    return self.packed >= nbytes
+                self._cond.wait(0.05)
+            return not self.failed
+
+
 class _PackAhead:
     """The buffers a host must pack (``HostExecutor._packs``: coalesced transfers, strided
     slices), packed on a packing thread ``PACK_AHEAD`` at a time ahead of their turn into
-    the executor's ``_packed``, where ``source`` picks them up."""
+    the executor's ``_packed`` (with their progress in ``_packing``), where ``source`` and
+    ``source_pieces`` pick them up."""
 
     def __init__(self, ex: "HostExecutor", transfers: Sequence[Transfer]):
         self.ex, self.transfers = ex, transfers
         self.positions = [i for i, t in enumerate(transfers) if ex._packs(t)]  # ascending
         self._set = set(self.positions)
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="alpa-comm-pack") if self.positions else None
+        self.pool = _packing_thread() if self.positions else None
 
     def packs(self, i: int) -> bool:
         return i in self._set
@@ -232,12 +321,22 @@ class _PackAhead:
         for j in self.positions[k:k + PACK_AHEAD]:
             t = self.transfers[j]
             if t.id not in self.ex._packed:
-                self.ex._packed[t.id] = self.pool.submit(self.ex._pack, t)
+                progress = _Packing(t.nbytes) if t.parts and self.ex.xp is np else None
+                if progress is not None:
+                    self.ex._packing[t.id] = progress
+                self.ex._packed[t.id] = self.pool.submit(self.ex._pack, t, progress)
 
     def close(self) -> None:
+        """Cancel what has not started packing and wait for what has (the thread is kept)."""
         if self.pool is not None:
-            self.pool.shutdown(wait=True, cancel_futures=True)
+            futures = list(self.ex._packed.values())
+            for f in futures:
+                f.cancel()
+            for f in futures:
+                if not f.cancelled():
+                    f.exception()  # waits; an error was raised to the transfer that needed it
             self.ex._packed.clear()
+            self.ex._packing.clear()
 
 
 class _HostMap:
@@ -262,7 +361,8 @@ class HostExecutor:
     def __init__(self, host: int, layout, src, dst, backend: Backend, host_of: Callable[[int], int],
                  timeout: float = DEFAULT_TIMEOUT_S, min_rate: float | None = None, tag_base: int = 0,
                  xp=None, max_concurrent: int | None = None, max_inflight_bytes: int | None = None,
-                 max_per_resource: int | None = None, latency_s: float = 0.0):
+                 max_per_resource: int | None = None, latency_s: float = 0.0,
+                 in_place: dict | None = None, on_done: Callable[[Transfer], None] | None = None):
         many = isinstance(layout, (list, tuple))
         self.layouts = list(layout) if many else [layout]
         self.srcs = list(src) if many else [src]
@@ -272,7 +372,13 @@ class HostExecutor:
         self.wait_s = timeout
         self.tag_base = tag_base  # separates plans that run at the same time over one backend
         self._packed: dict[int, Future] = {}  # transfer id -> its buffer, being packed ahead
-        self._in_place: dict[int, np.ndarray | None] = {}  # transfer id -> where its bucket lands
+        self._packing: dict[int, _Packing] = {}  # transfer id -> how far its packing has come
+        # transfer id -> where its bucket lands (given: ``Destinations.in_place``, else found)
+        self._in_place: dict[int, np.ndarray | None] = dict(in_place) if in_place is not None else {}
+        self._in_place_known = in_place is not None
+        # called as each transfer ends on this host (from whichever thread ran it), so a
+        # caller can use what arrived (``jax.reshard`` adopts a leaf whose writers ended)
+        self.on_done = on_done
         self.xp = xp if xp is not None else array_module(self.srcs, self.dsts)
         self.max_concurrent = check_positive("max_concurrent", max_concurrent, MAX_CONCURRENT)
         self.max_inflight_bytes = check_positive("max_inflight_bytes", max_inflight_bytes, MAX_INFLIGHT_BYTES)
@@ -318,13 +424,52 @@ class HostExecutor:
         """The bytes this (sending) host puts on the wire for ``t``: one slice, or the
         parts of a coalesced transfer packed back to back (packed ahead by ``run``, while
         the transfer before it was on the wire, where it could be)."""
+        self._packing.pop(t.id, None)
         ahead = self._packed.pop(t.id, None)
         return ahead.result() if ahead is not None else self._pack(t)
 
-    def _pack(self, t: Transfer) -> np.ndarray:
+    def source_pieces(self, t: Transfer, bounds) -> Iterator[np.ndarray]:
+        """``source(t)`` piece by piece (bytes ``bounds[c]`` .. ``bounds[c + 1]``), each as
+        soon as it is packed: a chunked send of a coalesced buffer packed ahead starts
+        once its first chunk is packed, not the whole buffer."""
+        progress = self._packing.pop(t.id, None)
+        ahead = self._packed.pop(t.id, None) if progress is not None else None
+        if ahead is None:
+            flat = self.source(t)
+            for c in range(len(bounds) - 1):
+                yield flat[bounds[c]:bounds[c + 1]]
+            return
+        for c in range(len(bounds) - 1):
+            if not progress.wait_for(int(bounds[c + 1]), ahead):
+                ahead.result()  # raises what packing raised
+            yield progress.flat[bounds[c]:bounds[c + 1]]
+        ahead.result()
+
+    def _pack(self, t: Transfer, progress: _Packing | None = None) -> np.ndarray:
         if not t.parts:
             return self.slice_bytes(t.sender, t.index, t.leaf)
-        return self.concat([self.slice_bytes(p.sender, p.index, p.leaf) for p in t.parts])
+        if progress is None:
+            return self.concat([self.slice_bytes(p.sender, p.index, p.leaf) for p in t.parts])
+        try:
+            return self._pack_in_runs(t, progress)
+        except BaseException:
+            progress.fail()
+            raise
+
+    def _pack_in_runs(self, t: Transfer, progress: _Packing) -> np.ndarray:
+        """Pack ``t``'s parts in runs of at least ``PACK_RUN_BYTES`` (one concatenate each),
+        saying after each run how far packing has come."""
+        flat = self.empty_bytes(t.nbytes)
+        pos, run, run_bytes = 0, [], 0
+        for p in t.parts:
+            run.append(self.slice_bytes(p.sender, p.index, p.leaf))
+            run_bytes += run[-1].nbytes
+            if run_bytes >= PACK_RUN_BYTES or p is t.parts[-1]:
+                np.concatenate(run, out=flat[pos:pos + run_bytes])
+                pos += run_bytes
+                progress.advance(flat, pos)
+                run, run_bytes = [], 0
+        return flat
 
     def empty_bytes(self, nbytes: int) -> np.ndarray:
         """A flat byte buffer of this executor's array module (host or device memory); host
@@ -342,14 +487,15 @@ class HostExecutor:
     def bucket_target(self, t: Transfer) -> np.ndarray | None:
         """Where a coalesced ``t`` can be received in place: when every part has one
         receiving device here and their regions lie back to back in memory, in part order
-        (destination buffers cut from one slab in (leaf, device) order, as
-        ``destination_buffers`` makes them, and the planner packs parts in that order),
-        the flat view spanning them. None otherwise: the bucket lands in scratch memory
+        (destination buffers cut from one slab in the order buckets carry them, as
+        ``destination_buffers`` makes them), the flat view spanning them: the one the
+        executor was given (``in_place``, worked out once per prepared call), else found
+        from the buffers' addresses. None otherwise: the bucket lands in scratch memory
         and is unpacked."""
         if not t.parts or self.xp is not np:
             return None
-        if t.id in self._in_place:
-            return self._in_place[t.id]
+        if t.id in self._in_place or self._in_place_known:
+            return self._in_place.get(t.id)
         self._in_place[t.id] = found = self._find_bucket_target(t)
         return found
 
@@ -486,6 +632,7 @@ class HostExecutor:
                 if failure:
                     return
                 self._scoped(t)._run_one(t)
+                self._ended(t)
                 with state:
                     timings.append(TransferTiming(t.id, t.kind, t0, time.perf_counter()))
             except BaseException as e:  # noqa: BLE001 - handed to the dispatcher, which raises it
@@ -499,6 +646,7 @@ class HostExecutor:
             posted_ids.discard(t.id)
             try:
                 ex._finish(t, part)
+                self._ended(t)
                 timings.append(TransferTiming(t.id, t.kind, t0, time.perf_counter()))
             except BaseException as e:  # noqa: BLE001 - raised below, as a thread's would be
                 with state:
@@ -570,6 +718,10 @@ class HostExecutor:
             raise e
         return sorted(timings, key=lambda x: x.start)
 
+    def _ended(self, t: Transfer) -> None:
+        if self.on_done is not None:
+            self.on_done(t)
+
     def _scoped(self, t: Transfer) -> "HostExecutor":
         """A shallow copy bound to ``t``'s leaf (buffers, backend and caches shared), so
         transfers of different leaves can run at once."""
@@ -608,6 +760,7 @@ class HostExecutor:
                 ahead.submit_from(i)
                 t0 = time.perf_counter()
                 self._run_one(t)
+                self._ended(t)
                 timings.append(TransferTiming(t.id, t.kind, t0, time.perf_counter()))
         finally:
             ahead.close()

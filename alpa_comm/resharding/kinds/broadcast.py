@@ -77,9 +77,10 @@ class Broadcast(TransferKind):
         if p is None:
             return Posted([])
         signal, k = not self.carries_data, len(bounds) - 1
-        if p == 0:
-            flat = ex.xp.zeros(1, np.uint8) if signal else ex.source(t)
-            return Posted([ex.isend(flat[bounds[c]:bounds[c + 1]], chain[1], tag0 + c) for c in range(k)])
+        if p == 0:  # each chunk leaves as soon as it is packed (a coalesced buffer)
+            pieces = ([ex.xp.zeros(1, np.uint8)[bounds[c]:bounds[c + 1]] for c in range(k)] if signal
+                      else ex.source_pieces(t, bounds))
+            return Posted([ex.isend(piece, chain[1], tag0 + c) for c, piece in enumerate(pieces)])
         if p + 1 < len(chain):
             return None
         flat, mine, targets = receive_buffer(ex, t, nbytes, data=not signal)
