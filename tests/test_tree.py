@@ -1,4 +1,5 @@
 """Whole-pytree resharding: joint balancing, coalescing, bit-exact delivery of every leaf."""
+import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -130,6 +131,7 @@ def test_each_senders_first_bucket_ramps_up_and_leaves_chunk_by_chunk(monkeypatc
     its wire starts once one chunk is packed), later buckets keep the cost model's
     chunks; the executor sends each chunk once it is packed, bit-exact."""
     from alpa_comm.resharding import tree as tree_module
+    from alpa_comm.resharding.kinds.base import chunk_bounds
     from alpa_comm.runtime.executor import HostExecutor
 
     plan = plan_resharding_tree(small_leaves(), cluster=CLUSTER, bucket_bytes=8 << 20, strategy="broadcast")
@@ -141,8 +143,14 @@ def test_each_senders_first_bucket_ramps_up_and_leaves_chunk_by_chunk(monkeypatc
             firsts.append(t)
     assert firsts and any(t.chunks > 1 for t in firsts)
     for t in firsts:
-        want = min(tree_module.RAMP_PIECES, t.nbytes // tree_module.RAMP_PIECE_MIN)
-        assert t.chunks >= want, (t.id, t.chunks, want)
+        if t.nbytes >= tree_module.RAMP_PIECES * tree_module.RAMP_PIECE_MIN:
+            assert t.ramp and t.chunks >= min(tree_module.RAMP_PIECES, len(t.parts)), (t.id, t.chunks)
+            bounds = chunk_bounds(t, t.nbytes, t.chunks)
+            ends = set(np.cumsum([p.nbytes for p in t.parts]).tolist()) | {0}
+            largest = max(p.nbytes for p in t.parts)
+            assert set(bounds.tolist()) <= ends  # every chunk ends on a part boundary
+            assert bounds[1] <= t.nbytes / (2**t.chunks - 1) + largest  # the first is small: it leaves at once
+    assert not any(t.ramp for t in plan.transfers if t not in firsts)
     waited = []
     original = HostExecutor.source_pieces
 

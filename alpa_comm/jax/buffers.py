@@ -27,19 +27,22 @@ from .placement import JaxHosts
 
 
 class LazyShards(Mapping):
-    """A leaf's source shards (device id -> NumPy array), read on first use: the executor
-    then reads a bucket's leaves on its packing thread as it packs them, so a 200-leaf
-    tree's first bytes leave without waiting for all 200 leaves' shards to be read
-    (``addressable_shards`` and a type cast each). Reading twice at once is harmless."""
+    """A leaf's source shards (device id -> NumPy array in the wire type), read on first
+    use: the executor then reads a bucket's leaves on its packing thread as it packs
+    them, so a 200-leaf tree's first bytes leave without waiting for all 200 leaves'
+    shards to be read (``addressable_shards`` and a type cast each). Reading twice at
+    once is harmless."""
 
-    __slots__ = ("_read", "_shards")
+    __slots__ = ("_array", "_hosts", "_wire", "_shards")
 
-    def __init__(self, read):
-        self._read, self._shards = read, None
+    def __init__(self, array, hosts: JaxHosts, wire: np.dtype):
+        self._array, self._hosts, self._wire, self._shards = array, hosts, wire, None
 
     def _get(self) -> dict:
         if self._shards is None:
-            self._shards = self._read()
+            id_of, wire = self._hosts.id_of, self._wire
+            self._shards = {id_of(s.device): np.asarray(s.data).astype(wire, copy=False)
+                            for s in self._array.addressable_shards}
         return self._shards
 
     def __getitem__(self, device):
@@ -65,15 +68,17 @@ class HostBuffers:
     def destinations(self, layouts: list[Layout], share) -> Destinations:
         """This host's destination buffers of a prepared call (``share``), cut from one
         aligned slab out of the pool (buckets land in place; JAX adopts the regions)."""
-        dst = destination_buffers(layouts, share.slab_regions, lambda n: self.pool.empty((n,), np.uint8))
+        slab = share.slab_regions
+        if not slab.regions:  # nothing arrives here (a process that only sends)
+            return Destinations([{} for _ in layouts], {})
+        dst = destination_buffers(layouts, slab, lambda n: self.pool.empty((n,), np.uint8))
         self.pool.trim()
         return dst
 
     def sources(self, x, hosts: JaxHosts, wire: np.dtype) -> "LazyShards":
         """This process's source shards of ``x`` by alpa_comm device id, in the wire type,
         read when the executor first asks (``LazyShards``)."""
-        return LazyShards(lambda: {hosts.id_of(s.device): np.asarray(s.data).astype(wire, copy=False)
-                                   for s in x.addressable_shards})
+        return LazyShards(x, hosts, wire)
 
     def layouts(self, layouts: list[Layout]) -> list[Layout]:
         return layouts
@@ -278,18 +283,24 @@ def adopt_leaf(shape: tuple, dtype: np.dtype, sharding, bufs: dict, hosts: JaxHo
     80 us per shard less, which is most of what a 200-leaf tree costs beyond its bytes.
     None where this JAX lacks that path."""
     try:
-        from jax._src import core  # noqa: PLC0415 - JAX's own, guarded: the public path stays
-        from jax._src.interpreters import pxla  # noqa: PLC0415
-    except ImportError:
-        return None
-    try:
-        devices = list(sharding._addressable_device_assignment)
+        put, aval, devices, ids = _adoption(shape, np.dtype(dtype), sharding, hosts)
         if not devices:
             return _remote_array(shape, np.dtype(dtype), sharding)
-        xs = [bufs[hosts.id_of(d)].astype(dtype, copy=False) for d in devices]
-        return pxla.batched_device_put(core.ShapedArray(shape, dtype), sharding, xs, devices)
-    except (AttributeError, TypeError):
+        return put(aval, sharding, [bufs[i].astype(dtype, copy=False) for i in ids], devices)
+    except (ImportError, AttributeError, TypeError):
         return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _adoption(shape: tuple, dtype: np.dtype, sharding, hosts: JaxHosts) -> tuple:
+    """(JAX's per-array put, the abstract value, this process's devices of ``sharding``,
+    their alpa_comm ids): worked out once per leaf shape, type and sharding, since a
+    weight sync adopts the same leaves every step."""
+    from jax._src import core  # noqa: PLC0415 - JAX's own, guarded: the public path stays
+    from jax._src.interpreters import pxla  # noqa: PLC0415
+
+    devices = list(sharding._addressable_device_assignment)
+    return pxla.batched_device_put, core.ShapedArray(shape, dtype), devices, [hosts.id_of(d) for d in devices]
 
 
 @functools.lru_cache(maxsize=4096)

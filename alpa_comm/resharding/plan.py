@@ -71,6 +71,7 @@ class Transfer(NamedTuple):
     deps: tuple[int, ...] = ()
     leaf: int = 0
     parts: tuple[Part, ...] = ()
+    ramp: bool = False  # chunks that start small and double (``kinds.base.chunk_bounds``)
 
     @property
     def end(self) -> float:
@@ -81,14 +82,14 @@ class Transfer(NamedTuple):
                 "receivers": list(self.receivers), "index": [list(p) for p in self.index],
                 "nbytes": self.nbytes, "chunks": self.chunks, "start": self.start,
                 "duration": self.duration, "deps": list(self.deps), "leaf": self.leaf,
-                "parts": [p.to_dict() for p in self.parts]}
+                "parts": [p.to_dict() for p in self.parts], "ramp": self.ramp}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Transfer":
         return cls(d["id"], d["task"], d["kind"], d["sender"], tuple(d["receivers"]),
                    tuple(tuple(p) for p in d["index"]), d["nbytes"], d["chunks"], d["start"],
                    d["duration"], tuple(d["deps"]), d.get("leaf", 0),
-                   tuple(Part.from_dict(p) for p in d.get("parts", ())))
+                   tuple(Part.from_dict(p) for p in d.get("parts", ())), d.get("ramp", False))
 
 
 @dataclass(frozen=True)

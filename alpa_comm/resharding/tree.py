@@ -17,6 +17,7 @@ effect of packing is predicted, and the simulator sees it too.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -39,9 +40,9 @@ TREE_STRATEGIES = PER_TASK_STRATEGIES + (AUTO,)
 AUTO_BUCKET_MIN = 64 << 10
 AUTO_BUCKET_MAX = 64 << 20
 RAMP_PIECES = 8
-RAMP_PIECE_MIN = 1 << 20
-"""A sending host's first coalesced chain goes in at least ``RAMP_PIECES`` chunks of at
-least ``RAMP_PIECE_MIN`` bytes (``ramp_up``)."""
+RAMP_PIECE_MIN = 128 << 10
+"""A sending host's first coalesced chain goes in up to ``RAMP_PIECES`` growing chunks
+where it holds at least ``RAMP_PIECES x RAMP_PIECE_MIN`` bytes (``ramp_up``)."""
 
 
 LeafLayout = Resharding.between
@@ -85,6 +86,12 @@ class TreePlan:
 _CONTAINERS = (dict, list, tuple)
 
 
+@functools.lru_cache(maxsize=256)
+def _paths(prefix: str, n: int) -> tuple[str, ...]:
+    """The paths of a flat list's ``n`` leaves (a weight sync flattens the same list every step)."""
+    return tuple(f"{prefix}/{i}" for i in range(n))
+
+
 def tree_flatten(tree, prefix: str = "", is_leaf=None) -> list[tuple[str, Any]]:
     """(path, leaf) pairs of nested dicts (keys sorted) and lists/tuples; ``is_leaf(node)``
     marks containers that are leaves themselves (e.g. a ``(mesh, "S01R")`` pair)."""
@@ -92,7 +99,7 @@ def tree_flatten(tree, prefix: str = "", is_leaf=None) -> list[tuple[str, Any]]:
         return [(prefix or "/", tree)]
     if type(tree) in (list, tuple) and not any(isinstance(v, _CONTAINERS) or is_leaf is not None and is_leaf(v)
                                                for v in tree):
-        return [(f"{prefix}/{i}", v) for i, v in enumerate(tree)]  # a flat list of leaves: one step
+        return list(zip(_paths(prefix, len(tree)), tree))  # a flat list of leaves: one step
     if isinstance(tree, dict):
         return [pl for k in sorted(tree, key=str) for pl in tree_flatten(tree[k], f"{prefix}/{k}", is_leaf)]
     if isinstance(tree, (list, tuple)):
@@ -199,11 +206,11 @@ def _plan_tree(leaves: tuple[Leaf, ...], per_leaf: tuple[tuple[UnitTask, ...], .
 
 
 def ramp_up(transfers: list[Transfer], cluster: ClusterSpec) -> list[Transfer]:
-    """Each sending host's first coalesced chain (``broadcast``) in at least
-    ``RAMP_PIECES`` chunks: a bucket must be packed before it is sent, and nothing is on
-    that host's wire while its first one is; in chunks, the first leaves once a chunk is
-    packed (the executor sends each chunk as soon as it is packed) and packing overlaps
-    the wire from then on. Later buckets are packed while earlier ones are on the wire,
+    """Each sending host's first coalesced chain (``broadcast``) in up to ``RAMP_PIECES``
+    chunks that start small and double (``Transfer.ramp``, ``kinds.base.chunk_bounds``):
+    a bucket must be packed before it is sent, and nothing is on that host's wire while
+    its first one is; so its first message leaves once a few parts are packed (the executor
+    sends each chunk as soon as it is packed) and packing overlaps the wire from then on. Later buckets are packed while earlier ones are on the wire,
     so they keep the chunks the cost model chose (each chunk is a message)."""
     seen: set[int] = set()
     out = []
@@ -211,9 +218,9 @@ def ramp_up(transfers: list[Transfer], cluster: ClusterSpec) -> list[Transfer]:
         host = None if t.sender is None else cluster.host_of(t.sender)
         if t.parts and t.kind == "broadcast" and host not in seen:
             seen.add(host)
-            pieces = min(RAMP_PIECES, t.nbytes // RAMP_PIECE_MIN)
-            if pieces > t.chunks:
-                t = t._replace(chunks=pieces)
+            pieces = min(RAMP_PIECES, len(t.parts))
+            if t.nbytes >= RAMP_PIECES * RAMP_PIECE_MIN and pieces > t.chunks:
+                t = t._replace(chunks=pieces, ramp=True)
         out.append(t)
     return out
 

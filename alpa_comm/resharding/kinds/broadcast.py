@@ -9,8 +9,8 @@ import numpy as np
 
 from .. import cost_model
 from ..resources import intra_link, nic_receive, nic_send
-from .base import (Posted, TransferKind, chain_rates, fan_out, finish_posted, groups_in_order, receive_buffer,
-                   receiving_hosts, store_received)
+from .base import (Posted, TransferKind, chain_rates, chunk_bounds, fan_out, finish_posted,
+                   groups_in_order, receive_buffer, receiving_hosts, store_received)
 
 
 class Broadcast(TransferKind):
@@ -67,7 +67,7 @@ class Broadcast(TransferKind):
         nbytes = 1 if not self.carries_data else t.nbytes
         k = 1 if not self.carries_data else max(1, min(t.chunks, nbytes))
         p = chain.index(ex.host) if ex.host in chain else None
-        return chain, p, nbytes, np.linspace(0, nbytes, k + 1).astype(np.int64)
+        return chain, p, nbytes, chunk_bounds(t, nbytes, k)
 
     def post(self, ex, t, tag0):
         """The chain's ends post at once: the sender all its chunks, the last host all its
