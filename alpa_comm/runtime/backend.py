@@ -236,7 +236,7 @@ class _Subgroup:
 
 MAX_STREAMS = 8
 STRIPE_MIN_BYTES = 4 << 20
-"""A message this large is split over every stream (smaller ones ride one)."""
+"""A message this large is split over every stream (smaller ones ride one: ``stream_of``)."""
 TAG_LIMIT = 2**31
 """gloo tags are 32-bit signed integers."""
 
@@ -311,7 +311,8 @@ class GlooSubgroupBackend(_Subgroup, Backend):
     def _stripes(self, buf, tag: int) -> list:
         """(part, wire tag) of a message: with several streams a message of at least
         ``STRIPE_MIN_BYTES`` goes as one part per stream (wire tag ``tag * n + i`` rides
-        context i), a smaller one whole; both ends split alike, knowing the size."""
+        context i), a smaller one whole on the stream ``stream_of(tag)`` picks; both ends
+        split alike, knowing the size."""
         n = self.streams
         if n == 1:
             return [(buf, tag)]
