@@ -95,3 +95,41 @@ def test_a_store_on_a_file_is_refused_by_name(tmp_path):
     (tmp_path / "f").write_text("x")
     with pytest.raises(InvalidOptionError, match="is a file"):
         DiskPlanStore(tmp_path / "f")
+
+
+def test_a_repeated_call_is_served_without_parsing_anything(monkeypatch):
+    """The inputs as given are an alias of the parsed key: a repeated call (even on
+    8,192-device meshes, where resolving takes milliseconds) resolves nothing; clearing
+    the cache or evicting the plan drops the alias with it."""
+    cache = PlanCache(max_plans=1)
+    big = ((1 << 16, 64), "float32", "512x8@0-511", "S01R", "512x8@512-1023", "RS1")
+    cluster = ClusterSpec(num_hosts=1024, devices_per_host=8)
+    first = plan_resharding(*big, cluster=cluster, cache=cache)
+    tree = [Resharding.between((32, 16), "float32", "2x4@0,1", "S01R", "1x4@2", "RS1")]
+    small = ClusterSpec(num_hosts=3, devices_per_host=4)
+
+    def refuse(self, *a, **k):
+        raise AssertionError("resolved again")
+    real = Resharding.resolve
+    monkeypatch.setattr(Resharding, "resolve", refuse)
+    again = plan_resharding(*big, cluster=cluster, cache=cache)
+    assert again.cache_hit and again.transfers is first.transfers
+    monkeypatch.setattr(Resharding, "resolve", real)
+    plan_resharding_tree(tree, cluster=small, cache=cache)  # evicts the big plan (max_plans=1)
+    monkeypatch.setattr(Resharding, "resolve", refuse)
+    assert plan_resharding_tree(tree, cluster=small, cache=cache).cache_hit
+    try:
+        plan_resharding(*big, cluster=cluster, cache=cache)
+    except AssertionError as e:
+        assert "resolved again" in str(e)  # its plan left the cache: the alias went too
+    else:
+        raise AssertionError("an evicted plan was served")
+    monkeypatch.setattr(Resharding, "resolve", real)
+    cache.clear()
+    monkeypatch.setattr(Resharding, "resolve", refuse)
+    try:
+        plan_resharding_tree(tree, cluster=small, cache=cache)
+    except AssertionError as e:
+        assert "resolved again" in str(e)
+    else:
+        raise AssertionError("a cleared cache still served a plan")

@@ -6,6 +6,11 @@ to a DFS budget) is paid once. The key is everything the planner reads, after
 parsing (so ``"2x4@0,1"`` and the equal ``DeviceMesh`` share an entry): shapes,
 dtypes, meshes, specs, the cluster description and every planning option.
 
+A repeated call is served before anything is parsed: the inputs as given (text or
+objects: shapes, meshes, specs, the cluster, the options) are an *alias* of the parsed
+key (``raw_key``, ``PlanCache.get_alias``), so a hit costs a hash of the inputs, not a
+re-resolution of 8,192-device meshes (milliseconds).
+
 Plans are immutable, so a hit hands out the cached object itself (re-labelled
 ``cache_hit=True`` for ``explain()``). In-process and bounded (least recently
 used out first); ``PLAN_CACHE.clear()`` empties it, ``plan_resharding(...,
@@ -30,6 +35,20 @@ from ..placement import Resharding
 from ..topology import ClusterSpec
 
 DEFAULT_MAX_PLANS = 256
+ALIASES_PER_PLAN = 4
+"""Ways of writing the same inputs (text, objects) remembered per cached plan."""
+
+
+def raw_key(*parts) -> tuple | None:
+    """A key of planning inputs exactly as the caller gave them (lists made tuples), or
+    None where one cannot be hashed. Equal inputs plan alike, so equal raw keys may share
+    a plan; different spellings of one resharding get their own alias of the same plan."""
+    key = tuple(tuple(p) if isinstance(p, list) else p for p in parts)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 def move_key(move: Resharding) -> tuple:
@@ -69,6 +88,7 @@ class PlanCache:
         self.max_plans = max_plans
         self.store = store
         self._plans: OrderedDict[tuple, object] = OrderedDict()
+        self._aliases: OrderedDict[tuple, tuple] = OrderedDict()  # inputs as given -> parsed key
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
@@ -92,6 +112,37 @@ class PlanCache:
             self._remember(key, plan)
         return dataclasses.replace(plan, cache_hit=True)
 
+    def get_alias(self, raw: tuple | None):
+        """The plan cached for inputs given exactly as ``raw`` (``raw_key``), marked as a
+        hit, or None (never seen, or its plan has left the cache)."""
+        if raw is None:
+            return None
+        with self._lock:
+            try:
+                key = self._aliases.get(raw)
+            except TypeError:  # an unhashable input: no alias
+                return None
+            plan = self._plans.get(key) if key is not None else None
+            if plan is None:
+                return None
+            self._plans.move_to_end(key)
+            self._aliases.move_to_end(raw)
+            self.hits += 1
+            return dataclasses.replace(plan, cache_hit=True)
+
+    def alias(self, raw: tuple | None, key: tuple) -> None:
+        """Remember that inputs given as ``raw`` plan to ``key``."""
+        if raw is None:
+            return
+        with self._lock:
+            try:
+                self._aliases[raw] = key
+            except TypeError:
+                return
+            self._aliases.move_to_end(raw)
+            while len(self._aliases) > ALIASES_PER_PLAN * self.max_plans:
+                self._aliases.popitem(last=False)
+
     def put(self, key: tuple, plan) -> None:
         with self._lock:
             self._remember(key, plan)
@@ -107,6 +158,7 @@ class PlanCache:
     def clear(self) -> None:
         with self._lock:
             self._plans.clear()
+            self._aliases.clear()
             self.hits = self.misses = self.store_hits = 0
 
     def __len__(self) -> int:

@@ -18,7 +18,7 @@ from ..placement import Placement, Resharding
 from ..spec import ShardingSpec
 from ..topology import ClusterSpec
 from . import loadbalance as balancing
-from .cache import PlanCache, cache_for, cluster_key, move_key
+from .cache import PlanCache, cache_for, cluster_key, move_key, raw_key
 from .kinds import transfer_kind
 from .plan import Part, ReshardingPlan, Transfer
 from .strategies import (ALLGATHER, ALPA, AUTO, LOCAL_COPY, STRATEGIES, Job, JobMemo, allgather_job, alpa_local_allgather_spec,
@@ -117,14 +117,20 @@ def _plan(shape: Sequence[int], dtype, src_mesh, src_spec, dst_mesh, dst_spec, *
             f"unknown loadbalance mode {loadbalance!r}; choose one of {', '.join(balancing.LOADBALANCE_MODES)}")
     if chunks is not None and (not isinstance(chunks, int) or chunks <= 0):
         raise InvalidOptionError(f"chunks must be a positive integer or None (auto), got {chunks!r}")
+    store = cache_for(cache)
+    raw = (raw_key("plan", shape, str(dtype), src_mesh, src_spec, dst_mesh, dst_spec, cluster, strategy, loadbalance,
+                   chunks, seed, dfs_budget_s) if store is not None else None)
+    hit = store.get_alias(raw) if store is not None else None
+    if hit is not None:  # the same call as before: nothing parsed or resolved
+        return hit
     if cluster is None:
         cluster = smallest_cluster(src_mesh, dst_mesh)
     move = Resharding.between(shape, dtype, src_mesh, src_spec, dst_mesh, dst_spec).resolve(cluster)
-    store = cache_for(cache)
     key = ("plan", move_key(move), cluster_key(cluster), strategy, loadbalance, chunks, seed, dfs_budget_s)
     if store is not None:
         hit = store.get(key)
         if hit is not None:
+            store.alias(raw, key)
             return hit
     final_tasks = decompose(move.shape, itemsize(move.dtype), move.src_mesh, move.src_spec, move.dst_mesh,
                             move.dst_spec)
@@ -133,6 +139,7 @@ def _plan(shape: Sequence[int], dtype, src_mesh, src_spec, dst_mesh, dst_spec, *
                                                    final_tasks, bounds), bounds)
     if store is not None:
         store.put(key, plan)
+        store.alias(raw, key)
     return plan
 
 

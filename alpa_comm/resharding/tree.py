@@ -27,7 +27,7 @@ from ..gc_pause import gc_paused
 from ..placement import Placement, Resharding
 from ..topology import ClusterSpec
 from . import loadbalance as balancing
-from .cache import PlanCache, cache_for, cluster_key, move_key
+from .cache import PlanCache, cache_for, cluster_key, move_key, raw_key
 from .kinds import PACKABLE_KINDS, PER_TASK_STRATEGIES, transfer_kind
 from .kinds.base import group_by_host
 from .plan import Leaf, Transfer
@@ -155,15 +155,22 @@ def plan_resharding_tree(tree, *, cluster: ClusterSpec, strategy: str = "broadca
         bucket = bucket_bytes
     else:
         raise InvalidOptionError(f"bucket_bytes must be 'auto', a positive integer or None, got {bucket_bytes!r}")
-    leaves = tuple(_leaf(path, move, cluster) for path, move in tree_flatten(tree))
+    flat = tree_flatten(tree)
+    store = cache_for(cache)
+    raw = (raw_key("tree", tuple(flat), cluster, strategy, loadbalance, bucket, chunks, seed, dfs_budget_s)
+           if store is not None else None)
+    hit = store.get_alias(raw) if store is not None else None
+    if hit is not None:  # the same call as before: no leaf parsed or resolved
+        return hit
+    leaves = tuple(_leaf(path, move, cluster) for path, move in flat)
     if not leaves:
         raise InvalidOptionError("the tree has no leaves")
-    store = cache_for(cache)
     key = ("tree", tuple((leaf.path, move_key(leaf.resharding)) for leaf in leaves), cluster_key(cluster), strategy,
            loadbalance, bucket, chunks, seed, dfs_budget_s)
     if store is not None:
         hit = store.get(key)
         if hit is not None:
+            store.alias(raw, key)
             return hit
     with gc_paused():
         per_leaf = tuple(tuple(decompose(leaf.shape, itemsize(leaf.dtype), leaf.src_mesh, leaf.src_spec,
@@ -173,6 +180,7 @@ def plan_resharding_tree(tree, *, cluster: ClusterSpec, strategy: str = "broadca
                                                        chunks, seed, dfs_budget_s), bounds)
     if store is not None:
         store.put(key, plan)
+        store.alias(raw, key)
     return plan
 
 
