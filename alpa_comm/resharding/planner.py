@@ -19,6 +19,7 @@ from ..spec import ShardingSpec
 from ..topology import ClusterSpec
 from . import loadbalance as balancing
 from .cache import PlanCache, cache_for, cluster_key, move_key, raw_key
+from .coalesce import bucket_option, pack_jobs
 from .kinds import transfer_kind
 from .plan import Part, ReshardingPlan, Transfer
 from .strategies import (ALLGATHER, ALPA, AUTO, LOCAL_COPY, STRATEGIES, Job, JobMemo, allgather_job, alpa_local_allgather_spec,
@@ -100,7 +101,11 @@ def plan_resharding(shape: Sequence[int], dtype, src_mesh, src_spec, dst_mesh, d
     ``chunks`` (broadcast chunks per slice; None = per task from the cost
     model), ``seed`` (of the randomized greedy), ``dfs_budget_s``, ``cache``
     (default True: the same resharding planned again is served from
-    ``cache.PLAN_CACHE``; False plans afresh; or a ``PlanCache`` of your own).
+    ``cache.PLAN_CACHE``; False plans afresh; or a ``PlanCache`` of your own),
+    ``bucket_bytes`` (default ``"auto"``: pieces smaller than a bucket that travel
+    between the same hosts the same way go as one message of at most that many bytes,
+    ``coalesce``; a byte count; None plans every piece as its own message; Alpa's
+    baselines never coalesce).
     """
     with gc_paused():  # hundreds of thousands of small tuples, no cycles: see gc_pause
         return _plan(shape, dtype, src_mesh, src_spec, dst_mesh, dst_spec, **kwargs)
@@ -109,7 +114,7 @@ def plan_resharding(shape: Sequence[int], dtype, src_mesh, src_spec, dst_mesh, d
 def _plan(shape: Sequence[int], dtype, src_mesh, src_spec, dst_mesh, dst_spec, *,
           cluster: ClusterSpec | None = None, strategy: str = "broadcast", loadbalance: str = "auto",
           chunks: int | None = None, seed: int = 0, dfs_budget_s: float = balancing.DEFAULT_DFS_BUDGET_S,
-          cache: bool | PlanCache = True) -> ReshardingPlan:
+          cache: bool | PlanCache = True, bucket_bytes: int | str | None = "auto") -> ReshardingPlan:
     if strategy not in STRATEGIES:
         raise InvalidOptionError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
     if loadbalance not in balancing.LOADBALANCE_MODES:
@@ -119,14 +124,15 @@ def _plan(shape: Sequence[int], dtype, src_mesh, src_spec, dst_mesh, dst_spec, *
         raise InvalidOptionError(f"chunks must be a positive integer or None (auto), got {chunks!r}")
     store = cache_for(cache)
     raw = (raw_key("plan", shape, str(dtype), src_mesh, src_spec, dst_mesh, dst_spec, cluster, strategy, loadbalance,
-                   chunks, seed, dfs_budget_s) if store is not None else None)
+                   chunks, seed, dfs_budget_s, bucket_bytes) if store is not None else None)
     hit = store.get_alias(raw) if store is not None else None
     if hit is not None:  # the same call as before: nothing parsed or resolved
         return hit
     if cluster is None:
         cluster = smallest_cluster(src_mesh, dst_mesh)
+    bucket = None if strategy == ALPA else bucket_option(bucket_bytes, cluster)  # Alpa's messages as Alpa sends them
     move = Resharding.between(shape, dtype, src_mesh, src_spec, dst_mesh, dst_spec).resolve(cluster)
-    key = ("plan", move_key(move), cluster_key(cluster), strategy, loadbalance, chunks, seed, dfs_budget_s)
+    key = ("plan", move_key(move), cluster_key(cluster), strategy, loadbalance, chunks, seed, dfs_budget_s, bucket)
     if store is not None:
         hit = store.get(key)
         if hit is not None:
@@ -136,7 +142,7 @@ def _plan(shape: Sequence[int], dtype, src_mesh, src_spec, dst_mesh, dst_spec, *
                             move.dst_spec)
     bounds = LowerBounds(final_tasks, cluster)
     plan = plan_for(strategy, lambda s: _plan_move(move, cluster, s, loadbalance, chunks, seed, dfs_budget_s,
-                                                   final_tasks, bounds), bounds)
+                                                   final_tasks, bounds, bucket), bounds)
     if store is not None:
         store.put(key, plan)
         store.alias(raw, key)
@@ -271,8 +277,10 @@ class LowerBounds:
 
 def _plan_move(move: Resharding, cluster: ClusterSpec, strategy: str, loadbalance: str, chunks: int | None,
                seed: int, dfs_budget_s: float, final_tasks: Sequence[UnitTask],
-               bounds: LowerBounds) -> ReshardingPlan:
-    """One strategy's plan of ``move``, whose unit tasks ``final_tasks`` are already known."""
+               bounds: LowerBounds, bucket: int | None = None) -> ReshardingPlan:
+    """One strategy's plan of ``move``, whose unit tasks ``final_tasks`` are already known;
+    pieces that travel between the same hosts the same way go as one message of at most
+    ``bucket`` bytes (``coalesce``)."""
     shape, src, sspec, dst, dspec = move.shape, move.src_mesh, move.src_spec, move.dst_mesh, move.dst_spec
     size = itemsize(move.dtype)
     sent_spec, gather_dim = dspec, None
@@ -285,7 +293,10 @@ def _plan_move(move: Resharding, cluster: ClusterSpec, strategy: str, loadbalanc
     jobs: list[Job] = [j for t in tasks for j in jobs_for_task(t, per_task, cluster, chunks, memo)]
     if gather_dim is not None:
         jobs += _alpa_allgathers(jobs, shape, size, dst, dspec, gather_dim, cluster)
-    jobs, job_leaf, members = group_jobs(jobs, [0] * len(jobs), {}, cluster)
+    job_leaf, members = [0] * len(jobs), {}
+    if bucket and gather_dim is None:
+        jobs, job_leaf, members = pack_jobs(jobs, job_leaf, bucket, cluster, chunks)
+    jobs, job_leaf, members = group_jobs(jobs, job_leaf, members, cluster)
     sched = balancing.balance(jobs, loadbalance, seed=seed, dfs_budget_s=dfs_budget_s)
     transfers = build_transfers(jobs, job_leaf, members, (tasks,), sched, cluster)
     return ReshardingPlan(

@@ -28,8 +28,8 @@ from ..placement import Placement, Resharding
 from ..topology import ClusterSpec
 from . import loadbalance as balancing
 from .cache import PlanCache, cache_for, cluster_key, move_key, raw_key
-from .kinds import PACKABLE_KINDS, PER_TASK_STRATEGIES, transfer_kind
-from .kinds.base import group_by_host
+from .coalesce import AUTO_BUCKET_MAX, AUTO_BUCKET_MIN, auto_bucket_bytes, bucket_option, pack_jobs
+from .kinds import PER_TASK_STRATEGIES
 from .plan import Leaf, Transfer
 from .planner import LowerBounds, build_transfers, group_jobs, host_operations, plan_for
 from .strategies import AUTO, LOCAL_COPY, Job, JobMemo, jobs_for_task
@@ -37,8 +37,6 @@ from .unit_tasks import UnitTask, decompose
 
 TREE_STRATEGIES = PER_TASK_STRATEGIES + (AUTO,)
 """Tree plans take every per-task kind and ``auto`` (Alpa's rewrite is per array: not here)."""
-AUTO_BUCKET_MIN = 64 << 10
-AUTO_BUCKET_MAX = 64 << 20
 RAMP_PIECES = 8
 RAMP_PIECE_MIN = 128 << 10
 """A sending host's first coalesced chain goes in up to ``RAMP_PIECES`` growing chunks
@@ -126,13 +124,6 @@ def _build(node, it, is_leaf):
     return next(it)
 
 
-def auto_bucket_bytes(cluster: ClusterSpec) -> int:
-    """Large enough that a message's latency costs at most 5 % of its transfer time on
-    the slowest NIC, within [64 KiB, 64 MiB]."""
-    rate = min(min(cluster.send_rate(h), cluster.recv_rate(h)) for h in range(cluster.num_hosts))
-    return int(min(AUTO_BUCKET_MAX, max(AUTO_BUCKET_MIN, 20 * cluster.latency_s * rate)))
-
-
 # ----------------------------------------------------------------- planning
 def plan_resharding_tree(tree, *, cluster: ClusterSpec, strategy: str = "broadcast", loadbalance: str = "auto",
                          bucket_bytes: int | str | None = "auto", chunks: int | None = None, seed: int = 0,
@@ -147,14 +138,7 @@ def plan_resharding_tree(tree, *, cluster: ClusterSpec, strategy: str = "broadca
     if strategy not in TREE_STRATEGIES:
         raise InvalidOptionError(f"strategy {strategy!r} is not available for trees; choose one of "
                                  f"{', '.join(TREE_STRATEGIES)}")
-    if bucket_bytes == "auto":
-        bucket = auto_bucket_bytes(cluster)
-    elif bucket_bytes in (None, 0):
-        bucket = None
-    elif isinstance(bucket_bytes, int) and bucket_bytes > 0:
-        bucket = bucket_bytes
-    else:
-        raise InvalidOptionError(f"bucket_bytes must be 'auto', a positive integer or None, got {bucket_bytes!r}")
+    bucket = bucket_option(bucket_bytes, cluster)
     flat = tree_flatten(tree)
     store = cache_for(cache)
     raw = (raw_key("tree", tuple(flat), cluster, strategy, loadbalance, bucket, chunks, seed, dfs_budget_s)
@@ -204,7 +188,7 @@ def _plan_tree(leaves: tuple[Leaf, ...], per_leaf: tuple[tuple[UnitTask, ...], .
                 job_leaf.append(i)
     members: dict[int, list[tuple[Job, int, int | None]]] = {}
     if bucket:
-        jobs, job_leaf, members = _pack(jobs, job_leaf, bucket, strategy, cluster, chunks)
+        jobs, job_leaf, members = pack_jobs(jobs, job_leaf, bucket, cluster, chunks)
     jobs, job_leaf, members = group_jobs(jobs, job_leaf, members, cluster)
     sched = balancing.balance(jobs, loadbalance, seed=seed, dfs_budget_s=dfs_budget_s)
     transfers = ramp_up(build_transfers(jobs, job_leaf, members, per_leaf, sched, cluster), cluster)
@@ -233,48 +217,5 @@ def ramp_up(transfers: list[Transfer], cluster: ClusterSpec) -> list[Transfer]:
     return out
 
 
-def _pack(jobs: list[Job], job_leaf: list[int], bucket: int, strategy: str, cluster: ClusterSpec, chunks):
-    """First-fit-decreasing packing of small jobs that travel the same way."""
-    groups: dict[tuple, list[int]] = {}
-    keep: list[int] = []
-    for i, j in enumerate(jobs):
-        if j.kind not in PACKABLE_KINDS or j.nbytes >= bucket:
-            keep.append(i)
-            continue
-        geometry = tuple((h, len(d)) for h, d in group_by_host(j.receivers, cluster).items())
-        groups.setdefault((j.kind, tuple(c.host for c in j.candidates), geometry), []).append(i)
-    new_jobs: list[Job] = [jobs[i] for i in keep]
-    new_leaf: list[int] = [job_leaf[i] for i in keep]
-    members: dict[int, list[tuple[Job, int, int | None]]] = {}  # packed job -> (job, leaf, sender host)s
-    for (kind, hosts, _), idx in groups.items():
-        bins: list[list[int]] = []
-        room: list[int] = []
-        for i in sorted(idx, key=lambda i: -jobs[i].nbytes):
-            for b, r in enumerate(room):
-                if jobs[i].nbytes <= r:
-                    bins[b].append(i)
-                    room[b] -= jobs[i].nbytes
-                    break
-            else:
-                bins.append([i])
-                room.append(bucket - jobs[i].nbytes)
-        for b in bins:
-            if len(b) == 1:
-                new_jobs.append(jobs[b[0]])
-                new_leaf.append(job_leaf[b[0]])
-                continue
-            total = sum(jobs[i].nbytes for i in b)
-            receivers = tuple(sorted({r for i in b for r in jobs[i].receivers},
-                                     key=lambda d: (cluster.host_of(d), d)))
-            groups_by_host = group_by_host(receivers, cluster)
-            # chunks split bytes, so a packed buffer's chunk count may go up to its byte count
-            cands = tuple(transfer_kind(kind).candidate(total, total, s, groups_by_host, cluster, chunks)
-                          for s in hosts)
-            members[len(new_jobs)] = [(jobs[i], job_leaf[i], None) for i in b]
-            new_jobs.append(Job(-2, kind, receivers, total, (), cands))
-            new_leaf.append(-1)
-    return new_jobs, new_leaf, members
-
-
-__all__ = ["LeafLayout", "Placement", "Resharding", "TreePlan", "auto_bucket_bytes", "plan_resharding_tree",
+__all__ = ["AUTO_BUCKET_MAX", "AUTO_BUCKET_MIN", "LeafLayout", "Placement", "Resharding", "TreePlan", "auto_bucket_bytes", "plan_resharding_tree",
            "tree_flatten", "tree_unflatten"]

@@ -1,0 +1,87 @@
+"""Coalescing: small jobs that travel the same way become one message.
+
+A resharding between layouts no one chose can cut a tensor into a hundred thousand
+pieces of a few KiB, one per (source device, destination device); a receiving host then
+takes thousands of messages, and at tens of microseconds each that is the whole
+transfer time. Pieces that go the same way (same kind, same candidate sending hosts,
+same receiving hosts and device counts) are packed into flat buffers of at most
+``bucket`` bytes (first-fit decreasing): one message, or one chunked chain, instead of
+many, received in place or unpacked on arrival. Used for one array
+(``planner.plan_resharding``: the pieces between the same two hosts) and for a pytree
+(``tree.plan_resharding_tree``: pieces of many arrays). The cost model charges latency
+per message and per chunk, so the effect of packing is predicted and simulated.
+"""
+from __future__ import annotations
+
+from ..errors import InvalidOptionError
+from ..topology import ClusterSpec
+from .kinds import PACKABLE_KINDS, transfer_kind
+from .kinds.base import group_by_host
+from .strategies import Job
+
+AUTO_BUCKET_MIN = 64 << 10
+AUTO_BUCKET_MAX = 64 << 20
+
+
+def auto_bucket_bytes(cluster: ClusterSpec) -> int:
+    """Large enough that a message's latency costs at most 5 % of its transfer time on
+    the slowest NIC, within [64 KiB, 64 MiB]."""
+    rate = min(min(cluster.send_rate(h), cluster.recv_rate(h)) for h in range(cluster.num_hosts))
+    return int(min(AUTO_BUCKET_MAX, max(AUTO_BUCKET_MIN, 20 * cluster.latency_s * rate)))
+
+
+def bucket_option(bucket_bytes, cluster: ClusterSpec) -> int | None:
+    """The bucket size ``bucket_bytes`` asks for: ``"auto"`` (``auto_bucket_bytes``), a
+    positive byte count, or None/0 for no packing; anything else is refused by name."""
+    if bucket_bytes == "auto":
+        return auto_bucket_bytes(cluster)
+    if bucket_bytes in (None, 0):
+        return None
+    if isinstance(bucket_bytes, int) and not isinstance(bucket_bytes, bool) and bucket_bytes > 0:
+        return bucket_bytes
+    raise InvalidOptionError(f"bucket_bytes must be 'auto', a positive integer or None, got {bucket_bytes!r}")
+
+
+def pack_jobs(jobs: list[Job], job_leaf: list[int], bucket: int, cluster: ClusterSpec, chunks):
+    """First-fit-decreasing packing of small jobs that travel the same way; returns (jobs,
+    job_leaf, members) where ``members[packed job]`` lists (job, leaf, None) of the jobs
+    it carries as parts (their sender is the packed job's host)."""
+    groups: dict[tuple, list[int]] = {}
+    keep: list[int] = []
+    for i, j in enumerate(jobs):
+        if j.kind not in PACKABLE_KINDS or j.nbytes >= bucket:
+            keep.append(i)
+            continue
+        geometry = tuple((h, len(d)) for h, d in group_by_host(j.receivers, cluster).items())
+        groups.setdefault((j.kind, tuple(c.host for c in j.candidates), geometry), []).append(i)
+    new_jobs: list[Job] = [jobs[i] for i in keep]
+    new_leaf: list[int] = [job_leaf[i] for i in keep]
+    members: dict[int, list[tuple[Job, int, int | None]]] = {}  # packed job -> (job, leaf, sender host)s
+    for (kind, hosts, _), idx in groups.items():
+        bins: list[list[int]] = []
+        room: list[int] = []
+        for i in sorted(idx, key=lambda i: -jobs[i].nbytes):
+            for b, r in enumerate(room):
+                if jobs[i].nbytes <= r:
+                    bins[b].append(i)
+                    room[b] -= jobs[i].nbytes
+                    break
+            else:
+                bins.append([i])
+                room.append(bucket - jobs[i].nbytes)
+        for b in bins:
+            if len(b) == 1:
+                new_jobs.append(jobs[b[0]])
+                new_leaf.append(job_leaf[b[0]])
+                continue
+            total = sum(jobs[i].nbytes for i in b)
+            receivers = tuple(sorted({r for i in b for r in jobs[i].receivers},
+                                     key=lambda d: (cluster.host_of(d), d)))
+            groups_by_host = group_by_host(receivers, cluster)
+            # chunks split bytes, so a packed buffer's chunk count may go up to its byte count
+            cands = tuple(transfer_kind(kind).candidate(total, total, s, groups_by_host, cluster, chunks)
+                          for s in hosts)
+            members[len(new_jobs)] = [(jobs[i], job_leaf[i], None) for i in b]
+            new_jobs.append(Job(-2, kind, receivers, total, (), cands))
+            new_leaf.append(-1)
+    return new_jobs, new_leaf, members
