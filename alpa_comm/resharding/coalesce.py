@@ -48,16 +48,24 @@ def pack_jobs(jobs: list[Job], job_leaf: list[int], bucket: int, cluster: Cluste
     it carries as parts (their sender is the packed job's host)."""
     groups: dict[tuple, list[int]] = {}
     keep: list[int] = []
+    geometry_of: dict[tuple, tuple] = {}  # jobs share receiver tuples: 4,096 receivers each, thousands of jobs
     for i, j in enumerate(jobs):
         if j.kind not in PACKABLE_KINDS or j.nbytes >= bucket:
             keep.append(i)
             continue
-        geometry = tuple((h, len(d)) for h, d in group_by_host(j.receivers, cluster).items())
+        geometry = geometry_of.get(j.receivers)
+        if geometry is None:
+            geometry = geometry_of[j.receivers] = tuple((h, len(d)) for h, d in
+                                                        group_by_host(j.receivers, cluster).items())
         groups.setdefault((j.kind, tuple(c.host for c in j.candidates), geometry), []).append(i)
     new_jobs: list[Job] = [jobs[i] for i in keep]
     new_leaf: list[int] = [job_leaf[i] for i in keep]
     members: dict[int, list[tuple[Job, int, int | None]]] = {}  # packed job -> (job, leaf, sender host)s
     for (kind, hosts, _), idx in groups.items():
+        if len(idx) == 1:  # nothing travels with it
+            new_jobs.append(jobs[idx[0]])
+            new_leaf.append(job_leaf[idx[0]])
+            continue
         bins: list[list[int]] = []
         room: list[int] = []
         for i in sorted(idx, key=lambda i: -jobs[i].nbytes):
