@@ -95,10 +95,11 @@ def plan_method(case: Case, method: Method, cluster, *, seed: int = 0, chunks: i
         if sends is not None:
             return plan_from_sends(case.shape, case.dtype, case.src_mesh, case.src_spec, case.dst_mesh,
                                    case.dst_spec, sends, cluster=cluster, strategy=method.strategy), FROM_ALPA_CODE
+    baseline = method.name in ALPA_BASELINES  # Alpa sends every piece as its own message: never coalesced
     plan = plan_resharding(case.shape, case.dtype, case.src_mesh, case.src_spec, case.dst_mesh, case.dst_spec,
                            cluster=cluster, strategy=method.strategy, loadbalance=method.loadbalance,
-                           chunks=chunks, seed=seed)
-    return plan, FROM_MODEL if method.name in ALPA_BASELINES else ""
+                           chunks=chunks, seed=seed, bucket_bytes=None if baseline else "auto")
+    return plan, FROM_MODEL if baseline else ""
 SUITE_HOSTS = 5
 SUITE_DEVICES_PER_HOST = 4
 

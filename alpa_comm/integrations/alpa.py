@@ -165,7 +165,8 @@ def _strategy(cmr, spec, mode: str):
     inputs = inputs_from_task_spec(spec)
     plan = plan_resharding(inputs.shape, inputs.dtype, inputs.src_mesh, inputs.src_spec, inputs.dst_mesh,
                            inputs.dst_spec, cluster=inputs.cluster(PLANNING_NIC_GBPS),
-                           strategy=_OUR_STRATEGY[mode], loadbalance="auto")
+                           strategy=_OUR_STRATEGY[mode], loadbalance="auto",
+                           bucket_bytes=None)  # Alpa's strategy names one tile per message
     return _as_alpa(cmr, spec, plan.transfers, inputs.strings, mode)
 
 
