@@ -61,12 +61,12 @@ ORDERED_LATENCIES = 8
 is latency-bound: its order on a NIC hardly matters, and overlapping it with others
 hides what it costs, so it is admitted outside the NIC windows."""
 PACK_AHEAD = 2
-PACK_RUN_BYTES = 256 << 10
-"""A coalesced buffer is packed in runs of parts of at least this many bytes, each
-announced as packed, so a chunked send can start before the whole buffer is packed."""
 """Coalesced buffers a sending host packs ahead of their turn, on a packing thread: gloo
 writes a send into the socket on the thread that posts it, so packing and sending on one
 thread would take turns."""
+PACK_RUN_BYTES = 256 << 10
+"""A coalesced buffer is packed in runs of parts of at least this many bytes, each
+announced as packed, so a chunked send can start before the whole buffer is packed."""
 
 
 def check_positive(name: str, value, default: int) -> int:
@@ -270,8 +270,7 @@ class _Packing:
     sender may put its first bytes on the wire while the rest are still being packed
     (``HostExecutor.source_pieces``)."""
 
-    def __init__(self, nbytes: int):
-        self.nbytes = nbytes
+    def __init__(self):
         self.flat: np.ndarray | None = None
         self.packed = 0  # bytes of ``flat`` packed so far
         self.failed = False
@@ -321,7 +320,7 @@ class _PackAhead:
         for j in self.positions[k:k + PACK_AHEAD]:
             t = self.transfers[j]
             if t.id not in self.ex._packed:
-                progress = _Packing(t.nbytes) if t.parts and self.ex.xp is np else None
+                progress = _Packing() if t.parts and self.ex.xp is np else None
                 if progress is not None:
                     self.ex._packing[t.id] = progress
                 self.ex._packed[t.id] = self.pool.submit(self.ex._pack, t, progress)
