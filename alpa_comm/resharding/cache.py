@@ -115,13 +115,10 @@ class PlanCache:
     def get_alias(self, raw: tuple | None):
         """The plan cached for inputs given exactly as ``raw`` (``raw_key``), marked as a
         hit, or None (never seen, or its plan has left the cache)."""
-        if raw is None:
+        if raw is None:  # ``raw_key`` gives None for inputs it cannot hash
             return None
         with self._lock:
-            try:
-                key = self._aliases.get(raw)
-            except TypeError:  # an unhashable input: no alias
-                return None
+            key = self._aliases.get(raw)
             plan = self._plans.get(key) if key is not None else None
             if plan is None:
                 return None
@@ -135,10 +132,7 @@ class PlanCache:
         if raw is None:
             return
         with self._lock:
-            try:
-                self._aliases[raw] = key
-            except TypeError:
-                return
+            self._aliases[raw] = key
             self._aliases.move_to_end(raw)
             while len(self._aliases) > ALIASES_PER_PLAN * self.max_plans:
                 self._aliases.popitem(last=False)
