@@ -95,11 +95,11 @@ def ring_allreduce_sum(backend: Backend, flat: np.ndarray, hosts: Sequence[int],
     p = hosts.index(backend.rank)
     nxt, prv = hosts[(p + 1) % n], hosts[(p - 1) % n]
     bounds = np.linspace(0, flat.size, n + 1).astype(np.int64)
-    chunk = [flat[bounds[c]:bounds[c + 1]] for c in range(n)]
-    scratch = np.empty(max(c.size for c in chunk), flat.dtype)
+    chunk = [flat[bounds[c]:bounds[c + 1]] for c in range(n)]  # contiguous: ``flat`` is 1-D
+    scratch = np.empty_like(flat, shape=(max(c.size for c in chunk),))  # flat's own memory kind (CuPy: device)
 
     def exchange(out: np.ndarray, into: np.ndarray, tag: int) -> None:
-        send = backend.isend(np.ascontiguousarray(out).view(np.uint8), nxt, tag)
+        send = backend.isend(out.view(np.uint8), nxt, tag)
         recv = backend.irecv(into.view(np.uint8), prv, tag)
         recv.wait(timeout)
         send.wait(timeout)
