@@ -353,8 +353,32 @@ class GlooSubgroupBackend(_Subgroup, Backend):
 
 
 # ------------------------------------------------------------------------ nccl
+class _Launch:
+    """One grouped NCCL launch's completion: the event recorded on the stream after it."""
+
+    __slots__ = ("event",)
+
+    def __init__(self, event):
+        self.event = event
+
+
 class NcclBackend(Backend):
-    """CuPy NCCL: same interface on CuPy device buffers (imported lazily)."""
+    """CuPy NCCL: same interface on CuPy device buffers (imported lazily).
+
+    NCCL matches sends and receives per peer in issue order, runs a stream's work in
+    order, and promises no concurrency across streams; a send holds the device until its
+    receive runs, so sends and receives that must progress together must be in one
+    ``ncclGroupStart/End`` (NCCL's user guide: Point-to-point communication, Group
+    calls; ``alpa_comm.testing.nccl_model`` encodes these rules). So ``isend``/``irecv``
+    only record the operation, and waiting on a handle launches, as one group on the
+    backend's one stream: every send not yet launched, and the receives issued up to the
+    awaited one. A ring step (receive, send, wait) becomes one send-receive; a chain's
+    middle host that waits for chunk c+1 after issuing the forward of chunk c launches
+    both together, so the broadcast stays pipelined; later receives are launched only
+    when waited for, so an early group never waits on a peer that needs our later work.
+    Per peer, launches keep the issue order, so matching is as issued. A wait polls the
+    group's event (never a blocking synchronize) and, past its timeout, aborts the
+    communicator and names the peer."""
 
     name = "nccl"
     concurrent = False  # one stream, matched per peer in issue order: the executor runs in plan order
@@ -367,6 +391,8 @@ class NcclBackend(Backend):
         self.rank, self.world, self.timeout = rank, world, timeout
         self.comm = nccl.NcclCommunicator(world, unique_id, rank)
         self.stream = cupy.cuda.Stream(non_blocking=True)
+        self._pending: list = []  # [kind, buf, peer, launch or None], in issue order
+        self._lock = threading.RLock()  # NCCL: one thread at a time on a communicator
 
     @staticmethod
     def new_unique_id():
@@ -374,33 +400,63 @@ class NcclBackend(Backend):
 
         return nccl.get_unique_id()
 
-    def _call(self, fn, buf, peer: int, what: str) -> Handle:
-        nccl = self._nccl
-        nccl.groupStart()
-        fn(buf.data.ptr, buf.nbytes, nccl.NCCL_UINT8, peer, self.stream.ptr)
-        nccl.groupEnd()
-        event = self.stream.record()
+    def _nccl_peer(self, peer: int) -> int:
+        return peer
+
+    def _post(self, kind: str, buf, peer: int, what: str) -> Handle:
+        op = [kind, buf, peer, None]
+        with self._lock:
+            self._pending.append(op)
 
         def wait(timeout: float) -> None:
-            deadline = time.monotonic() + timeout
-            while not event.done:
-                if time.monotonic() > deadline:
-                    self.comm.abort()
-                    raise CommunicationError(f"host {self.rank}: {what} host {peer} timed out after {timeout:g} s")
-                time.sleep(0.0005)
+            if op[3] is None:
+                self._launch_through(op)
+            self._wait_event(op[3].event, timeout, f"{what} host {peer}")
         return Handle(wait, f"{what} host {peer}")
 
+    def _launch_through(self, awaited: list) -> None:
+        """Launch, as one group, every pending send and the pending receives issued up to
+        ``awaited`` (which is launched too)."""
+        nccl = self._nccl
+        with self._lock:
+            if awaited[3] is not None:
+                return
+            cut = next(i for i, op in enumerate(self._pending) if op is awaited)
+            chosen = [op[0] == "send" or i <= cut for i, op in enumerate(self._pending)]
+            group = [op for op, c in zip(self._pending, chosen) if c]
+            self._pending = [op for op, c in zip(self._pending, chosen) if not c]
+            nccl.groupStart()
+            try:
+                for kind, buf, peer, _ in group:
+                    fn = self.comm.send if kind == "send" else self.comm.recv
+                    fn(buf.data.ptr, buf.nbytes, nccl.NCCL_UINT8, self._nccl_peer(peer), self.stream.ptr)
+            finally:
+                nccl.groupEnd()
+            launch = _Launch(self.stream.record())
+            for op in group:
+                op[3] = launch
+
+    def _wait_event(self, event, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not event.done:
+            if time.monotonic() > deadline:
+                self.comm.abort()
+                raise CommunicationError(f"host {self.rank}: {what} timed out after {timeout:g} s")
+            time.sleep(0.0002)
+
     def isend(self, buf, peer, tag):  # NCCL matches by order per peer; tags are not needed
-        return self._call(self.comm.send, buf, peer, "sending to")
+        return self._post("send", buf, peer, "sending to")
 
     def irecv(self, buf, peer, tag):
-        return self._call(self.comm.recv, buf, peer, "receiving from")
+        return self._post("recv", buf, peer, "receiving from")
 
     def barrier(self, timeout=DEFAULT_TIMEOUT_S):
         one = self._cupy.zeros(1, dtype=self._cupy.float32)
-        self.comm.allReduce(one.data.ptr, one.data.ptr, 1, self._nccl.NCCL_FLOAT32, self._nccl.NCCL_SUM,
-                            self.stream.ptr)
-        self.stream.synchronize()
+        with self._lock:
+            self.comm.allReduce(one.data.ptr, one.data.ptr, 1, self._nccl.NCCL_FLOAT32, self._nccl.NCCL_SUM,
+                                self.stream.ptr)
+            event = self.stream.record()
+        self._wait_event(event, timeout, "barrier with every host")
 
     def close(self):
         self.comm.destroy()
@@ -431,9 +487,8 @@ class NcclSubgroupBackend(_Subgroup, NcclBackend):
         super().__init__(self._index[host], len(self.hosts), uid, timeout)
         self.rank = host  # errors name hosts, as everywhere in the executor
 
-    def _call(self, fn, buf, peer: int, what: str) -> Handle:
-        index = self._peer(peer)  # NCCL's rank of host ``peer``; errors still name the host
-        return super()._call(lambda ptr, n, t, _host, stream: fn(ptr, n, t, index, stream), buf, peer, what)
+    def _nccl_peer(self, peer: int) -> int:
+        return self._peer(peer)  # NCCL's rank of host ``peer``; errors still name the host
 
 
 # ---------------------------------------------------------------------- threads

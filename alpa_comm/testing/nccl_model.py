@@ -188,6 +188,7 @@ class NcclModel:
         self._last_progress = time.monotonic()
         self.deadlock: str | None = None
         self.operations = 0  # completed operations (for tests' sanity checks)
+        self.completed: list[tuple] = []  # (kind, communicator, rank, peer, seq) in completion order
 
     # ---------------------------------------------------------------- names
     def _comm_name(self, uid: tuple) -> str:
@@ -202,9 +203,9 @@ class NcclModel:
 
     @staticmethod
     def _where() -> str:
-        frames = [f for f in traceback.extract_stack()[:-3] if "nccl_model" not in f.filename]
+        frames = [f for f in traceback.extract_stack() if f.filename != __file__]
         return " <- ".join(f"{f.filename.split('/alpa_comm/')[-1].split('/tests/')[-1]}:{f.lineno} {f.name}"
-                           for f in reversed(frames[-4:]))
+                           for f in reversed(frames[-6:]))
 
     # ------------------------------------------------------------ creation
     def join(self, uid: tuple, world: int, rank: int) -> _Comm:
@@ -353,6 +354,8 @@ class NcclModel:
                         f"{send.nbytes} B sent, {recv.nbytes} B expected")
                 ctypes.memmove(recv.ptr, send.ptr, send.nbytes)
                 send.done = recv.done = True
+                for o in (send, recv):
+                    self.completed.append((o.kind, c.name, o.comm.rank, o.peer, o.seq))
                 del self._sends[key], self._recvs[key]
                 self.operations += 1
         else:

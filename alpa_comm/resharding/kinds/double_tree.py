@@ -148,14 +148,22 @@ class DoubleTree(TransferKind):
         def tag(tree: int, c: int) -> int:
             return tag0 + tree * MAX_CHUNKS_PER_TREE + c
 
+        # Every host issues its messages in (chunk, tree) order, the order a forwarding
+        # host sends in: a host that is a child of the same parent in both trees then
+        # posts its receives in the order they are sent (NCCL matches per peer in issue
+        # order, not by tag).
+        rounds = max(len(b) - 1 for b, _, _ in trees)
         if ex.host == sender:
             flat = ex.source(t)
             ex.wait([ex.isend(flat[b[c]:b[c + 1]], kids[0], tag(i, c))
-                     for i, (b, _, kids) in enumerate(trees) if kids for c in range(len(b) - 1)])
+                     for c in range(rounds) for i, (b, _, kids) in enumerate(trees) if kids and c < len(b) - 1])
             return
         flat, mine, targets = receive_buffer(ex, t, t.nbytes)
-        recvs = [[ex.irecv(flat[b[c]:b[c + 1]], parent, tag(i, c)) for c in range(len(b) - 1)]
-                 if parent is not None else [] for i, (b, parent, _) in enumerate(trees)]
+        recvs: list[list] = [[] for _ in trees]
+        for c in range(rounds):
+            for i, (b, parent, _) in enumerate(trees):
+                if parent is not None and c < len(b) - 1:
+                    recvs[i].append(ex.irecv(flat[b[c]:b[c + 1]], parent, tag(i, c)))
         sends = []
         for c in range(max(len(r) for r in recvs)):
             for i, (b, _, kids) in enumerate(trees):  # both trees' chunk c, so both halves flow at once

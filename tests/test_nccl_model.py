@@ -1,0 +1,336 @@
+"""The GPU path proven without a GPU: the NCCL model's rules, today's deadlock caught, and
+the real NCCL backend bit-exact on it for every transfer kind, trees and the all-reduce."""
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from alpa_comm import STRATEGIES, ClusterSpec, DeviceMesh, plan_resharding
+from alpa_comm.resharding.strategies import carries_data
+from alpa_comm.resharding.tree import plan_resharding_tree
+from alpa_comm.placement import Resharding
+from alpa_comm.suites import n_to_m, one_to_m
+from alpa_comm.testing import nccl_model as M
+
+from exactness import expect_exact
+from nccl_ranks import DictStore, run_plan_on_model
+from strategies_hyp import resharding_cases
+
+DATA_STRATEGIES = [s for s in STRATEGIES if carries_data(s)]
+CLUSTER = ClusterSpec(num_hosts=5, devices_per_host=4)
+
+
+def _ranks(n, fn, timeout=20):
+    """``fn(rank)`` on n threads; the errors raised, in rank order (None where none)."""
+    errors = [None] * n
+
+    def body(r):
+        try:
+            fn(r)
+        except BaseException as e:  # noqa: BLE001 - returned to the test
+            errors[r] = e
+    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    assert not any(t.is_alive() for t in threads), "a rank hung: the model did not report"
+    return errors
+
+
+# ------------------------------------------------------------------ the model's rules
+def test_a_ring_of_ungrouped_sends_deadlocks_and_is_named():
+    """Rule 2: every rank sends, then receives, on one stream: each send waits for a
+    receive queued behind its peer's send."""
+    with M.install() as model:
+        import cupy
+        from cupy.cuda import nccl
+
+        uid = nccl.get_unique_id()
+
+        def rank(r):
+            comm, s = nccl.NcclCommunicator(3, uid, r), cupy.cuda.Stream(non_blocking=True)
+            out, into = cupy.ones(4, np.float32), cupy.zeros(4, np.float32)
+            comm.send(out.data.ptr, 4, nccl.NCCL_FLOAT32, (r + 1) % 3, s.ptr)
+            comm.recv(into.data.ptr, 4, nccl.NCCL_FLOAT32, (r - 1) % 3, s.ptr)
+            s.synchronize()
+        errors = _ranks(3, rank)
+    assert all(isinstance(e, M.NcclDeadlock) for e in errors), errors
+    report = str(errors[0])
+    for r in range(3):
+        assert f"rank {r} of communicator c0" in report
+    assert "send of 16 B" in report and "queued behind" in report and "test_nccl_model.py" in report
+    assert model.operations == 0
+
+
+def test_the_same_ring_in_one_group_completes():
+    """Rule 3: a send and a receive in one group progress together."""
+    with M.install():
+        import cupy
+        from cupy.cuda import nccl
+
+        uid = nccl.get_unique_id()
+        got = {}
+
+        def rank(r):
+            comm, s = nccl.NcclCommunicator(3, uid, r), cupy.cuda.Stream(non_blocking=True)
+            out, into = cupy.full(4, r, np.float32), cupy.zeros(4, np.float32)
+            nccl.groupStart()
+            comm.send(out.data.ptr, 4, nccl.NCCL_FLOAT32, (r + 1) % 3, s.ptr)
+            comm.recv(into.data.ptr, 4, nccl.NCCL_FLOAT32, (r - 1) % 3, s.ptr)
+            nccl.groupEnd()
+            s.synchronize()
+            got[r] = into.get()
+        assert _ranks(3, rank) == [None] * 3
+    for r in range(3):
+        assert np.array_equal(got[r], np.full(4, (r - 1) % 3, np.float32))
+
+
+def test_point_to_point_matches_in_issue_order_and_checks_sizes():
+    """Rule 2: the first send meets the first receive, whatever the program meant."""
+    with M.install():
+        import cupy
+        from cupy.cuda import nccl
+
+        uid = nccl.get_unique_id()
+
+        def rank(r):
+            comm, s = nccl.NcclCommunicator(2, uid, r), cupy.cuda.Stream()
+            a, b = cupy.zeros(8, np.uint8), cupy.zeros(16, np.uint8)
+            nccl.groupStart()
+            if r == 0:
+                comm.send(a.data.ptr, 8, nccl.NCCL_UINT8, 1, s.ptr)
+                comm.send(b.data.ptr, 16, nccl.NCCL_UINT8, 1, s.ptr)
+            else:  # receives posted in the other order
+                comm.recv(b.data.ptr, 16, nccl.NCCL_UINT8, 0, s.ptr)
+                comm.recv(a.data.ptr, 8, nccl.NCCL_UINT8, 0, s.ptr)
+            nccl.groupEnd()
+            s.synchronize()
+        errors = _ranks(2, rank)
+    assert any(isinstance(e, M.NcclMismatch) and "8 B sent, 16 B expected" in str(e) for e in errors), errors
+
+
+def test_collectives_must_match_across_ranks():
+    """Rule 4: the k-th collective of every rank is the same call."""
+    with M.install():
+        import cupy
+        from cupy.cuda import nccl
+
+        uid = nccl.get_unique_id()
+
+        def rank(r):
+            comm, s = nccl.NcclCommunicator(2, uid, r), cupy.cuda.Stream()
+            x = cupy.ones(4 + 4 * r, np.float32)
+            comm.allReduce(x.data.ptr, x.data.ptr, x.size, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, s.ptr)
+            s.synchronize()
+        errors = _ranks(2, rank)
+    assert any(isinstance(e, M.NcclMismatch) and "differs between ranks" in str(e) for e in errors), errors
+
+
+def test_all_reduce_sums_over_ranks():
+    with M.install():
+        import cupy
+        from cupy.cuda import nccl
+
+        uid = nccl.get_unique_id()
+        got = {}
+
+        def rank(r):
+            comm, s = nccl.NcclCommunicator(3, uid, r), cupy.cuda.Stream()
+            x = cupy.arange(5, dtype=np.float32) * (r + 1)
+            comm.allReduce(x.data.ptr, x.data.ptr, 5, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, s.ptr)
+            s.synchronize()
+            got[r] = x.get()
+        assert _ranks(3, rank) == [None] * 3
+    assert all(np.array_equal(got[r], np.arange(5, dtype=np.float32) * 6) for r in range(3))
+
+
+@pytest.mark.parametrize("concurrent", [False, True])
+def test_two_streams_promise_no_concurrency(concurrent):
+    """Rule 6: a send on one stream and a receive on another of the same device only
+    progress together if the GPU co-schedules them, which NCCL does not promise."""
+    with M.install(concurrent_streams=concurrent):
+        import cupy
+        from cupy.cuda import nccl
+
+        uid = nccl.get_unique_id()
+
+        def rank(r):
+            comm = nccl.NcclCommunicator(2, uid, r)
+            s1, s2 = cupy.cuda.Stream(), cupy.cuda.Stream()
+            out, into = cupy.ones(4, np.uint8), cupy.zeros(4, np.uint8)
+            comm.send(out.data.ptr, 4, nccl.NCCL_UINT8, 1 - r, s1.ptr)
+            comm.recv(into.data.ptr, 4, nccl.NCCL_UINT8, 1 - r, s2.ptr)
+            s1.synchronize()
+            s2.synchronize()
+        errors = _ranks(2, rank)
+    if concurrent:
+        assert errors == [None, None]
+    else:
+        assert all(isinstance(e, M.NcclDeadlock) for e in errors), errors
+
+
+def test_a_rank_that_never_joins_is_reported_not_hung():
+    """Rule 5: creating a communicator waits for every rank."""
+    with M.install(stall_s=0.05):
+        from cupy.cuda import nccl
+
+        uid = nccl.get_unique_id()
+        errors = _ranks(2, lambda r: nccl.NcclCommunicator(3, uid, r))
+    assert all(isinstance(e, M.NcclDeadlock) and "creating communicator" in str(e) for e in errors), errors
+
+
+# ----------------------------------------------------------- today's backend, caught
+def ungrouped_backend():
+    """The NCCL backend as it was: every send and receive launched at once, in a group of
+    its own, on the one stream."""
+    from alpa_comm.runtime.backend import Handle, NcclSubgroupBackend
+
+    class Ungrouped(NcclSubgroupBackend):
+        def _post(self, kind, buf, peer, what):
+            op = [kind, buf, peer, None]
+            with self._lock:
+                self._pending.append(op)
+                self._launch_through(op)
+            return Handle(lambda timeout: self._wait_event(op[3].event, timeout, f"{what} host {peer}"),
+                          f"{what} host {peer}")
+    return Ungrouped
+
+
+def test_the_ungrouped_backend_deadlocks_on_the_ring_all_reduce():
+    with M.install():
+        Ungrouped = ungrouped_backend()
+        store = DictStore()
+        import cupy
+
+        def rank(r):
+            b = Ungrouped(r, [0, 1, 2], store, 0, 20)
+            b.allreduce_sum(cupy.ones(12, np.float32), [0, 1, 2], 0, timeout=20)
+        errors = _ranks(3, rank)
+    assert all(isinstance(e, M.NcclDeadlock) for e in errors), errors
+    assert "exchange" in str(errors[0]) and "ring_allreduce_sum" in str(errors[0])
+
+
+def test_the_ungrouped_backend_deadlocks_on_a_replicated_reshard():
+    """The first replicated reshard with a ring (rotated chains' all-gather)."""
+    plan = plan_resharding((64, 64), "float32", "1x4@0", "RS1", "3x4@1-3", "RR",
+                           cluster=CLUSTER, strategy="rotated_chains")
+    x = np.arange(64 * 64, dtype=np.float32).reshape(64, 64)
+    with M.install():
+        with pytest.raises(M.NcclDeadlock, match="ring_allgather"):
+            run_plan_on_model(plan, [x], backend=ungrouped_backend(), timeout=20)
+
+
+def _forwards_before_last_receive(model, middle_rank):
+    """Whether the middle host of a chain finished forwarding chunk 1 before its last
+    chunk had arrived (a pipelined chain), from the model's completion log."""
+    log = [(k, seq) for k, _, rank, _, seq in model.completed if rank == middle_rank]
+    first_send = log.index(("send", 0))
+    last_recv = max(i for i, (k, _) in enumerate(log) if k == "recv")
+    return first_send < last_recv
+
+
+@pytest.mark.parametrize("grouped", [True, False])
+def test_a_chain_stays_pipelined(grouped):
+    """A chain's middle host forwards chunk c while it takes chunk c+1; the ungrouped
+    backend made it store-and-forward (its receives were all queued ahead)."""
+    plan = plan_resharding((256, 64), "float32", "1x1@0", "RR", "2x1@1,2", "RR", cluster=ClusterSpec(3, 1),
+                           strategy="broadcast", chunks=8)
+    assert plan.transfers[0].chunks == 8
+    x = np.arange(256 * 64, dtype=np.float32).reshape(256, 64)
+    with M.install() as model:
+        out = run_plan_on_model(plan, [x], backend=None if grouped else ungrouped_backend())[0]
+        expect_exact(plan, x, out)
+        middle = plan.cluster.host_of(plan.transfers[0].receivers[0])  # NCCL rank = host (hosts 0-2)
+        assert _forwards_before_last_receive(model, middle) is grouped
+
+
+# ----------------------------------------------------- the fixed backend, bit-exact
+@pytest.mark.parametrize("case", n_to_m(2) + one_to_m(1 << 16), ids=lambda c: f"{c.suite}-{c.name}")
+@pytest.mark.parametrize("strategy", DATA_STRATEGIES)
+def test_every_kind_on_the_suites_is_bit_exact_on_the_model(case, strategy):
+    x = np.random.default_rng(1).standard_normal(case.shape).astype(np.float32)
+    plan = plan_resharding(case.shape, "float32", case.src_mesh, case.src_spec, case.dst_mesh, case.dst_spec,
+                           cluster=CLUSTER, strategy=strategy)
+    with M.install():
+        expect_exact(plan, x, run_plan_on_model(plan, [x])[0])
+
+
+@settings(max_examples=25, deadline=None)
+@given(resharding_cases(overlap=True), st.sampled_from(DATA_STRATEGIES), st.sampled_from([None, 1, 3]))
+def test_random_plans_are_bit_exact_on_the_model(case, strategy, chunks):
+    shape, src_t, sspec, dst_t, dspec, dph = case
+    hosts = max(max(DeviceMesh.parse(t, dph).hosts) for t in (src_t, dst_t)) + 1
+    cluster = ClusterSpec(num_hosts=hosts, devices_per_host=dph)
+    plan = plan_resharding(shape, "float32", src_t, sspec, dst_t, dspec, cluster=cluster, strategy=strategy,
+                           chunks=chunks, loadbalance="greedy")
+    x = (np.arange(np.prod(shape)) % 251).astype(np.float32).reshape(shape)
+    with M.install():
+        expect_exact(plan, x, run_plan_on_model(plan, [x])[0])
+
+
+@pytest.mark.parametrize("strategy", ["broadcast", "double_tree", "send_recv", "auto"])
+def test_a_coalesced_tree_is_bit_exact_on_the_model(strategy):
+    cluster = ClusterSpec(num_hosts=4, devices_per_host=2)
+    shapes = [(64, 32), (8,), (128, 16), (4, 5), (256,)]
+    tree = {f"w{i}": Resharding.between(s, "float32", "2x2@0,1", "S0" + "R" * (len(s) - 1), "2x2@2,3", "R" * len(s))
+            for i, s in enumerate(shapes)}
+    plan = plan_resharding_tree(tree, cluster=cluster, strategy=strategy, bucket_bytes=1 << 14)
+    assert any(t.parts for t in plan.transfers)
+    rng = np.random.default_rng(0)
+    arrays = [rng.integers(0, 100, leaf.shape).astype(np.float32) for leaf in plan.leaves]
+    with M.install():
+        out = run_plan_on_model(plan, arrays)
+    from alpa_comm.runtime.executor import view
+    from alpa_comm.runtime.local import tree_layouts
+
+    for lay, a, got in zip(tree_layouts(plan), arrays, out):
+        full = tuple((0, n) for n in a.shape)
+        for d, box in lay.dst_boxes.items():
+            assert np.array_equal(got[d], view(a, full, box))
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(2, 5), st.integers(1, 300), st.sampled_from([np.float32, np.float64, np.int32]))
+def test_the_ring_all_reduce_is_exact_on_the_model(n, size, dtype):
+    from alpa_comm.runtime.backend import NcclSubgroupBackend
+
+    rng = np.random.default_rng(size)
+    parts = [rng.integers(-50, 50, size).astype(dtype) for _ in range(n)]
+    got = {}
+    with M.install():
+        import cupy
+
+        store = DictStore()
+
+        def rank(r):
+            b = NcclSubgroupBackend(r, list(range(n)), store, 0, 20)
+            x = cupy.asarray(parts[r].copy())
+            b.allreduce_sum(x, list(range(n)), 0, timeout=20)
+            b.barrier(20)
+            got[r] = np.asarray(x).view(np.ndarray).copy()
+        assert _ranks(n, rank) == [None] * n
+    want = sum(parts)
+    assert all(np.array_equal(got[r], want) for r in range(n))
+
+
+def test_a_wait_past_its_timeout_names_the_peer():
+    """A peer that never sends: the wait aborts the communicator and names the host."""
+    from alpa_comm.runtime.backend import CommunicationError, NcclSubgroupBackend
+
+    with M.install(stall_s=60):
+        import cupy
+
+        store = DictStore()
+        errors = {}
+
+        def rank(r):
+            b = NcclSubgroupBackend(r, [0, 1], store, 0, 5)
+            if r == 1:
+                try:
+                    b.irecv(cupy.zeros(4, np.uint8), 0, 0).wait(0.3)
+                except CommunicationError as e:
+                    errors[r] = e
+        _ranks(2, rank)
+    assert "host 1: receiving from host 0 timed out" in str(errors[1])
