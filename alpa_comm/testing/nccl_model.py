@@ -41,8 +41,8 @@ user-guide/docs/; section names in brackets):
    whatever the GPU co-schedules. (What only a GPU shows, e.g. that a small send may
    complete before its receive is posted, is in ``docs/runtime.md``.)
 
-A device is the thread that made the stream (one GPU per rank thread, as one GPU per
-process in ``alpa_comm.jax``).
+A device is (the thread that made the stream, the CuPy device current there): threads
+stand for processes, each with its own GPUs.
 
 A cycle of waits is reported instead of hanging: when nothing can progress and every
 thread that uses the model is waiting on it (an event, a synchronize, a communicator's
@@ -64,7 +64,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["NcclDeadlock", "NcclMismatch", "NcclModel", "ModelArray", "install"]
+__all__ = ["ModelArray", "NcclDeadlock", "NcclMismatch", "NcclModel", "device_array", "install", "on_device"]
 
 STALL_S = 0.2
 """How long nothing may progress, with every thread waiting, before a deadlock is named
@@ -90,21 +90,67 @@ class _Memory:
 
 class ModelArray(np.ndarray):
     """A "device" array: a NumPy array whose ``.data.ptr`` is its address (CuPy's
-    ``MemoryPointer``); its type's module reads as ``cupy`` (``executor.array_module``)."""
+    ``MemoryPointer``); its type's module reads as ``cupy`` (``executor.array_module``).
+    As with CuPy, a NumPy function applied to it runs CuPy's function of that name where
+    the model's ``cupy`` has one (NEP 18), and fails otherwise, so most host round trips
+    on the GPU path show as errors (``np.asarray`` still gives a host view here, where
+    CuPy refuses: use ``.get()``)."""
+
+    _device: "int | None" = None
+
+    def __array_finalize__(self, obj) -> None:
+        self._device = getattr(obj, "_device", None)  # views keep their array's device
 
     @property
     def data(self):  # noqa: D401 - CuPy's name
         return _Memory(self.ctypes.data)
 
+    @property
+    def device(self) -> "Device":
+        """The GPU it lives on: the one it was placed on (``on_device``), else the calling
+        thread's current device."""
+        return Device(self._device if self._device is not None else _current_device())
+
     def get(self) -> np.ndarray:
-        return np.array(self, copy=True).view(np.ndarray)
+        return self.view(np.ndarray).copy()
+
+    def __array_function__(self, func, types, args, kwargs):
+        if func.__name__ not in _NEP18:
+            raise TypeError(f"no implementation found for 'numpy.{func.__name__}' on CuPy arrays")
+        return _on_host(func)(*args, **kwargs)
 
 
 ModelArray.__module__ = "cupy"
 
 
 def _dev(a) -> ModelArray:
-    return np.asarray(a).view(ModelArray)
+    return a if isinstance(a, ModelArray) else np.asarray(a).view(ModelArray)
+
+
+def _host(a):
+    if isinstance(a, ModelArray):
+        return a.view(np.ndarray)
+    if isinstance(a, (list, tuple)):
+        return type(a)(_host(x) for x in a)
+    return a
+
+
+def _on_host(fn):
+    """``fn`` over host views of model arrays, its array result a model array (CuPy's
+    function of that name)."""
+    def call(*args, **kwargs):
+        out = kwargs.get("out")
+        got = fn(*[_host(a) for a in args], **{k: _host(v) for k, v in kwargs.items()})
+        if out is not None:
+            return out
+        return _dev(got) if isinstance(got, np.ndarray) else got
+    call.__name__ = fn.__name__
+    return call
+
+
+_NEP18 = {"empty_like", "zeros_like", "ones_like", "full_like", "concatenate", "array_equal", "copyto", "ravel",
+          "reshape", "shares_memory", "may_share_memory", "sum", "allclose", "linspace", "ascontiguousarray",
+          "result_type", "can_cast", "ndim", "shape", "size", "prod"}
 
 
 # ------------------------------------------------------------------ the model
@@ -159,7 +205,7 @@ class _Comm:
 class _Stream:
     def __init__(self, model: "NcclModel", name: str):
         self.model, self.name = model, name
-        self.device = threading.current_thread()
+        self.device = (threading.current_thread(), _current_device())
         self.queue: list = []  # _Op or _Group, in issue order
 
 
@@ -173,6 +219,7 @@ class NcclModel:
         self._launches = itertools.count(1)
         self._active: dict[threading.Thread, object] = {}  # device -> its running NCCL launch
         self.streams: list[_Stream] = []
+        self._busy: dict[_Stream, None] = {}  # streams with queued work, in the order they got it
         self._stream_ids = itertools.count()
         self._uids = itertools.count(1)
         self._names: dict[tuple, str] = {}
@@ -217,8 +264,12 @@ class NcclModel:
             if rank in members:
                 raise NcclMismatch(f"rank {rank} joined communicator {self._names[uid]} twice")
             members.add(rank)
-        self.wait_until(lambda: len(self._joining[uid]) >= world,
-                        f"creating communicator {self._names[uid]} as rank {rank} of {world}")
+        what = f"creating communicator {self._names[uid]} as rank {rank} of {world}"
+        g = self._groups
+        if getattr(g, "depth", 0):  # in a group, creation completes at groupEnd (several ranks per thread)
+            g.joins = getattr(g, "joins", []) + [(uid, world, what)]
+        else:
+            self.wait_until(lambda: len(self._joining[uid]) >= world, what)
         return _Comm(self, uid, world, rank)
 
     def stream(self) -> _Stream:
@@ -240,12 +291,16 @@ class NcclModel:
             raise NcclMismatch("groupEnd without groupStart")
         g.depth -= 1
         if g.depth == 0:
+            joins, g.joins = getattr(g, "joins", []), []
+            for uid, world, what in joins:
+                self.wait_until(lambda uid=uid, world=world: len(self._joining[uid]) >= world, what)
             ops, g.ops = g.ops, []
             if ops:
                 with self.lock:
                     grp = _Group(ops, next(self._launches))
                     for s in dict.fromkeys(op.stream for op in ops):
                         s.queue.append(grp)
+                        self._busy[s] = None
                     for op in ops:
                         op.group = grp
                     self._progress()
@@ -265,6 +320,7 @@ class NcclModel:
             return
         with self.lock:
             op.stream.queue.append(op)
+            self._busy[op.stream] = None
             if op.comm is not None:
                 op.launch = next(self._launches)
             self._progress()
@@ -303,7 +359,7 @@ class NcclModel:
         for dev in dict.fromkeys(s.device for s in self._streams_of(unit)):
             active = self._active.get(dev)
             if active is None:
-                ready = [st.queue[0] for st in self.streams if st.device is dev and st.queue
+                ready = [st.queue[0] for st in self._busy if st.device == dev and st.queue
                          and _is_nccl(st.queue[0]) and self._at_heads(st.queue[0])]
                 if min(ready, key=lambda u: u.launch) is not unit:
                     return False
@@ -316,7 +372,10 @@ class NcclModel:
         changed = True
         while changed:
             changed = False
-            for s in self.streams:
+            for s in list(self._busy):
+                if not s.queue:
+                    self._busy.pop(s, None)
+                    continue
                 while s.queue:
                     head = s.queue[0]
                     ops = head.ops if isinstance(head, _Group) else [head]
@@ -373,6 +432,8 @@ class NcclModel:
                 raise NcclMismatch(f"collective #{first.seq + 1} on communicator {first.comm.name} differs "
                                    f"between ranks: {first.describe()} vs {o.describe()}")
         dtype = _DTYPES[first.dtype]
+        if first.kind == "allreduce" and first.op != 0:
+            raise NcclMismatch(f"the model's all-reduce sums only (NCCL_SUM), got op {first.op}")
         if first.kind == "allreduce":
             total = sum(_view(o.ptr, first.count, dtype).astype(dtype) for o in ops)
             for o in ops:
@@ -440,7 +501,7 @@ class NcclModel:
         if any(t not in self._waiting for t in live):
             self._last_progress = time.monotonic()
             return
-        pending = [op for s in self.streams for u in s.queue[:1]
+        pending = [op for s in self._busy for u in s.queue[:1]
                    for op in (u.ops if isinstance(u, _Group) else [u]) if not op.done]
         joining = [w for w in self._waiting.values() if w.startswith("creating")]
         if not pending and not joining:
@@ -476,7 +537,7 @@ class NcclModel:
     def _match(self, op: _Op) -> "_Op | None":
         c = op.comm
         want = "recv" if op.kind == "send" else "send"
-        for s in self.streams:
+        for s in self._busy:
             for unit in s.queue:
                 for o in (unit.ops if isinstance(unit, _Group) else [unit]):
                     if (o.kind == want and o.comm is not None and o.comm.uid == c.uid and o.comm.rank == op.peer
@@ -512,9 +573,23 @@ def _view(ptr: int, count: int, dtype) -> np.ndarray:
 
 
 # ------------------------------------------------------- the fake CuPy API
+_TLS = threading.local()  # per thread (process): the current device, its current and default streams
+
+
+def _current_device() -> int:
+    return getattr(_TLS, "device", 0)
+
+
 class Event:
-    def __init__(self, model: NcclModel, op: _Op | None):
-        self._model, self._op = model, op
+    """``cupy.cuda.Event``: ``record(stream)``, ``done``, ``synchronize``."""
+
+    def __init__(self, block: bool = False, disable_timing: bool = False, interprocess: bool = False, *,
+                 _model=None, _op=None):
+        self._model, self._op = _model or _ACTIVE, _op
+
+    def record(self, stream=None) -> None:
+        stream = stream if stream is not None else get_current_stream()
+        self._op = stream.record()._op
 
     @property
     def done(self) -> bool:
@@ -527,9 +602,10 @@ class Event:
 
 
 class Stream:
-    """``cupy.cuda.Stream``: ``record``, ``wait_event``, ``synchronize``, ``ptr``, ``done``."""
+    """``cupy.cuda.Stream``: ``record``, ``wait_event``, ``synchronize``, ``ptr``, ``done``,
+    ``use``; ``Stream.null`` is each thread's (device's) default stream."""
 
-    null = None
+    null = None  # set to a _NullStream at install
 
     def __init__(self, null: bool = False, non_blocking: bool = False, ptds: bool = False, *, _model=None):
         self._model = _model or _ACTIVE
@@ -537,16 +613,20 @@ class Stream:
         self.ptr = id(self._s)
         _STREAMS[self.ptr] = self._s
 
+    def _stream(self) -> _Stream:
+        return self._s
+
     def record(self, event=None) -> Event:
-        op = _Op("event", None, self._s)
+        op = _Op("event", None, self._stream())
         self._model.issue(op)
-        ev = Event(self._model, op)
+        ev = Event(_model=self._model, _op=op)
         op.event = ev
+        if event is not None:
+            event._op = op
         return ev
 
     def wait_event(self, event: Event) -> None:
-        op = _Op("wait_event", None, self._s, event=event)
-        self._model.issue(op)
+        self._model.issue(_Op("wait_event", None, self._stream(), event=event))
 
     def synchronize(self) -> None:
         self.record().synchronize()
@@ -556,28 +636,63 @@ class Stream:
         return self.record().done
 
     def use(self):
+        _TLS.stream = self
         return self
 
-
-class Device:
-    def __init__(self, device: int = 0):
-        self.id = device
-
-    def use(self) -> None:
-        pass
-
-    def synchronize(self) -> None:
-        pass
-
     def __enter__(self):
+        self._prev = getattr(_TLS, "stream", None)
+        _TLS.stream = self
         return self
 
     def __exit__(self, *exc):
+        _TLS.stream = self._prev
+        return False
+
+
+class _NullStream(Stream):
+    """``Stream.null``: resolves to the calling thread's default stream of its current
+    device (``ptr`` 0, as CUDA's legacy default stream)."""
+
+    def __init__(self, model):
+        self._model, self.ptr = model, 0
+
+    def _stream(self) -> _Stream:
+        return _default_stream()
+
+
+def get_current_stream() -> Stream:
+    return getattr(_TLS, "stream", None) or Stream.null
+
+
+class Device:
+    """``cupy.cuda.Device``: ``use()`` and ``with`` make it this thread's current device."""
+
+    def __init__(self, device: int = 0):
+        self.id = int(device)
+
+    def use(self) -> None:
+        _TLS.device = self.id
+
+    def synchronize(self) -> None:
+        """Wait for every stream of this device (of the calling thread)."""
+        model, dev = _ACTIVE, (threading.current_thread(), self.id)
+        mine = [s for s in model.streams if s.device == dev]
+        model.wait_until(lambda: all(not s.queue for s in mine), f"synchronizing device {self.id}")
+
+    def __enter__(self):
+        self._prev = _current_device()
+        _TLS.device = self.id
+        return self
+
+    def __exit__(self, *exc):
+        _TLS.device = self._prev
         return False
 
 
 _STREAMS: dict[int, _Stream] = {}
 _ACTIVE: NcclModel | None = None
+DEVICES_PER_PROCESS = 8
+"""What ``cupy.cuda.runtime.getDeviceCount()`` answers in every thread."""
 
 
 class NcclCommunicator:
@@ -591,7 +706,7 @@ class NcclCommunicator:
         self._c = self._model.join(uid, int(ndev), int(rank))
 
     def _op(self, kind, stream, **kw) -> None:
-        s = _STREAMS[stream] if stream else _DEFAULT_STREAM()
+        s = _STREAMS[stream] if stream else _default_stream()
         self._model.issue(_Op(kind, self._c, s, **kw))
 
     def send(self, sendbuf: int, count: int, datatype: int, peer: int, stream: int) -> None:
@@ -624,11 +739,13 @@ class NcclCommunicator:
         pass
 
 
-def _DEFAULT_STREAM() -> _Stream:
-    m = _ACTIVE
-    if not hasattr(m, "_default"):
-        m._default = Stream(_model=m)._s
-    return m._default
+def _default_stream() -> _Stream:
+    """The calling thread's default stream on its current device (made on first use)."""
+    streams = _TLS.__dict__.setdefault("defaults", {})
+    key = (id(_ACTIVE), _current_device())
+    if key not in streams:
+        streams[key] = _ACTIVE.stream()
+    return streams[key]
 
 
 def _size(datatype: int) -> int:
@@ -639,7 +756,8 @@ def _nccl_module() -> types.ModuleType:
     mod = types.ModuleType("cupy.cuda.nccl")
     names = {"NCCL_INT8": 0, "NCCL_CHAR": 0, "NCCL_UINT8": 1, "NCCL_INT32": 2, "NCCL_INT": 2, "NCCL_UINT32": 3,
              "NCCL_INT64": 4, "NCCL_UINT64": 5, "NCCL_FLOAT16": 6, "NCCL_HALF": 6, "NCCL_FLOAT32": 7,
-             "NCCL_FLOAT": 7, "NCCL_FLOAT64": 8, "NCCL_DOUBLE": 8, "NCCL_SUM": 0}
+             "NCCL_FLOAT": 7, "NCCL_FLOAT64": 8, "NCCL_DOUBLE": 8, "NCCL_SUM": 0, "NCCL_PROD": 1,
+             "NCCL_MIN": 2, "NCCL_MAX": 3}
     for k, v in names.items():
         setattr(mod, k, v)
     mod.NcclCommunicator = NcclCommunicator
@@ -647,6 +765,7 @@ def _nccl_module() -> types.ModuleType:
     mod.groupStart = lambda: _ACTIVE.group_start()
     mod.groupEnd = lambda: _ACTIVE.group_end()
     mod.get_version = lambda: 22300
+    mod.get_build_version = lambda: 22300
     return mod
 
 
@@ -657,27 +776,19 @@ def _cupy_module(nccl: types.ModuleType) -> types.ModuleType:
     cuda = types.ModuleType("cupy.cuda")
     cuda.__path__ = []
     cuda.Stream, cuda.Event, cuda.Device, cuda.nccl = Stream, Event, Device, nccl
+    cuda.get_current_stream = get_current_stream
+    cuda.runtime = types.SimpleNamespace(getDeviceCount=lambda: DEVICES_PER_PROCESS)
     cp.cuda = cuda
     for name in ("float16", "float32", "float64", "int8", "int32", "int64", "uint8", "uint16", "uint32",
                  "uint64", "bool_"):
         setattr(cp, name, getattr(np, name))
     for name in ("empty", "zeros", "ones", "arange", "full", "empty_like", "zeros_like", "concatenate",
-                 "ascontiguousarray", "array", "asarray", "frombuffer"):
-        setattr(cp, name, _wrapped(getattr(np, name)))
-    cp.asnumpy = lambda a: np.array(a, copy=True).view(np.ndarray)
+                 "ascontiguousarray", "array", "asarray", "frombuffer", "array_equal"):
+        setattr(cp, name, _on_host(getattr(np, name)))
+    cp.asnumpy = lambda a: a.get() if isinstance(a, ModelArray) else np.array(a, copy=True)
     cp.get_array_module = lambda *a: cp
     cp.from_dlpack = lambda x: _dev(np.from_dlpack(x))
-    cp.array_equal = np.array_equal
     return cp
-
-
-def _wrapped(fn):
-    def call(*a, **k):
-        out = k.get("out")
-        got = fn(*a, **k)
-        return got if out is not None and got is out else _dev(got)
-    call.__name__ = fn.__name__
-    return call
 
 
 @contextmanager
@@ -690,13 +801,14 @@ def install(stall_s: float = STALL_S, concurrent_streams: bool = False):
     nccl = _nccl_module()
     cp = _cupy_module(nccl)
     saved = {k: sys.modules.get(k) for k in ("cupy", "cupy.cuda", "cupy.cuda.nccl")}
-    previous = _ACTIVE
+    previous, previous_null = _ACTIVE, Stream.null
     _ACTIVE = model
+    Stream.null = _NullStream(model)
     sys.modules.update({"cupy": cp, "cupy.cuda": cp.cuda, "cupy.cuda.nccl": nccl})
     try:
         yield model
     finally:
-        _ACTIVE = previous
+        _ACTIVE, Stream.null = previous, previous_null
         for k, v in saved.items():
             if v is None:
                 sys.modules.pop(k, None)
@@ -704,6 +816,13 @@ def install(stall_s: float = STALL_S, concurrent_streams: bool = False):
                 sys.modules[k] = v
 
 
+def on_device(a, device: int) -> ModelArray:
+    """``a``'s memory as a model array living on GPU ``device`` (no copy)."""
+    out = np.asarray(a).view(ModelArray)
+    out._device = int(device)
+    return out
+
+
 def device_array(a) -> ModelArray:
     """A copy of ``a`` as a model device array."""
-    return _dev(np.array(a, copy=True))
+    return np.array(a, copy=True).view(ModelArray)

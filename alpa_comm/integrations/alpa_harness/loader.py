@@ -36,6 +36,15 @@ STUBBED_ALPA = ("alpa.collective", "alpa.shard_parallel", "alpa.mesh_profiling",
 REAL_IN_STUBS = ("alpa.collective.worker_nccl_util", "alpa.collective.worker_nccl_util_cupy")
 """Alpa's own files inside a stubbed package: the worker-side NCCL glue, so its broadcast
 runs here with NumPy stand-ins for CuPy and NCCL put in its namespace by a test."""
+ALPA_NCCL_COLLECTIVE = ("alpa.collective.types", "alpa.collective.const",
+                        "alpa.collective.collective_group.nccl_util",
+                        "alpa.collective.collective_group.base_collective_group",
+                        "alpa.collective.collective_group.cuda_stream",
+                        "alpa.collective.collective_group.nccl_collective_group")
+"""Alpa's own NCCL collective group (``NCCLGroup``: communicators per device made in one
+group, a stream pool per GPU, events between streams), real only where a test asks
+(``real_files``) with a CuPy stand-in installed first (``alpa_comm.testing.nccl_model``)."""
+_REAL: set[str] = set(REAL_IN_STUBS)
 PXLA = "jax.interpreters.pxla"
 PRELUDE = ("alpa.global_env", "alpa.device_mesh")
 """Imported first, as Alpa's package import reaches them first: ``device_mesh`` and
@@ -148,7 +157,7 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         self.alpa_dir = alpa_dir
 
     def find_spec(self, name, path=None, target=None):
-        if name in REAL_IN_STUBS:
+        if name in _REAL:
             return importlib.util.spec_from_file_location(
                 name, self.alpa_dir.parent / (name.replace(".", "/") + ".py"))
         top = name.split(".")[0]
@@ -168,6 +177,22 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module):
         pass
+
+
+def real_files(names) -> dict[str, types.ModuleType]:
+    """Alpa's own files for these modules, imported in the given order (dependencies
+    first), inside stubbed packages too (``ALPA_NCCL_COLLECTIVE``): each becomes its
+    package's attribute, so ``from package import name`` in Alpa's files finds it and not
+    a stub. Their other imports resolve as usual (a ``cupy`` already in ``sys.modules``,
+    such as the NCCL model's, is used as it is)."""
+    _REAL.update(names)
+    out = {}
+    for name in names:
+        sys.modules.pop(name, None)  # a stub made before, if any
+        out[name] = importlib.import_module(name)
+        parent, _, child = name.rpartition(".")
+        setattr(sys.modules[parent], child, out[name])
+    return out
 
 
 def install(alpa_root: Path) -> None:
