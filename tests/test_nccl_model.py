@@ -334,3 +334,45 @@ def test_a_wait_past_its_timeout_names_the_peer():
                     errors[r] = e
         _ranks(2, rank)
     assert "host 1: receiving from host 0 timed out" in str(errors[1])
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.integers(2, 4), st.lists(st.integers(1, 40), min_size=1, max_size=5), st.sampled_from([8, 64, 1 << 20]))
+def test_the_data_parallel_all_reduce_is_the_mean_on_the_model(n, sizes, bucket):
+    """``allreduce_mean`` (the trainer's gradient all-reduce, in flat buckets) over the NCCL
+    backend on device arrays: the mean over hosts, and the buckets stay in device memory."""
+    from alpa_comm.runtime.allreduce import allreduce_mean
+    from alpa_comm.runtime.backend import NcclSubgroupBackend
+
+    rng = np.random.default_rng(len(sizes))
+    data = [[rng.integers(-8, 8, s).astype(np.float32) for s in sizes] for _ in range(n)]
+    got = {}
+    with M.install():
+        store = DictStore()
+
+        def rank(r):
+            b = NcclSubgroupBackend(r, list(range(n)), store, 0, 20)
+            out = allreduce_mean(b, [M.device_array(a) for a in data[r]], list(range(n)), 0, bucket_bytes=bucket,
+                                 timeout=20)
+            assert all(isinstance(a, M.ModelArray) for a in out)
+            got[r] = [a.get() for a in out]
+        assert _ranks(n, rank) == [None] * n
+    for i in range(len(sizes)):
+        want = np.mean([data[r][i] for r in range(n)], axis=0)
+        for r in range(n):
+            np.testing.assert_allclose(got[r][i], want, rtol=1e-6)
+
+
+def test_the_gpu_check_passes_on_the_model(capsys):
+    """``benchmarks/gpu_check.py --model``: the N-GPU part of the prepared GPU check (every
+    kind, device buffers, the ring all-reduce) runs here on the model."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
+    spec = importlib.util.spec_from_file_location("gpu_check", path)
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    assert gpu_check.main(["--model", "--devices", "3", "--size-mb", "0.25"]) == 0
+    out = capsys.readouterr().out
+    assert "24/24 plans bit-exact (on the model)" in out and "OK   ring all-reduce over 3 ranks" in out

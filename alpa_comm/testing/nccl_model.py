@@ -66,10 +66,11 @@ import numpy as np
 
 __all__ = ["ModelArray", "NcclDeadlock", "NcclMismatch", "NcclModel", "device_array", "install", "on_device"]
 
-STALL_S = 0.2
-"""How long nothing may progress, with every thread waiting, before a deadlock is named
-(a thread between two calls is never a waiter, so this only guards against the report
-racing a thread that is about to issue)."""
+STALL_S = 1.0
+"""How long nothing may happen (no progress, no new operation, no new thread), with every
+thread the model knows waiting, before a deadlock is named: a thread that has not called
+into the model yet (still starting, importing) is unknown to it, so this guards against
+naming a deadlock before it has arrived."""
 
 
 class NcclDeadlock(RuntimeError):
@@ -246,7 +247,10 @@ class NcclModel:
         return (next(self._uids),) + (0,) * 127
 
     def _register(self) -> None:
-        self._threads.add(threading.current_thread())
+        me = threading.current_thread()
+        if me not in self._threads:
+            self._threads.add(me)
+            self._last_progress = time.monotonic()
 
     @staticmethod
     def _where() -> str:
@@ -314,6 +318,7 @@ class NcclModel:
             if op.comm is not None and op.comm.aborted:
                 raise RuntimeError(f"NCCL error: communicator {op.comm.name} was aborted")
             self._number(op)
+            self._last_progress = time.monotonic()
         g = self._groups
         if getattr(g, "depth", 0):
             g.ops.append(op)
