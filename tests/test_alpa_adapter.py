@@ -232,14 +232,58 @@ def test_alpa_s_stage_profiling_gets_its_strategies_from_alpa_comm(harness):
         assert mode == "broadcast" and wrong == [], name
 
 
+BOUNDARY = r'''
+# What both worker tests share: the state MeshHostWorker's methods use, the workers of one
+# boundary tensor with their buffers set, the check of every destination tile, and the
+# cases (the conformance cases and a 4 MiB one that the cost model chunks).
+from alpa_comm.integrations.alpa_harness import alpa_objects as ao
+from alpa_comm.integrations.alpa_harness.conformance import _communicator, cases
+
+class HostWorker:
+    def __init__(self, n):
+        self.buffers, self.broadcast_tasks, self.num_devices = {}, {}, n
+        self.local_devices = list(range(n))
+
+def boundary(case, chunked, place=lambda data, local: data):
+    # per tensor of the case: (var, spec, task, x, src_mesh, dst_mesh, workers), the workers'
+    # buffers set (place: where one device keeps its block)
+    adapter.configure("alpa_comm")
+    comm, src_mesh, dst_mesh, xs = _communicator(case, "alpa_comm")
+    if not chunked:  # Alpa's own broadcast on the workers
+        adapter.configure("off")
+    for i, var in enumerate(xs):
+        spec = comm.resharding_specs[0][1][var]
+        task = ao.compile_task(spec, src_mesh, dst_mesh)
+        x = ao.values(var.aval.shape, i)
+        workers = {}
+        for mesh, array, uuid in ((src_mesh, spec.src, 1), (dst_mesh, spec.dst, 2)):
+            for h, w in enumerate(mesh.workers):
+                hw = workers[w] = HostWorker(4)
+                hw.uuid = uuid
+                hw.buffers[uuid] = [None] * 4
+                for j, local in enumerate(mesh.devices[h]):
+                    block = x[array.indices[h * mesh.num_devices_per_host + j]]
+                    data = np.ascontiguousarray(block) if uuid == 1 else np.zeros_like(block)
+                    hw.buffers[uuid][local] = place(data, local)
+        yield var, spec, task, x, src_mesh, dst_mesh, workers
+
+def wrong_tiles(var, spec, x, dst_mesh, workers):
+    return [f"{var}:{h}:{local}" for h, w in enumerate(dst_mesh.workers) for j, local in enumerate(dst_mesh.devices[h])
+            if not np.array_equal(np.asarray(workers[w].buffers[2][local]),
+                                  x[spec.dst.indices[h * dst_mesh.num_devices_per_host + j]])]
+
+big = {"name": "4 MiB replicated 1x4 -> 4x4", "src": {"hosts": [0], "dph": 4}, "dst": {"hosts": [1, 2, 3, 4], "dph": 4},
+       "tensors": [{"shape": [1024, 1024], "src": {"sharding": ["N", "N"], "mapping": [["R", 4]]},
+                    "dst": {"sharding": ["N", [4]], "mapping": [["R", 4], ["S", 0]]}}]}
+'''
+
+
 WORKER = r'''
 import types
 import numpy as np
 import alpa.collective.worker_nccl_util as nccl            # Alpa's own file
 import alpa.collective.worker_nccl_util_cupy as cupy_glue  # Alpa's own file
 from alpa.device_mesh import MeshHostWorker
-from alpa_comm.integrations.alpa_harness import alpa_objects as ao
-from alpa_comm.integrations.alpa_harness.conformance import _communicator, cases
 
 # NumPy stand-ins for CuPy/XLA buffers and for NCCL's broadcast (rank 0's n elements from its
 # pointer, copied to every other rank's pointer, in call order per communicator)
@@ -286,48 +330,20 @@ cupy_glue.jnp = types.SimpleNamespace(ones=np.ones)
 alpa.device_mesh.worker_nccl_util = nccl  # what device_mesh imports where CUDA is present
 alpa.global_config.nccl_mode = "cupy"
 
-class HostWorker:  # the state MeshHostWorker's methods use
-    def __init__(self, n):
-        self.buffers, self.broadcast_tasks, self.num_devices = {}, {}, n
-        self.local_devices = list(range(n))
-
 def run(case, chunked):
     world.clear(); cursor.clear(); calls.clear()
-    adapter.configure("alpa_comm")
-    comm, src_mesh, dst_mesh, xs = _communicator(case, "alpa_comm")
-    if not chunked:  # Alpa's own broadcast on the workers
-        adapter.configure("off")
     wrong, groups = [], 0
-    for i, var in enumerate(xs):
-        spec = comm.resharding_specs[0][1][var]
-        task = ao.compile_task(spec, src_mesh, dst_mesh)
-        x = ao.values(var.aval.shape, i)
-        workers = {}
-        for mesh, array, uuid in ((src_mesh, spec.src, 1), (dst_mesh, spec.dst, 2)):
-            for h, w in enumerate(mesh.workers):
-                hw = workers[w] = HostWorker(4)
-                hw.uuid = uuid
-                hw.buffers[uuid] = [None] * 4
-                for j, local in enumerate(mesh.devices[h]):
-                    block = x[array.indices[h * mesh.num_devices_per_host + j]]
-                    hw.buffers[uuid][local] = np.ascontiguousarray(block) if uuid == 1 else np.zeros_like(block)
+    for var, spec, task, x, src_mesh, dst_mesh, workers in boundary(case, chunked):
         senders = [w for w in src_mesh.workers if w in task.broadcast_tasks]
         for w in senders + [w for w in dst_mesh.workers if w in task.broadcast_tasks]:
             hw = workers[w]
             MeshHostWorker.put_resharding_broadcast_task(hw, 7, task.broadcast_tasks[w], "g")
             MeshHostWorker.run_resharding_broadcast_task(hw, 7, hw.uuid, set_empty_buffer=False)
         groups += sum(len(g) for g in task.broadcast_tasks.values())  # one NCCL call per worker and group
-        for h, w in enumerate(dst_mesh.workers):
-            for j, local in enumerate(dst_mesh.devices[h]):
-                want = x[spec.dst.indices[h * dst_mesh.num_devices_per_host + j]]
-                if not np.array_equal(workers[w].buffers[2][local], want):
-                    wrong.append(f"{var}:{h}:{local}")
+        wrong += wrong_tiles(var, spec, x, dst_mesh, workers)
     return {"wrong": wrong, "calls": len(calls), "groups": groups}
 
 adapter.install()
-big = {"name": "4 MiB replicated 1x4 -> 4x4", "src": {"hosts": [0], "dph": 4}, "dst": {"hosts": [1, 2, 3, 4], "dph": 4},
-       "tensors": [{"shape": [1024, 1024], "src": {"sharding": ["N", "N"], "mapping": [["R", 4]]},
-                    "dst": {"sharding": ["N", [4]], "mapping": [["R", 4], ["S", 0]]}}]}
 for case in cases() + [big]:
     out[case["name"]] = {"alpa": run(case, False), "chunked": run(case, True)}
 from alpa_comm.integrations.alpa_worker import worker_chunks
@@ -342,7 +358,7 @@ def test_workers_run_the_chunked_broadcast_through_alpa_s_own_nccl_glue(harness)
     adapter's worker patch each group's slice goes as the chunks alpa_comm's cost model picks
     (more NCCL calls on the 4 MiB case), and every destination buffer is bit-exact — as with
     Alpa's own, unchunked broadcast."""
-    out = harness(WORKER)
+    out = harness(BOUNDARY + WORKER)
     big = out.pop("4 MiB replicated 1x4 -> 4x4")
     chunks = out.pop("big_chunks")
     for name, runs in list(out.items()) + [("big", big)]:
@@ -369,8 +385,6 @@ ncg = real["alpa.collective.collective_group.nccl_collective_group"]
 import alpa.collective.worker_nccl_util as nccl                                         # Alpa's own file
 import alpa.collective.worker_nccl_util_cupy as cupy_glue                               # Alpa's own file
 from alpa.device_mesh import MeshHostWorker
-from alpa_comm.integrations.alpa_harness import alpa_objects as ao
-from alpa_comm.integrations.alpa_harness.conformance import _communicator, cases
 
 # What stands in for Ray and XLA, and only that: each host worker is a thread (a Ray actor
 # there) with its own NCCLGroup and stream pools; the NCCL id of a communicator key is shared
@@ -439,31 +453,9 @@ cupy_glue.jnp = types.SimpleNamespace(ones=np.ones)
 alpa.device_mesh.worker_nccl_util = nccl
 alpa.global_config.nccl_mode = "cupy"
 
-class HostWorker:  # the state MeshHostWorker's methods use
-    def __init__(self, n):
-        self.buffers, self.broadcast_tasks, self.num_devices = {}, {}, n
-        self.local_devices = list(range(n))
-
 def run(case, chunked):
-    adapter.configure("alpa_comm")
-    comm, src_mesh, dst_mesh, xs = _communicator(case, "alpa_comm")
-    if not chunked:
-        adapter.configure("off")
     wrong, errors, calls = [], [], 0
-    for i, var in enumerate(xs):
-        spec = comm.resharding_specs[0][1][var]
-        task = ao.compile_task(spec, src_mesh, dst_mesh)
-        x = ao.values(var.aval.shape, i)
-        workers = {}
-        for mesh, array, uuid in ((src_mesh, spec.src, 1), (dst_mesh, spec.dst, 2)):
-            for h, w in enumerate(mesh.workers):
-                hw = workers[w] = HostWorker(4)
-                hw.uuid = uuid
-                hw.buffers[uuid] = [None] * 4
-                for j, local in enumerate(mesh.devices[h]):
-                    block = x[array.indices[h * mesh.num_devices_per_host + j]]
-                    data = np.ascontiguousarray(block) if uuid == 1 else np.zeros_like(block)
-                    hw.buffers[uuid][local] = M.on_device(data, local)  # XLA's buffer on GPU `local`
+    for var, spec, task, x, src_mesh, dst_mesh, workers in boundary(case, chunked, M.on_device):
         active = [w for w in list(src_mesh.workers) + list(dst_mesh.workers) if w in task.broadcast_tasks]
 
         def work(rank, w):
@@ -484,17 +476,10 @@ def run(case, chunked):
             t.join(60)
         kept.clear()
         calls += model.operations - before
-        for h, w in enumerate(dst_mesh.workers):
-            for j, local in enumerate(dst_mesh.devices[h]):
-                want = x[spec.dst.indices[h * dst_mesh.num_devices_per_host + j]]
-                if not np.array_equal(workers[w].buffers[2][local], want):
-                    wrong.append(f"{var}:{h}:{local}")
+        wrong += wrong_tiles(var, spec, x, dst_mesh, workers)
     return {"wrong": wrong, "errors": errors[:3], "collectives": calls}
 
 adapter.install()
-big = {"name": "4 MiB replicated 1x4 -> 4x4", "src": {"hosts": [0], "dph": 4}, "dst": {"hosts": [1, 2, 3, 4], "dph": 4},
-       "tensors": [{"shape": [1024, 1024], "src": {"sharding": ["N", "N"], "mapping": [["R", 4]]},
-                    "dst": {"sharding": ["N", [4]], "mapping": [["R", 4], ["S", 0]]}}]}
 for case in cases() + [big]:
     out[case["name"]] = {"alpa": run(case, False), "chunked": run(case, True)}
 '''
@@ -508,7 +493,7 @@ def test_alpa_s_own_nccl_group_runs_the_chunked_broadcast_on_the_nccl_model(harn
     called in the same order by every rank (the model checks), nothing deadlocks, and every
     destination buffer is bit-exact; the chunked broadcast makes more NCCL calls on the
     4 MiB case."""
-    out = harness(WORKER_ON_MODEL)
+    out = harness(BOUNDARY + WORKER_ON_MODEL)
     for name, runs in out.items():
         for mode in ("alpa", "chunked"):
             assert runs[mode]["errors"] == [] and runs[mode]["wrong"] == [], (name, mode, runs[mode])

@@ -460,21 +460,11 @@ class NcclModel:
         me = threading.current_thread()
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            while True:
-                with self.lock:
-                    self._register()
-                    self._progress()
-                    if ready():
-                        return True
-                    if self.deadlock:
-                        raise NcclDeadlock(self.deadlock)
-                    self._waiting[me] = what
-                    self._check_deadlock()
-                    if self.deadlock:
-                        raise NcclDeadlock(self.deadlock)
+            while not self._look(ready, what):
                 if deadline is not None and time.monotonic() > deadline:
                     return False
                 time.sleep(0.001)
+            return True
         finally:
             with self.lock:
                 self._waiting.pop(me, None)
@@ -482,6 +472,11 @@ class NcclModel:
     def poll(self, ready, what: str) -> bool:
         """One look at ``ready()`` (``Event.done``): a False counts this thread as waiting
         until its next call into the model."""
+        return self._look(ready, what)
+
+    def _look(self, ready, what: str) -> bool:
+        """Progress, then ``ready()``; if not, this thread waits for ``what`` (and a
+        deadlock, once every thread waits and nothing moves, is raised here)."""
         me = threading.current_thread()
         with self.lock:
             self._register()
@@ -489,17 +484,12 @@ class NcclModel:
             if ready():
                 self._waiting.pop(me, None)
                 return True
-            if self.deadlock:
-                raise NcclDeadlock(self.deadlock)
-            self._waiting[me] = what
-            self._check_deadlock()
+            if not self.deadlock:
+                self._waiting[me] = what
+                self._check_deadlock()
             if self.deadlock:
                 raise NcclDeadlock(self.deadlock)
             return False
-
-    def not_waiting(self) -> None:
-        with self.lock:
-            self._waiting.pop(threading.current_thread(), None)
 
     def _check_deadlock(self) -> None:
         live = [t for t in self._threads if t.is_alive()]
