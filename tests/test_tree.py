@@ -126,6 +126,32 @@ def small_leaves(n: int = 160, elements: int = 16384) -> list:
     return [Resharding.between((elements,), "float32", src, "S1", dst, "S1") for _ in range(n)]
 
 
+def test_each_senders_last_bucket_ramps_down_into_halving_transfers(monkeypatch):
+    """A sending host's last coalesced chain becomes transfers that halve in size, cut on
+    part boundaries (so its receiver places most of those leaves while the rest is still
+    on the wire); the same parts move, ids stay dense, and the tree arrives bit-exact."""
+    from alpa_comm.resharding import tree as tree_module
+
+    plan = plan_resharding_tree(small_leaves(), cluster=CLUSTER, bucket_bytes=8 << 20, strategy="broadcast",
+                                cache=False)
+    monkeypatch.setattr(tree_module, "ramp_down", lambda transfers, cluster: transfers)
+    whole = plan_resharding_tree(small_leaves(), cluster=CLUSTER, bucket_bytes=8 << 20, strategy="broadcast",
+                                 cache=False)
+    monkeypatch.undo()
+    def parts(p):
+        return sorted((x.leaf, x.task) for t in p.transfers for x in t.parts)
+    assert parts(plan) == parts(whole) and len(plan.transfers) > len(whole.transfers)
+    assert [t.id for t in plan.transfers] == list(range(len(plan.transfers)))
+    assert all(d < t.id for t in plan.transfers for d in t.deps)
+    last = [t for t in whole.transfers if t.parts][-1]
+    pieces = plan.transfers[last.id:]
+    assert sum(t.nbytes for t in pieces) == last.nbytes and 1 < len(pieces) <= tree_module.RAMP_PIECES
+    sizes = [t.nbytes for t in pieces]
+    assert sizes[0] >= last.nbytes / 2 and all(a >= b for a, b in zip(sizes, sizes[1:-1]))
+    assert all(not t.ramp and t.receivers == last.receivers for t in pieces)
+    run_tree(plan)
+
+
 def test_each_senders_first_bucket_ramps_up_and_leaves_chunk_by_chunk(monkeypatch):
     """A sending host's first coalesced chain goes in at least ``RAMP_PIECES`` chunks (so
     its wire starts once one chunk is packed), later buckets keep the cost model's

@@ -85,7 +85,8 @@ def _reshard_tree(tree, dst_tree, group, strategy, bucket_bytes, wire_dtype, dty
                                  f"{sorted(p for p, _ in leaves)}")
     prep = _prepare(leaves, dsts, group, strategy, bucket_bytes, wire_dtype)
     io = buffers_for(group.buffers, prep.hosts, group.pool)
-    src = [io.sources(x, prep.hosts, wire) for (_, x), wire in zip(leaves, prep.wires)]
+    src = ([io.sources(x, prep.hosts, wire) for (_, x), wire in zip(leaves, prep.wires)] if prep.sends
+           else [{}] * len(leaves))  # a process that only receives reads no shards
     placer = io.placer([(x.shape, x.dtype) for _, x in leaves], _want(dtype), prep.shardings, prep.hosts,
                        prep.wires, prep.writers)
     try:
@@ -169,6 +170,13 @@ class _Share:
     def slab_regions(self) -> SlabLayout:
         """Where this host's destination buffers lie in a call's slab (worked out once)."""
         return slab_regions(self.layouts, self.job.is_local, self.job.transfers)
+
+    @functools.cached_property
+    def sends(self) -> bool:
+        """Whether this host sends or copies anything (else it reads no source shards)."""
+        local = self.job.is_local
+        return any((t.sender is not None and local(t.sender)) or any(local(p.sender) for p in t.parts)
+                   for t in self.job.transfers)
 
     @functools.cached_property
     def writers(self) -> dict[int, tuple[int, ...]]:

@@ -40,7 +40,8 @@ TREE_STRATEGIES = PER_TASK_STRATEGIES + (AUTO,)
 RAMP_PIECES = 8
 RAMP_PIECE_MIN = 128 << 10
 """A sending host's first coalesced chain goes in up to ``RAMP_PIECES`` growing chunks
-where it holds at least ``RAMP_PIECES x RAMP_PIECE_MIN`` bytes (``ramp_up``)."""
+where it holds at least ``RAMP_PIECES x RAMP_PIECE_MIN`` bytes (``ramp_up``); its last
+one as up to as many shrinking transfers (``ramp_down``)."""
 
 
 LeafLayout = Resharding.between
@@ -191,7 +192,8 @@ def _plan_tree(leaves: tuple[Leaf, ...], per_leaf: tuple[tuple[UnitTask, ...], .
         jobs, job_leaf, members = pack_jobs(jobs, job_leaf, bucket, cluster, chunks)
     jobs, job_leaf, members = group_jobs(jobs, job_leaf, members, cluster)
     sched = balancing.balance(jobs, loadbalance, seed=seed, dfs_budget_s=dfs_budget_s)
-    transfers = ramp_up(build_transfers(jobs, job_leaf, members, per_leaf, sched, cluster), cluster)
+    transfers = ramp_down(ramp_up(build_transfers(jobs, job_leaf, members, per_leaf, sched, cluster), cluster),
+                          cluster)
     return TreePlan(leaves, per_leaf, tuple(transfers), cluster, strategy, sched.mode, bucket,
                     sched.makespan, bounds.bandwidth(strategy), bounds.latency_aware(strategy),
                     host_operations(transfers, cluster))
@@ -215,6 +217,65 @@ def ramp_up(transfers: list[Transfer], cluster: ClusterSpec) -> list[Transfer]:
                 t = t._replace(chunks=pieces, ramp=True)
         out.append(t)
     return out
+
+
+def ramp_down(transfers: list[Transfer], cluster: ClusterSpec) -> list[Transfer]:
+    """Each sending host's last coalesced chain (``broadcast``) as up to ``RAMP_PIECES``
+    transfers that halve in size, each ending on a part boundary: a receiver places a leaf
+    once the last transfer writing it has ended (``jax.buffers.ProgressivePlacer``), so
+    the leaves of one big last bucket would all wait for its last byte and be placed one
+    by one after it; split, the leaves of each piece are placed while the next pieces
+    arrive, and only the last small piece's follow the last byte. Each piece keeps the
+    chain and its share of the chunks; what depended on the bucket depends on every
+    piece."""
+    last: dict[int, int] = {}
+    for i, t in enumerate(transfers):
+        if t.parts and t.kind == "broadcast":
+            last[cluster.host_of(t.sender)] = i
+    split: dict[int, list[list]] = {}
+    for i in last.values():
+        t = transfers[i]
+        if not t.ramp and t.nbytes >= RAMP_PIECES * RAMP_PIECE_MIN:
+            groups = _halving_groups(t.parts, t.nbytes)
+            if len(groups) > 1:
+                split[i] = groups
+    if not split:
+        return transfers
+    new_ids: dict[int, tuple[int, ...]] = {}
+    out: list[Transfer] = []
+    for i, t in enumerate(transfers):
+        deps = tuple(d for old in t.deps for d in new_ids[old])
+        if i not in split:
+            new_ids[i] = (len(out),)
+            out.append(t._replace(id=len(out), deps=deps))
+            continue
+        ids, done = [], 0
+        for parts in split[i]:
+            nbytes = sum(p.nbytes for p in parts)
+            ids.append(len(out))
+            out.append(t._replace(id=len(out), sender=parts[0].sender, parts=tuple(parts), nbytes=nbytes,
+                                  chunks=max(1, -(-t.chunks * nbytes // t.nbytes)),
+                                  start=t.start + t.duration * done / t.nbytes,
+                                  duration=t.duration * nbytes / t.nbytes, deps=deps))
+            done += nbytes
+        new_ids[i] = tuple(ids)
+    return out
+
+
+def _halving_groups(parts, nbytes: int) -> list[list]:
+    """``parts`` in order, cut at part boundaries into groups of about 1/2, 1/4, ... of
+    ``nbytes`` (at most ``RAMP_PIECES`` groups; none is cut off while less than
+    ``RAMP_PIECE_MIN`` would remain)."""
+    groups: list[list] = [[]]
+    left, target, size = nbytes, nbytes / 2, 0
+    for p in parts:
+        if size >= target and len(groups) < RAMP_PIECES and left >= RAMP_PIECE_MIN:
+            groups.append([])
+            target, size = left / 2, 0
+        groups[-1].append(p)
+        size += p.nbytes
+        left -= p.nbytes
+    return [g for g in groups if g]
 
 
 __all__ = ["AUTO_BUCKET_MAX", "AUTO_BUCKET_MIN", "LeafLayout", "Placement", "Resharding", "TreePlan", "auto_bucket_bytes", "plan_resharding_tree",

@@ -27,6 +27,7 @@ import copy
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterator, NamedTuple, Sequence
@@ -108,6 +109,38 @@ class SlabLayout(NamedTuple):
     total: int
     regions: list  # (leaf, device, offset, bytes, shape) of every local destination buffer
     buckets: dict  # transfer id -> (offset, bytes): coalesced transfers that land in place
+    by_leaf: tuple = ()  # per leaf: ((device, offset, bytes, shape), ...), the regions regrouped
+
+
+class LeafViews(Mapping):
+    """One leaf's destination buffers on this host (device -> array), views of the call's
+    slab made on first use: a 200-leaf call's first receive is posted without first
+    cutting 400 views (the in-place buckets are views of their own), and the views of a
+    leaf are made where it is first needed, mostly on the placing thread as its bytes
+    arrive. Making them twice at once is harmless."""
+
+    __slots__ = ("_flat", "_regions", "_dtype", "_views")
+
+    def __init__(self, flat: np.ndarray, regions: tuple, dtype: np.dtype):
+        self._flat, self._regions, self._dtype, self._views = flat, regions, dtype, None
+
+    def _get(self) -> dict:
+        if self._views is None:
+            flat, dtype = self._flat, self._dtype
+            self._views = {d: flat[at:at + n].view(dtype).reshape(shape) for d, at, n, shape in self._regions}
+        return self._views
+
+    def __getitem__(self, device):
+        return self._get()[device]
+
+    def __contains__(self, device) -> bool:
+        return any(d == device for d, _, _, _ in self._regions)
+
+    def __iter__(self):
+        return iter(self._get())
+
+    def __len__(self) -> int:
+        return len(self._regions)
 
 
 class Destinations(NamedTuple):
@@ -124,9 +157,7 @@ def destination_buffers(layouts: list["Layout"], slab: SlabLayout, alloc_flat) -
     for every repetition of a call, so worked out once) says, with the views the
     in-place buckets are received into (no search per call)."""
     flat = alloc_flat(slab.total)
-    out: list[dict] = [{} for _ in layouts]
-    for i, d, at, nbytes, shape in slab.regions:
-        out[i][d] = flat[at:at + nbytes].view(layouts[i].dtype).reshape(shape)
+    out = [LeafViews(flat, regions, lay.dtype) for lay, regions in zip(layouts, slab.by_leaf)]
     return Destinations(out, {tid: flat[at:at + nbytes] for tid, (at, nbytes) in slab.buckets.items()})
 
 
@@ -149,13 +180,16 @@ def slab_regions(layouts: list["Layout"], is_local: Callable[[int], bool],
             if is_local(d):
                 order.setdefault((i, d), None)
     regions, total, at = [], 0, {}
+    by_leaf: list[list] = [[] for _ in layouts]
     for i, d in order:
         shape = shape_of(layouts[i].dst_boxes[d])
         nbytes = int(np.prod(shape, dtype=np.int64)) * layouts[i].dtype.itemsize
         regions.append((i, d, total, nbytes, shape))
+        by_leaf[i].append((d, total, nbytes, shape))
         at[i, d] = (total, nbytes)
         total += -(-nbytes // HOST_ALIGNMENT) * HOST_ALIGNMENT
-    return SlabLayout(total, regions, _in_place_buckets(layouts, is_local, transfers, at))
+    return SlabLayout(total, regions, _in_place_buckets(layouts, is_local, transfers, at),
+                      tuple(tuple(r) for r in by_leaf))
 
 
 def _in_place_buckets(layouts, is_local, transfers, at: dict) -> dict:
