@@ -161,6 +161,7 @@ class RotatedChains(TransferKind):
                 keep.append(i)
                 continue
             groups.setdefault(tuple(hosts_of(j.receivers)), []).append(i)
+        groups = self._fold_holders(groups, jobs)
         new_index = {i: k for k, i in enumerate(keep)}
         new_jobs = [jobs[i] for i in keep]
         new_leaf = [job_leaf[i] for i in keep]
@@ -218,6 +219,27 @@ class RotatedChains(TransferKind):
                                                        candidates=(cand,)))
                 new_leaf.append(-1)
         return new_jobs, new_leaf, new_members
+
+    @staticmethod
+    def _fold_holders(groups: dict[tuple, list[int]], jobs) -> dict[tuple, list[int]]:
+        """A slice held by a host that is itself a destination (source and destination
+        meshes overlap) needs the ring less that host: alone, the slices of each holder
+        make a ring of their own, small ones latency-bound, and such rings share every NIC
+        so they run one after another. So the holder joins the slice's ring: slices whose
+        receiving hosts plus holder are the same set travel as one ring, the holder's
+        bytes enter there once and go round with the rest (the holder gets its own slice
+        back, a small waste the cost model charges); each part still delivers only to its
+        own receivers."""
+        wanted = {h for ring in groups for h in ring}  # hosts that receive something here
+        out: dict[tuple, list[int]] = {}
+        for ring, idx in groups.items():
+            members = frozenset(ring)
+            for i in idx:
+                holder = min((c.host for c in jobs[i].candidates if c.host in wanted and c.host not in members),
+                             default=None)
+                key = ring if holder is None else tuple(sorted(members | {holder}))
+                out.setdefault(key, []).append(i)
+        return out
 
     @staticmethod
     def _fit_tags(idx: list[int], jobs, senders: dict, ring: list[int]) -> list[list[int]]:
