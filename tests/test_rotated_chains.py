@@ -82,12 +82,29 @@ def test_one_sending_host_goes_as_a_chain():
     assert all(np.array_equal(b, x) for b in execute_in_threads(plan, x, timeout=20).values())
 
 
-def test_rings_too_small_to_gain_stay_one_transfer_per_slice():
-    cluster = ClusterSpec(num_hosts=4, devices_per_host=2)
-    plan = plan_resharding((16, 4), "float32", "2x2@0,1", "S01R", "2x2@2,3", "RR", cluster=cluster,
+def test_one_receiving_host_is_no_ring():
+    cluster = ClusterSpec(num_hosts=3, devices_per_host=2)
+    plan = plan_resharding((16, 4), "float32", "2x2@0,1", "S01R", "1x2@2", "RR", cluster=cluster,
                            strategy="rotated_chains")
-    assert MIN_RING_HOSTS > 2 and all(not t.parts for t in plan.transfers)
+    assert MIN_RING_HOSTS == 2 and all(not t.parts for t in plan.transfers)
     verify_plan(plan)
+
+
+def test_many_senders_to_two_receivers_go_as_one_two_host_ring():
+    """128 hosts' slices to two receiving hosts: chains (sender, first, second) share the
+    receivers' NICs and run one after another, each paying its fill (1.63x the bound);
+    the two-host ring takes each byte in once (within 1.1x), and is bit-exact where small."""
+    cluster = ClusterSpec(num_hosts=130, devices_per_host=8, nic_send_gbps=100, latency_s=20e-6)
+    args = ((16384, 8192), "float32", "128x8@0-127", "S01R", "2x8@128,129", "RR")
+    ring = plan_resharding(*args, cluster=cluster, strategy="rotated_chains", cache=False)
+    chains = plan_resharding(*args, cluster=cluster, strategy="broadcast", cache=False)
+    assert len([t for t in ring.transfers if t.parts]) == 1
+    assert simulate(ring).makespan < 1.1 * ring.latency_bound_seconds < simulate(chains).makespan
+    small = ClusterSpec(num_hosts=10, devices_per_host=2)
+    plan = plan_resharding((64, 8), "float32", "8x2@0-7", "S01R", "2x2@8,9", "RR", cluster=small,
+                           strategy="rotated_chains")
+    verify_plan(plan)
+    run_exact(plan, np.arange(64 * 8, dtype=np.float32).reshape(64, 8))
 
 
 def test_replicating_to_many_hosts_stays_near_the_bound_where_chains_do_not():

@@ -21,9 +21,12 @@ Consecutive slices from one sender to one entry host travel as one scatter
 message. A group has at most ``MAX_SCATTER_MESSAGES`` scatter messages and
 ``MAX_RING_HOSTS`` hosts (each transfer has 1024 tags: scatter tags below the
 executor's ring tags); larger sets are split into several groups, and rings wider than that fall back to
-``broadcast``. Rings of fewer than ``MIN_RING_HOSTS`` hosts are not grouped, and
-a group whose ring the cost model finds slower than its chains in a row (few
-sending hosts make the scatter the long pole) goes as chains (``broadcast``).
+``broadcast``. A single receiving host is no ring; from two on, a group whose ring
+the cost model finds slower than its chains in a row (few sending hosts make the
+scatter the long pole) goes as chains (``broadcast``). Two hosts count: 128 hosts'
+slices to two receivers as chains run one after another on the receivers' NICs, each
+paying its fill, where the two-host ring (half the slices into each, then one swap)
+takes each byte in once.
 """
 from __future__ import annotations
 
@@ -38,9 +41,9 @@ from .broadcast import Broadcast
 
 MAX_SCATTER_MESSAGES = 512
 MAX_RING_HOSTS = 512
-MIN_RING_HOSTS = 3
-"""Below this a ring has no chain fill to save: its slices stay one transfer each (and
-the load balancer interleaves them, which a group holding all their senders could not)."""
+MIN_RING_HOSTS = 2
+"""A ring needs two hosts; whether it beats the chains is the cost model's call
+(``combine``)."""
 
 
 def entry_hosts(part_bytes: Sequence[int], ring: Sequence[int]) -> list[int]:
