@@ -1,10 +1,9 @@
 """The GPU path proven without a GPU: the NCCL model's rules, today's deadlock caught, and
 the real NCCL backend bit-exact on it for every transfer kind, trees and the all-reduce."""
-import threading
-
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
+from torch.distributed import HashStore
 
 from alpa_comm import STRATEGIES, ClusterSpec, DeviceMesh, plan_resharding
 from alpa_comm.resharding.strategies import carries_data
@@ -14,48 +13,38 @@ from alpa_comm.suites import n_to_m, one_to_m
 from alpa_comm.testing import nccl_model as M
 
 from exactness import expect_exact
-from nccl_ranks import DictStore, run_plan_on_model
+from nccl_ranks import run_plan_on_model
+from ranks import rank_errors
 from strategies_hyp import resharding_cases
 
 DATA_STRATEGIES = [s for s in STRATEGIES if carries_data(s)]
 CLUSTER = ClusterSpec(num_hosts=5, devices_per_host=4)
 
 
-def _ranks(n, fn, timeout=20):
-    """``fn(rank)`` on n threads; the errors raised, in rank order (None where none)."""
-    errors = [None] * n
-
-    def body(r):
-        try:
-            fn(r)
-        except BaseException as e:  # noqa: BLE001 - returned to the test
-            errors[r] = e
-    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout)
-    assert not any(t.is_alive() for t in threads), "a rank hung: the model did not report"
-    return errors
-
-
-# ------------------------------------------------------------------ the model's rules
-def test_a_ring_of_ungrouped_sends_deadlocks_and_is_named():
-    """Rule 2: every rank sends, then receives, on one stream: each send waits for a
-    receive queued behind its peer's send."""
-    with M.install() as model:
+def _on_model(n, body, **model):
+    """(errors by rank, the model) of ``body(rank, comm, stream, cupy, nccl)`` on the
+    model: ``n`` ranks of one communicator, each a thread with a stream of its own."""
+    with M.install(**model) as m:
         import cupy
         from cupy.cuda import nccl
 
         uid = nccl.get_unique_id()
 
         def rank(r):
-            comm, s = nccl.NcclCommunicator(3, uid, r), cupy.cuda.Stream(non_blocking=True)
-            out, into = cupy.ones(4, np.float32), cupy.zeros(4, np.float32)
-            comm.send(out.data.ptr, 4, nccl.NCCL_FLOAT32, (r + 1) % 3, s.ptr)
-            comm.recv(into.data.ptr, 4, nccl.NCCL_FLOAT32, (r - 1) % 3, s.ptr)
-            s.synchronize()
-        errors = _ranks(3, rank)
+            body(r, nccl.NcclCommunicator(n, uid, r), cupy.cuda.Stream(non_blocking=True), cupy, nccl)
+        return rank_errors(n, rank), m
+
+
+# ------------------------------------------------------------------ the model's rules
+def test_a_ring_of_ungrouped_sends_deadlocks_and_is_named():
+    """Rule 2: every rank sends, then receives, on one stream: each send waits for a
+    receive queued behind its peer's send."""
+    def rank(r, comm, s, cupy, nccl):
+        out, into = cupy.ones(4, np.float32), cupy.zeros(4, np.float32)
+        comm.send(out.data.ptr, 4, nccl.NCCL_FLOAT32, (r + 1) % 3, s.ptr)
+        comm.recv(into.data.ptr, 4, nccl.NCCL_FLOAT32, (r - 1) % 3, s.ptr)
+        s.synchronize()
+    errors, model = _on_model(3, rank)
     assert all(isinstance(e, M.NcclDeadlock) for e in errors), errors
     report = str(errors[0])
     for r in range(3):
@@ -66,83 +55,57 @@ def test_a_ring_of_ungrouped_sends_deadlocks_and_is_named():
 
 def test_the_same_ring_in_one_group_completes():
     """Rule 3: a send and a receive in one group progress together."""
-    with M.install():
-        import cupy
-        from cupy.cuda import nccl
+    got = {}
 
-        uid = nccl.get_unique_id()
-        got = {}
-
-        def rank(r):
-            comm, s = nccl.NcclCommunicator(3, uid, r), cupy.cuda.Stream(non_blocking=True)
-            out, into = cupy.full(4, r, np.float32), cupy.zeros(4, np.float32)
-            nccl.groupStart()
-            comm.send(out.data.ptr, 4, nccl.NCCL_FLOAT32, (r + 1) % 3, s.ptr)
-            comm.recv(into.data.ptr, 4, nccl.NCCL_FLOAT32, (r - 1) % 3, s.ptr)
-            nccl.groupEnd()
-            s.synchronize()
-            got[r] = into.get()
-        assert _ranks(3, rank) == [None] * 3
+    def rank(r, comm, s, cupy, nccl):
+        out, into = cupy.full(4, r, np.float32), cupy.zeros(4, np.float32)
+        nccl.groupStart()
+        comm.send(out.data.ptr, 4, nccl.NCCL_FLOAT32, (r + 1) % 3, s.ptr)
+        comm.recv(into.data.ptr, 4, nccl.NCCL_FLOAT32, (r - 1) % 3, s.ptr)
+        nccl.groupEnd()
+        s.synchronize()
+        got[r] = into.get()
+    assert _on_model(3, rank)[0] == [None] * 3
     for r in range(3):
         assert np.array_equal(got[r], np.full(4, (r - 1) % 3, np.float32))
 
 
 def test_point_to_point_matches_in_issue_order_and_checks_sizes():
     """Rule 2: the first send meets the first receive, whatever the program meant."""
-    with M.install():
-        import cupy
-        from cupy.cuda import nccl
-
-        uid = nccl.get_unique_id()
-
-        def rank(r):
-            comm, s = nccl.NcclCommunicator(2, uid, r), cupy.cuda.Stream()
-            a, b = cupy.zeros(8, np.uint8), cupy.zeros(16, np.uint8)
-            nccl.groupStart()
-            if r == 0:
-                comm.send(a.data.ptr, 8, nccl.NCCL_UINT8, 1, s.ptr)
-                comm.send(b.data.ptr, 16, nccl.NCCL_UINT8, 1, s.ptr)
-            else:  # receives posted in the other order
-                comm.recv(b.data.ptr, 16, nccl.NCCL_UINT8, 0, s.ptr)
-                comm.recv(a.data.ptr, 8, nccl.NCCL_UINT8, 0, s.ptr)
-            nccl.groupEnd()
-            s.synchronize()
-        errors = _ranks(2, rank)
+    def rank(r, comm, s, cupy, nccl):
+        a, b = cupy.zeros(8, np.uint8), cupy.zeros(16, np.uint8)
+        nccl.groupStart()
+        if r == 0:
+            comm.send(a.data.ptr, 8, nccl.NCCL_UINT8, 1, s.ptr)
+            comm.send(b.data.ptr, 16, nccl.NCCL_UINT8, 1, s.ptr)
+        else:  # receives posted in the other order
+            comm.recv(b.data.ptr, 16, nccl.NCCL_UINT8, 0, s.ptr)
+            comm.recv(a.data.ptr, 8, nccl.NCCL_UINT8, 0, s.ptr)
+        nccl.groupEnd()
+        s.synchronize()
+    errors, _ = _on_model(2, rank)
     assert any(isinstance(e, M.NcclMismatch) and "8 B sent, 16 B expected" in str(e) for e in errors), errors
 
 
-def test_collectives_must_match_across_ranks():
+def test_collectives_must_match_acrossrank_errors():
     """Rule 4: the k-th collective of every rank is the same call."""
-    with M.install():
-        import cupy
-        from cupy.cuda import nccl
-
-        uid = nccl.get_unique_id()
-
-        def rank(r):
-            comm, s = nccl.NcclCommunicator(2, uid, r), cupy.cuda.Stream()
-            x = cupy.ones(4 + 4 * r, np.float32)
-            comm.allReduce(x.data.ptr, x.data.ptr, x.size, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, s.ptr)
-            s.synchronize()
-        errors = _ranks(2, rank)
+    def rank(r, comm, s, cupy, nccl):
+        x = cupy.ones(4 + 4 * r, np.float32)
+        comm.allReduce(x.data.ptr, x.data.ptr, x.size, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, s.ptr)
+        s.synchronize()
+    errors, _ = _on_model(2, rank)
     assert any(isinstance(e, M.NcclMismatch) and "differs between ranks" in str(e) for e in errors), errors
 
 
-def test_all_reduce_sums_over_ranks():
-    with M.install():
-        import cupy
-        from cupy.cuda import nccl
+def test_all_reduce_sums_overrank_errors():
+    got = {}
 
-        uid = nccl.get_unique_id()
-        got = {}
-
-        def rank(r):
-            comm, s = nccl.NcclCommunicator(3, uid, r), cupy.cuda.Stream()
-            x = cupy.arange(5, dtype=np.float32) * (r + 1)
-            comm.allReduce(x.data.ptr, x.data.ptr, 5, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, s.ptr)
-            s.synchronize()
-            got[r] = x.get()
-        assert _ranks(3, rank) == [None] * 3
+    def rank(r, comm, s, cupy, nccl):
+        x = cupy.arange(5, dtype=np.float32) * (r + 1)
+        comm.allReduce(x.data.ptr, x.data.ptr, 5, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, s.ptr)
+        s.synchronize()
+        got[r] = x.get()
+    assert _on_model(3, rank)[0] == [None] * 3
     assert all(np.array_equal(got[r], np.arange(5, dtype=np.float32) * 6) for r in range(3))
 
 
@@ -150,21 +113,14 @@ def test_all_reduce_sums_over_ranks():
 def test_two_streams_promise_no_concurrency(concurrent):
     """Rule 6: a send on one stream and a receive on another of the same device only
     progress together if the GPU co-schedules them, which NCCL does not promise."""
-    with M.install(concurrent_streams=concurrent):
-        import cupy
-        from cupy.cuda import nccl
-
-        uid = nccl.get_unique_id()
-
-        def rank(r):
-            comm = nccl.NcclCommunicator(2, uid, r)
-            s1, s2 = cupy.cuda.Stream(), cupy.cuda.Stream()
-            out, into = cupy.ones(4, np.uint8), cupy.zeros(4, np.uint8)
-            comm.send(out.data.ptr, 4, nccl.NCCL_UINT8, 1 - r, s1.ptr)
-            comm.recv(into.data.ptr, 4, nccl.NCCL_UINT8, 1 - r, s2.ptr)
-            s1.synchronize()
-            s2.synchronize()
-        errors = _ranks(2, rank)
+    def rank(r, comm, s1, cupy, nccl):
+        s2 = cupy.cuda.Stream()
+        out, into = cupy.ones(4, np.uint8), cupy.zeros(4, np.uint8)
+        comm.send(out.data.ptr, 4, nccl.NCCL_UINT8, 1 - r, s1.ptr)
+        comm.recv(into.data.ptr, 4, nccl.NCCL_UINT8, 1 - r, s2.ptr)
+        s1.synchronize()
+        s2.synchronize()
+    errors, _ = _on_model(2, rank, concurrent_streams=concurrent)
     if concurrent:
         assert errors == [None, None]
     else:
@@ -177,7 +133,7 @@ def test_a_rank_that_never_joins_is_reported_not_hung():
         from cupy.cuda import nccl
 
         uid = nccl.get_unique_id()
-        errors = _ranks(2, lambda r: nccl.NcclCommunicator(3, uid, r))
+        errors = rank_errors(2, lambda r: nccl.NcclCommunicator(3, uid, r))
     assert all(isinstance(e, M.NcclDeadlock) and "creating communicator" in str(e) for e in errors), errors
 
 
@@ -193,7 +149,7 @@ def ungrouped_backend():
             with self._lock:
                 self._pending.append(op)
                 self._launch_through(op)
-            return Handle(lambda timeout: self._wait_event(op[3].event, timeout, f"{what} host {peer}"),
+            return Handle(lambda timeout: self._wait_event(op[3], timeout, f"{what} host {peer}"),
                           f"{what} host {peer}")
     return Ungrouped
 
@@ -201,13 +157,13 @@ def ungrouped_backend():
 def test_the_ungrouped_backend_deadlocks_on_the_ring_all_reduce():
     with M.install():
         Ungrouped = ungrouped_backend()
-        store = DictStore()
+        store = HashStore()
         import cupy
 
         def rank(r):
             b = Ungrouped(r, [0, 1, 2], store, 0, 20)
             b.allreduce_sum(cupy.ones(12, np.float32), [0, 1, 2], 0, timeout=20)
-        errors = _ranks(3, rank)
+        errors = rank_errors(3, rank)
     assert all(isinstance(e, M.NcclDeadlock) for e in errors), errors
     assert "exchange" in str(errors[0]) and "ring_allreduce_sum" in str(errors[0])
 
@@ -302,7 +258,7 @@ def test_the_ring_all_reduce_is_exact_on_the_model(n, size, dtype):
     with M.install():
         import cupy
 
-        store = DictStore()
+        store = HashStore()
 
         def rank(r):
             b = NcclSubgroupBackend(r, list(range(n)), store, 0, 20)
@@ -310,7 +266,7 @@ def test_the_ring_all_reduce_is_exact_on_the_model(n, size, dtype):
             b.allreduce_sum(x, list(range(n)), 0, timeout=20)
             b.barrier(20)
             got[r] = np.asarray(x).view(np.ndarray).copy()
-        assert _ranks(n, rank) == [None] * n
+        assert rank_errors(n, rank) == [None] * n
     want = sum(parts)
     assert all(np.array_equal(got[r], want) for r in range(n))
 
@@ -322,7 +278,7 @@ def test_a_wait_past_its_timeout_names_the_peer():
     with M.install(stall_s=60):
         import cupy
 
-        store = DictStore()
+        store = HashStore()
         errors = {}
 
         def rank(r):
@@ -332,7 +288,7 @@ def test_a_wait_past_its_timeout_names_the_peer():
                     b.irecv(cupy.zeros(4, np.uint8), 0, 0).wait(0.3)
                 except CommunicationError as e:
                     errors[r] = e
-        _ranks(2, rank)
+        rank_errors(2, rank)
     assert "host 1: receiving from host 0 timed out" in str(errors[1])
 
 
@@ -348,7 +304,7 @@ def test_the_data_parallel_all_reduce_is_the_mean_on_the_model(n, sizes, bucket)
     data = [[rng.integers(-8, 8, s).astype(np.float32) for s in sizes] for _ in range(n)]
     got = {}
     with M.install():
-        store = DictStore()
+        store = HashStore()
 
         def rank(r):
             b = NcclSubgroupBackend(r, list(range(n)), store, 0, 20)
@@ -356,7 +312,7 @@ def test_the_data_parallel_all_reduce_is_the_mean_on_the_model(n, sizes, bucket)
                                  timeout=20)
             assert all(isinstance(a, M.ModelArray) for a in out)
             got[r] = [a.get() for a in out]
-        assert _ranks(n, rank) == [None] * n
+        assert rank_errors(n, rank) == [None] * n
     for i in range(len(sizes)):
         want = np.mean([data[r][i] for r in range(n)], axis=0)
         for r in range(n):

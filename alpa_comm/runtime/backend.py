@@ -353,15 +353,6 @@ class GlooSubgroupBackend(_Subgroup, Backend):
 
 
 # ------------------------------------------------------------------------ nccl
-class _Launch:
-    """One grouped NCCL launch's completion: the event recorded on the stream after it."""
-
-    __slots__ = ("event",)
-
-    def __init__(self, event):
-        self.event = event
-
-
 class NcclBackend(Backend):
     """CuPy NCCL: same interface on CuPy device buffers (imported lazily).
 
@@ -391,7 +382,7 @@ class NcclBackend(Backend):
         self.rank, self.world, self.timeout = rank, world, timeout
         self.comm = nccl.NcclCommunicator(world, unique_id, rank)
         self.stream = cupy.cuda.Stream(non_blocking=True)
-        self._pending: list = []  # [kind, buf, peer, launch or None], in issue order
+        self._pending: list = []  # [kind, buf, peer, its group's event once launched], in issue order
         self._lock = threading.RLock()  # NCCL: one thread at a time on a communicator
 
     @staticmethod
@@ -411,7 +402,7 @@ class NcclBackend(Backend):
         def wait(timeout: float) -> None:
             if op[3] is None:
                 self._launch_through(op)
-            self._wait_event(op[3].event, timeout, f"{what} host {peer}")
+            self._wait_event(op[3], timeout, f"{what} host {peer}")
         return Handle(wait, f"{what} host {peer}")
 
     def _launch_through(self, awaited: list) -> None:
@@ -432,9 +423,9 @@ class NcclBackend(Backend):
                     fn(buf.data.ptr, buf.nbytes, nccl.NCCL_UINT8, self._nccl_peer(peer), self.stream.ptr)
             finally:
                 nccl.groupEnd()
-            launch = _Launch(self.stream.record())
+            event = self.stream.record()
             for op in group:
-                op[3] = launch
+                op[3] = event
 
     def _wait_event(self, event, timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout

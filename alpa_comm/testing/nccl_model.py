@@ -198,14 +198,14 @@ class _Group:
 
 class _Comm:
     def __init__(self, model: "NcclModel", uid: tuple, world: int, rank: int):
-        self.model, self.uid, self.world, self.rank = model, uid, world, rank
+        self.uid, self.world, self.rank = uid, world, rank
         self.name = model._comm_name(uid)
         self.aborted = False
 
 
 class _Stream:
-    def __init__(self, model: "NcclModel", name: str):
-        self.model, self.name = model, name
+    def __init__(self, name: str):
+        self.name = name
         self.device = (threading.current_thread(), _current_device())
         self.queue: list = []  # _Op or _Group, in issue order
 
@@ -220,6 +220,7 @@ class NcclModel:
         self._launches = itertools.count(1)
         self._active: dict[threading.Thread, object] = {}  # device -> its running NCCL launch
         self.streams: list[_Stream] = []
+        self.by_ptr: dict[int, _Stream] = {}  # a CuPy stream's ``ptr`` -> its queue
         self._busy: dict[_Stream, None] = {}  # streams with queued work, in the order they got it
         self._stream_ids = itertools.count()
         self._uids = itertools.count(1)
@@ -278,7 +279,7 @@ class NcclModel:
 
     def stream(self) -> _Stream:
         with self.lock:
-            s = _Stream(self, f"s{next(self._stream_ids)}")
+            s = _Stream(f"s{next(self._stream_ids)}")
             self.streams.append(s)
             return s
 
@@ -606,7 +607,7 @@ class Stream:
         self._model = _model or _ACTIVE
         self._s = self._model.stream()
         self.ptr = id(self._s)
-        _STREAMS[self.ptr] = self._s
+        self._model.by_ptr[self.ptr] = self._s
 
     def _stream(self) -> _Stream:
         return self._s
@@ -684,7 +685,6 @@ class Device:
         return False
 
 
-_STREAMS: dict[int, _Stream] = {}
 _ACTIVE: NcclModel | None = None
 DEVICES_PER_PROCESS = 8
 """What ``cupy.cuda.runtime.getDeviceCount()`` answers in every thread."""
@@ -701,7 +701,7 @@ class NcclCommunicator:
         self._c = self._model.join(uid, int(ndev), int(rank))
 
     def _op(self, kind, stream, **kw) -> None:
-        s = _STREAMS[stream] if stream else _default_stream()
+        s = self._model.by_ptr[stream] if stream else _default_stream()
         self._model.issue(_Op(kind, self._c, s, **kw))
 
     def send(self, sendbuf: int, count: int, datatype: int, peer: int, stream: int) -> None:
