@@ -20,11 +20,12 @@ def run_exact(plan, x, timeout: float = 20):
     return out
 
 
-def run_tree(plan, seed: int = 0):
-    """Run a tree plan on random leaves in threads and check every leaf on every device."""
+def run_tree(plan, seed: int = 0, **options):
+    """Run a tree plan on random leaves in threads and check every leaf on every device
+    (``options``: ``execute_tree_in_threads``'s, e.g. another ``backend_class``)."""
     rng = np.random.default_rng(seed)
     arrays = [(rng.integers(0, 100, leaf.shape)).astype(leaf.dtype) for leaf in plan.leaves]
-    out = execute_tree_in_threads(plan, arrays, timeout=20)
+    out = execute_tree_in_threads(plan, arrays, timeout=20, **options)
     for leaf, lay, a, got in zip(plan.leaves, tree_layouts(plan), arrays, out):
         full = tuple((0, n) for n in a.shape)
         for d, box in lay.dst_boxes.items():

@@ -192,7 +192,8 @@ def test_the_weight_sync_processes_bench_verifies_every_method(tmp_path):
 
 def test_the_data_plane_bench_verifies_every_method_and_lists_jax_refusals(tmp_path):
     """``alpa-comm bench --mode processes --suite data-plane`` on loopback at a small size:
-    every case of both suites, all three methods, every shard verified; JAX's own
+    every case of both suites, all five methods (ours over tcp and over gloo, JAX's, both
+    transports' raw rates), every shard verified; JAX's own
     device_put probed on every layout-change case (each process's outcome recorded)."""
     import json
     import subprocess
@@ -204,9 +205,9 @@ def test_the_data_plane_bench_verifies_every_method_and_lists_jax_refusals(tmp_p
     assert done.returncode == 0, done.stderr[-3000:]
     data = json.loads((tmp_path / "results.json").read_text())
     rows = data["results"]
-    assert {r["method"] for r in rows} == {"alpa_comm", "jax_device_put", "raw"}
+    assert {r["method"] for r in rows} == {"alpa_comm", "alpa_comm_gloo", "jax_device_put", "raw", "raw_gloo"}
     assert {r["suite"] for r in rows} == {"same-layout-processes", "layout-change-processes"}
-    assert all(r["verified"] for r in rows if r["method"] != "raw")
+    assert all(r["verified"] for r in rows if not r["method"].startswith("raw"))
     assert len({r["case"] for r in rows}) == 9
     refusals = data["cluster"]["jax_refusals"]
     assert len(refusals) == 4 and all(len(r["processes"]) == 3 for r in refusals)

@@ -226,8 +226,8 @@ def _bench_data_plane(args, say) -> int:
     results, desc = wire_bench.run(suites, None if args.nic == "none" else args.nic, args.size_mb, args.repeat,
                                    timeout=args.timeout, emulated=args.cluster == "emulated", streams=args.streams,
                                    progress=say)
-    print(f"\nalpa-comm bench --mode processes on {desc['description']}; 'x lower bound' is the time over raw "
-          f"gloo's for the same bytes between the same processes\n")
+    print(f"\nalpa-comm bench --mode processes on {desc['description']}; 'x lower bound' is the time over the "
+          f"faster transport's raw rate (tcp or gloo) for the same bytes between the same processes\n")
     print(results_table(results))
     print()
     print(acceptance_table(results))

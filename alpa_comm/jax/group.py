@@ -4,10 +4,18 @@ A ``ProcessGroup`` is this process's membership of a set of ``world_size`` proce
 (rank = its host index in the plans; in a ``jax.distributed`` program,
 ``jax.process_index()``). Only the processes of a resharding's two meshes take part in
 it, so the group does not open one connection among everyone: for each set of
-participating processes it makes, on first use, a gloo subgroup
-(``runtime.backend.GlooSubgroupBackend``) among exactly those — its lowest member hosts
-the subgroup's rendezvous store and publishes the address through the group's
-key-value store:
+participating processes it makes, on first use, a subgroup among exactly those — its
+lowest member hosts the subgroup's rendezvous store and publishes the address through
+the group's key-value store. The subgroup's transport (``backend``):
+
+* ``"tcp"`` (the default): alpa_comm's own TCP streams (``runtime.tcp.TcpBackend``),
+  which send a bucket of many leaves straight from their shards and receive it straight
+  into the result's memory (no packing copy: at link speed a 200-leaf tree moves about
+  1.2x faster than over gloo);
+* ``"gloo"``: torch's gloo (``runtime.backend.GlooSubgroupBackend``);
+* ``"nccl"``: NCCL on one GPU per process.
+
+The key-value store the members meet through:
 
 * ``ProcessGroup.from_jax()`` (what ``default_group()`` makes): JAX's own distributed
   key-value store, so a ``jax.distributed`` program needs no set-up;
@@ -19,7 +27,7 @@ key-value store:
 Transfers then use the runtime's executor over that backend: same kinds, same
 timeouts naming the peer host as in ``alpa_comm.Cluster``. ``backend="nccl"`` (one GPU
 per process) moves device memory handed over by DLPack (``buffers="device"``, see
-``buffers``); gloo moves host memory, or CPU devices' own memory by DLPack with
+``buffers``); tcp and gloo move host memory, or CPU devices' own memory by DLPack with
 ``buffers="device"``.
 """
 from __future__ import annotations
@@ -32,10 +40,11 @@ import time
 from datetime import timedelta
 
 from ..errors import AlpaCommError, InvalidOptionError
-from ..runtime.backend import DEFAULT_TIMEOUT_S, MAX_STREAMS, CommunicationError, GlooSubgroupBackend
+from ..runtime.backend import DEFAULT_TIMEOUT_S, MAX_STREAMS, Backend, CommunicationError, GlooSubgroupBackend
 from ..runtime.host_memory import DEFAULT_MAX_FREE_BYTES, BufferPool
 
-BACKENDS = ("gloo", "nccl")
+BACKENDS = ("tcp", "gloo", "nccl")
+DEFAULT_BACKEND = "tcp"
 DEFAULT_STREAM_GBPS = 10.0
 """What one TCP stream between two hosts carries, for ``streams="auto"``: about what a
 Linux TCP stream sustains between hosts; on this kind of machine, over loopback, one
@@ -174,7 +183,7 @@ def streams_for(streams, nic_gbps: float, stream_gbps: float) -> int:
 
 
 def _buffers(backend: str, buffers: str | None) -> str:
-    """The buffers a group keeps: as asked, else device memory for NCCL and host for gloo."""
+    """The buffers a group keeps: as asked, else device memory for NCCL and host for tcp and gloo."""
     return buffers or ("device" if backend == "nccl" else "host")
 
 
@@ -205,7 +214,7 @@ class ProcessGroup:
     most 8); ``recycle_bytes``: unused result memory kept for the next call (0: none);
     ``buffers``/``backend``: see the module's docstring; ``timeout``: every wait's bound."""
 
-    def __init__(self, rank: int, world_size: int, address: str | None = None, backend: str = "gloo",
+    def __init__(self, rank: int, world_size: int, address: str | None = None, backend: str = DEFAULT_BACKEND,
                  timeout: float = DEFAULT_TIMEOUT_S, nic_gbps: float = 10.0, latency_s: float = 20e-6,
                  buffers: str | None = None, streams: int | str = "auto", stream_gbps: float = DEFAULT_STREAM_GBPS,
                  recycle_bytes: int = DEFAULT_MAX_FREE_BYTES, _kv=None, _name: str = "group"):
@@ -232,12 +241,12 @@ class ProcessGroup:
             raise InvalidOptionError(f"recycle_bytes: {e}") from None
         self.latency_s = float(latency_s)  # what one message costs beyond its bytes: sets chunk and bucket sizes
         self.address, self.name = address, _name
-        self._subgroups: dict[tuple[int, ...], GlooSubgroupBackend] = {}
+        self._subgroups: dict[tuple[int, ...], Backend] = {}
         self._stores: list = []
         self._attempts: dict[tuple[int, ...], int] = {}
         self._exchanges: dict[str, int] = {}
         self._own_ip: str | None = None
-        if backend == "gloo":
+        if backend in ("gloo", "tcp"):  # both meet through torch's TCPStore
             _import_in_background("torch.distributed")
         if _kv is not None:
             self.kv, self._towards = _kv, address
@@ -250,7 +259,7 @@ class ProcessGroup:
     @classmethod
     def from_jax(cls, timeout: float = DEFAULT_TIMEOUT_S, name: str | None = None, **kw) -> "ProcessGroup":
         """The group of all processes of this ``jax.distributed`` program. Its keys in JAX's
-        store carry ``name``: by default ``jax`` (gloo, host buffers) or ``jax-<backend>-
+        store carry ``name``: by default ``jax`` (tcp, host buffers) or ``jax-<backend>-
         <buffers>``, the same in every process whatever order groups are made in; a second
         group of the same kind in one program needs its own ``name``."""
         import jax  # noqa: PLC0415
@@ -262,9 +271,9 @@ class ProcessGroup:
                                 "jax.distributed.initialize(...) first, or pass group=ProcessGroup(rank, "
                                 "world_size, address='HOST:PORT')")
         if name is None:
-            backend = kw.get("backend", "gloo")
+            backend = kw.get("backend", DEFAULT_BACKEND)
             buffers = _buffers(backend, kw.get("buffers"))
-            name = "jax" if (backend, buffers) == ("gloo", "host") else f"jax-{backend}-{buffers}"
+            name = "jax" if (backend, buffers) == (DEFAULT_BACKEND, "host") else f"jax-{backend}-{buffers}"
         return cls(jax.process_index(), jax.process_count(), state.coordinator_address, timeout=timeout,
                    _kv=_JaxKV(state.client), _name=name, **kw)
 
@@ -307,9 +316,9 @@ class ProcessGroup:
                                          f"within {self.timeout:g} s: {e}") from e
         return out
 
-    def backend(self, hosts) -> GlooSubgroupBackend:
-        """The gloo subgroup of ``hosts`` (this process among them), made on first use by
-        all of them."""
+    def backend(self, hosts) -> Backend:
+        """The subgroup of ``hosts`` (this process among them) over the group's transport,
+        made on first use by all of them."""
         key = tuple(sorted({int(h) for h in hosts}))
         if self.rank not in key:
             raise InvalidOptionError(f"rank {self.rank} is not among the participating processes {list(key)}")
@@ -317,7 +326,7 @@ class ProcessGroup:
             self._subgroups[key] = self._join(key)
         return self._subgroups[key]
 
-    def _join(self, hosts: tuple[int, ...]) -> GlooSubgroupBackend:
+    def _join(self, hosts: tuple[int, ...]) -> Backend:
         import torch.distributed as dist  # noqa: PLC0415
 
         from ..runtime.worker import free_port  # noqa: PLC0415
@@ -350,6 +359,11 @@ class ProcessGroup:
         self._stores.append(store)
         if self.backend_name == "nccl":
             return _nccl_subgroup(self.rank, hosts, dist.PrefixStore(name, store), self.timeout)
+        if self.backend_name == "tcp":
+            from ..runtime.tcp import TcpBackend  # noqa: PLC0415
+
+            return TcpBackend(self.rank, hosts, dist.PrefixStore(name, store), self.timeout, streams=self.streams,
+                              address=_reachable_ip(self._towards, self._own_ip))
         return GlooSubgroupBackend(self.rank, hosts, dist.PrefixStore(name, store), self.timeout,
                                    streams=self.streams)
 

@@ -120,6 +120,8 @@ def _worker(config_path: str) -> int:
     report = {"rank": rank, "layouts": {}}
     # the planner is told the NIC it runs on, and what a message costs beyond its bytes here
     group = ProcessGroup.from_jax(nic_gbps=cfg["nic_gbps"], latency_s=cfg["latency_s"])
+    # gloo's own broadcast is the gather_broadcast baseline's second half (torch's broadcast)
+    gloo = ProcessGroup.from_jax(backend="gloo", nic_gbps=cfg["nic_gbps"], latency_s=cfg["latency_s"])
     # the NIC rate as processes see it: copies of two sizes, process 0 -> process 1 (the
     # slope between them leaves out what every call costs whatever its size)
     src1 = NamedSharding(Mesh(np.array(of[0][:1]), ("x",)), P())
@@ -166,7 +168,7 @@ def _worker(config_path: str) -> int:
                                             bucket_bytes=None)
                     if rank == 0 or rank in hosts:  # 2. whole weights to every inference process
                         if method == "gather_broadcast":
-                            backend = group.backend({0} | hosts)
+                            backend = gloo.backend({0} | hosts)
                             bufs = {}
                             for k in names:
                                 buf = (np.array(full[k].addressable_shards[0].data) if rank == 0

@@ -18,7 +18,8 @@ Methods, interleaved within every repeat (each from a common barrier to the slow
 process's end):
 
 * ``alpa_comm``: ``reshard`` / ``reshard_tree`` (the planner, the concurrent executor,
-  the group's gloo streams);
+  alpa_comm's own TCP transport: the group's default), and ``alpa_comm_gloo``: the same
+  over gloo;
 * ``jax_device_put``: JAX's own path where it takes the case (same shard shapes:
   ``jax.device_put`` onto the other process's mesh, a tree as one batched call), else
   JAX's best working alternative: ``device_put`` in the source layout onto the
@@ -26,9 +27,10 @@ process's end):
   replicated; a local ``device_put`` for the change of device count, which ``jit``
   refuses), or one ``device_put`` per shard between single-device arrays (two receiver
   processes);
-* ``raw``: the transport alone: gloo ``isend``/``irecv`` over the same group's backend
-  (same streams) of the bytes each receiving process needs from each sender, into
-  buffers made before the clock starts: the data plane's limit.
+* ``raw`` and ``raw_gloo``: each transport alone, ``isend``/``irecv`` over the same
+  group's backend (same streams) of the bytes each receiving process needs from each
+  sender as one message, into buffers made before the clock starts; the faster of the
+  two is the data plane's limit (``x lower bound``).
 
 Every received shard is compared with the NumPy reference, bit for bit. ``probe_jax``
 tries JAX's own ``device_put`` on the layout-change cases once, each in processes of
@@ -49,7 +51,10 @@ import numpy as np
 
 WORLD, DEVICES = 3, 2
 SUITES = ("same-layout", "layout-change")
-METHODS = ("alpa_comm", "jax_device_put", "raw")
+METHODS = ("alpa_comm", "alpa_comm_gloo", "jax_device_put", "raw", "raw_gloo")
+TRANSPORTS = {"alpa_comm": "tcp", "alpa_comm_gloo": "gloo", "raw": "tcp", "raw_gloo": "gloo"}
+"""The transport each of our methods runs on: ``alpa_comm`` and ``raw`` on the group's
+default (alpa_comm's own TCP transport), their ``_gloo`` twins on gloo."""
 TREE_LEAVES = 200
 PROBE_DEADLINE_S = 20.0
 
@@ -121,15 +126,16 @@ def _worker(config_path: str) -> int:
     src_mesh = Mesh(np.array(of[0]), ("x",))
     meshes = {"p1": Mesh(np.array(of[1]), ("x",)), "p1-one": Mesh(np.array(of[1][:1]), ("x",)),
               "p1p2": Mesh(np.array([of[1][0], of[2][0]]), ("x",))}
-    group = ProcessGroup.from_jax(nic_gbps=cfg["nic_gbps"], streams=cfg["streams"], timeout=cfg["timeout"],
-                                  latency_s=cfg["latency_s"])
+    groups = {t: ProcessGroup.from_jax(backend=t, nic_gbps=cfg["nic_gbps"], streams=cfg["streams"],
+                                       timeout=cfg["timeout"], latency_s=cfg["latency_s"])
+              for t in dict.fromkeys(TRANSPORTS.values())}
     barrier_n = [0]
 
     def barrier():
         barrier_n[0] += 1
         client.wait_at_barrier(f"alpa_comm/wire_bench/{barrier_n[0]}", 600_000)
 
-    report = {"rank": rank, "cases": {}, "streams": group.streams}
+    report = {"rank": rank, "cases": {}, "streams": groups["tcp"].streams}
     for suite in cfg["suites"]:
         for case in cases(suite, cfg["size_mb"]):
             refs = [np.arange(int(np.prod(s)), dtype=np.float32).reshape(s) + i for i, s in enumerate(case["leaves"])]
@@ -138,19 +144,19 @@ def _worker(config_path: str) -> int:
             dst = NamedSharding(meshes[case["dst"]], P(*case["spec"]))
             recv = receiving_processes(case["dst"])
             mine = rank == 0 or rank in recv
-            raw = _raw_plan(case, rank, group) if mine else None
+            raws = {m: _raw_plan(case, rank, groups[TRANSPORTS[m]]) for m in ("raw", "raw_gloo")} if mine else {}
             rows = {m: {"seconds": [], "wrong": 0} for m in METHODS}
             for i in range(cfg["repeat"] + 1):
                 for method in METHODS:
                     barrier()
                     t0 = time.perf_counter()
                     got = None
-                    if method == "alpa_comm" and mine:
-                        got = reshard_tree(xs, [dst] * len(xs), group=group)
+                    if method.startswith("alpa_comm") and mine:
+                        got = reshard_tree(xs, [dst] * len(xs), group=groups[TRANSPORTS[method]])
                     elif method == "jax_device_put":
                         got = _jax_method(case, xs, dst, rank, of, meshes)
-                    elif method == "raw" and mine:
-                        raw()
+                    elif method.startswith("raw") and mine:
+                        raws[method]()
                     if got is not None:
                         jax.block_until_ready(got)
                     seconds = time.perf_counter() - t0
@@ -310,7 +316,7 @@ def run(suites, nic: str | None, size_mb: float, repeat: int, timeout: float = 6
     network = netns.EmulatedNetwork(WORLD, nic).up() if emulated else None
     try:
         where = f"emulated hosts, NIC {nic}" if emulated else "loopback, no tc"
-        say(f"{WORLD} JAX processes x {DEVICES} CPU devices ({where}), {n_streams} gloo stream(s) a pair; suites "
+        say(f"{WORLD} JAX processes x {DEVICES} CPU devices ({where}), {n_streams} TCP stream(s) a pair (tcp and gloo alike); suites "
             f"{', '.join(suites)}; {len(METHODS)} methods interleaved, {repeat} timed rounds after a warm-up")
         t0 = time.monotonic()
         outs = launch(WORLD, DEVICES, python_command(__name__, "--worker", f.name), network=network,
@@ -335,17 +341,18 @@ def run(suites, nic: str | None, size_mb: float, repeat: int, timeout: float = 6
             nbytes = sum(int(np.prod(s)) * 4 for s in case["leaves"])
             timed = {m: [max(r["cases"][key][m]["seconds"][i] for r in reports) for i in range(repeat)]
                      for m in METHODS}
-            raw = statistics.median(timed["raw"])
+            raw = min(statistics.median(timed["raw"]), statistics.median(timed["raw_gloo"]))
             for method in METHODS:
                 wrong = sum(r["cases"][key][method]["wrong"] for r in reports)
                 if wrong:
                     raise VerificationError(f"{suite} (processes) {case['name']}, {method}: {wrong} shards wrong")
-                how = {"alpa_comm": "reshard_tree", "raw": "gloo isend/irecv",
+                how = {"alpa_comm": "reshard_tree (tcp)", "alpa_comm_gloo": "reshard_tree (gloo)",
+                       "raw": "tcp isend/irecv", "raw_gloo": "gloo isend/irecv",
                        "jax_device_put": {"direct": "device_put", "two_step": "device_put + reshard inside",
                                           "per_shard": "device_put per shard"}[case["jax"]]}[method]
                 results.append(Result(f"{suite}-processes", case["name"], method, "broadcast", "-", timed[method],
                                       statistics.median(timed[method]), raw, float("nan"), nbytes,
-                                      method != "raw" or None,
+                                      not method.startswith("raw") or None,
                                       {"how": how, "leaves": len(case["leaves"]), "receiving_processes":
                                        list(receiving_processes(case["dst"])), "raw_is_the_bound": True}))
     desc = {"kind": "emulated" if emulated else "local", "processes": WORLD, "devices_per_process": DEVICES,

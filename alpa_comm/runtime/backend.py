@@ -488,6 +488,7 @@ class ThreadHub:
 
     def __init__(self, world: int):
         self.world = world
+        self.hosts: list[int] = list(range(world))  # the ranks that take part (a run may use fewer)
         self._boxes: dict[tuple[int, int, int], queue.Queue] = {}
         self._lock = threading.Lock()
         self._barrier = threading.Barrier(world)

@@ -38,9 +38,11 @@ from ..errors import InvalidOptionError
 from ..resharding.kinds import transfer_kind
 from ..resharding.kinds.base import finish_posted
 from ..resharding.plan import Leaf, Transfer
+from ..resharding.resources import nic_send
 from ..spec import Box
 from .backend import DEFAULT_TIMEOUT_S, Backend, CommunicationError
 from .host_memory import HOST_ALIGNMENT, BufferPool, aligned_empty
+from .pieces import Pieces
 
 RING_TAG = 512
 TAGS_PER_TRANSFER = 1024  # chunk tags below RING_TAG, ring steps above
@@ -417,6 +419,8 @@ class HostExecutor:
         self.max_inflight_bytes = check_positive("max_inflight_bytes", max_inflight_bytes, MAX_INFLIGHT_BYTES)
         self.max_per_resource = check_positive("max_per_resource", max_per_resource, MAX_PER_RESOURCE)
         self.latency_s = latency_s  # what one message costs beyond its bytes (the planner's figure)
+        # the backend sends a bucket's parts from where they lie (``Pieces``): nothing is packed
+        self.vectored = bool(getattr(backend, "vectored", False)) and self.xp is np
         self._select(0)
 
     def _select(self, leaf: int) -> None:
@@ -468,7 +472,7 @@ class HostExecutor:
         progress = self._packing.pop(t.id, None)
         ahead = self._packed.pop(t.id, None) if progress is not None else None
         if ahead is None:
-            flat = self.source(t)
+            flat = self.outgoing(t)
             for c in range(len(bounds) - 1):
                 yield flat[bounds[c]:bounds[c + 1]]
             return
@@ -477,6 +481,14 @@ class HostExecutor:
                 ahead.result()  # raises what packing raised
             yield progress.flat[bounds[c]:bounds[c + 1]]
         ahead.result()
+
+    def outgoing(self, t: Transfer):
+        """What a sending host puts on the wire for ``t``, to be cut by byte ranges and
+        sent: a coalesced transfer's parts as ``Pieces`` of their own memory where the
+        backend gathers (``vectored``), else ``source(t)``."""
+        if self.vectored and t.parts:
+            return Pieces([self.slice_bytes(p.sender, p.index, p.leaf) for p in t.parts])
+        return self.source(t)
 
     def _pack(self, t: Transfer, progress: _Packing | None = None) -> np.ndarray:
         if not t.parts:
@@ -765,21 +777,26 @@ class HostExecutor:
     def _resource_keys(self, t: Transfer) -> tuple:
         """The NICs and intra-host links ``t`` holds, as the planner sees them (its kind's
         ``transfer_resources``), where it holds them long enough for its order there to
-        matter (``ORDERED_LATENCIES``); none for a kind that cannot say."""
+        matter (``ORDERED_LATENCIES``); none for a kind that cannot say, and none where this
+        host only receives (it sends nothing, so it sets no order on any wire: its receives
+        are posted as soon as they are admitted, since a late receive costs an eager
+        transport a copy of the message and a rendezvous one its sender's time)."""
         if self.min_rate and t.nbytes < ORDERED_LATENCIES * self.latency_s * self.min_rate:
             return ()
         try:
-            return tuple(transfer_kind(t.kind).transfer_resources(t, _HostMap(self.host_of)))
+            keys = tuple(transfer_kind(t.kind).transfer_resources(t, _HostMap(self.host_of)))
         except Exception:  # noqa: BLE001 - _run_one names an unknown kind; ordering is only an aid
             return ()
+        return keys if nic_send(self.host) in keys else ()
 
     def _buffer_bytes(self, t: Transfer, packs: bool) -> int:
         """Bytes of buffers this host makes for ``t`` beyond source and destination memory:
         a coalesced transfer is packed (sender) or received (receiver) through one unless it
         lands in place, and a strided slice is packed (``packs``) before it is sent."""
         if t.parts:
-            on_host = self.host_of(t.sender) == self.host or any(self.host_of(r) == self.host for r in t.receivers)
-            return t.nbytes if on_host else 0
+            receives = any(self.host_of(r) == self.host for r in t.receivers)
+            sends = self.host_of(t.sender) == self.host and not self.vectored
+            return t.nbytes if receives or sends else 0
         return t.nbytes if packs else 0
 
     def _run_in_order(self, transfers: Sequence[Transfer]) -> list[TransferTiming]:
@@ -811,7 +828,7 @@ class HostExecutor:
         except InvalidOptionError:
             return False  # _run_one names the unknown kind
         if t.parts:
-            return True
+            return not self.vectored
         lay, src = self.layouts[t.leaf], self.srcs[t.leaf]
         data = view(src[t.sender], lay.src_boxes[t.sender], t.index) if t.sender in src else None
         return data is not None and not data.flags.c_contiguous

@@ -48,6 +48,7 @@ def execute_tree_in_threads(plan, arrays, timeout: float = DEFAULT_TIMEOUT_S,
     alloc = None if xp is None else (lambda d, shape, dtype: xp.zeros(shape, dtype))
     dst = [lay.empty_destinations(lambda d: True, zeros=True, alloc=alloc) for lay in layouts]
     hosts = sorted(set(plan.host_operations) | {host_of(d) for lay in layouts for d in lay.dst_boxes})
+    hub.hosts = hosts  # the hosts that run (a backend of sockets connects exactly these)
 
     def work(h: int) -> None:
         if h == kill_host:

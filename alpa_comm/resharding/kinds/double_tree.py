@@ -154,7 +154,7 @@ class DoubleTree(TransferKind):
         # order, not by tag).
         rounds = max(len(b) - 1 for b, _, _ in trees)
         if ex.host == sender:
-            flat = ex.source(t)
+            flat = ex.outgoing(t)
             ex.wait([ex.isend(flat[b[c]:b[c + 1]], kids[0], tag(i, c))
                      for c in range(rounds) for i, (b, _, kids) in enumerate(trees) if kids and c < len(b) - 1])
             return

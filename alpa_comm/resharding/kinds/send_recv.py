@@ -45,7 +45,7 @@ class SendRecv(TransferKind):
         bounds = np.linspace(0, t.nbytes, parts + 1).astype(np.int64)
         handles, finish = [], None
         if src_host == ex.host:
-            flat = ex.source(t)
+            flat = ex.outgoing(t)
             handles += [ex.isend(flat[bounds[j]:bounds[j + 1]], dst_host, tag0 + j) for j in range(parts)]
         if dst_host == ex.host:
             in_place = ex.bucket_target(t)

@@ -1,0 +1,422 @@
+"""``TcpBackend``: alpa_comm's own transport, plain TCP sockets that gather and scatter.
+
+Why a transport of our own beside gloo: gloo (through torch) sends one contiguous
+buffer per message, so a bucket of a tree's small leaves must first be packed into one
+(a copy of every byte) and unpacked after (another); at link speed those copies, not
+the wire, set a 200-leaf tree's time. TCP's ``sendmsg``/``recvmsg_into`` take a list
+of buffers, so a ``Pieces`` message leaves straight from the shards' memory and lands
+straight in the destination regions: the kernel's own two copies are all there are,
+as for one big buffer.
+
+The protocol, per TCP stream (``streams`` per pair of hosts):
+
+* a message is a header (tag, byte count) and its bytes; one sending thread per stream
+  writes queued sends in the order they were posted, so ``isend`` never blocks its
+  caller, and one receiving thread per stream reads messages in arrival order;
+* an arriving message goes into the receive posted with its tag (the oldest such, so
+  a tag used again in the next call matches in order, as in MPI); a message nobody
+  has asked for yet is read into a buffer of its own and copied into the receive once
+  it is posted (an eager protocol: the stream is never blocked behind a late receive,
+  so no order of posting can deadlock it; the copy is the price of a late receive);
+* a message of at least ``STRIPE_MIN_BYTES`` is cut into one part per stream, both
+  ends cutting alike (``GlooSubgroupBackend`` does the same).
+
+Failures: a peer that closes its sockets or dies fails every receive posted on them at
+once, naming the host; a wait past its timeout names the host and what was awaited.
+Setting up: every member listens on ``address`` (this host's address as the others
+see it), publishes it in the subgroup's store, connects to every member above it and
+accepts every member below it; a member that does not appear is named.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import struct
+import threading
+import time
+from collections import deque
+from datetime import timedelta
+
+import numpy as np
+
+from .backend import (DEFAULT_TIMEOUT_S, MAX_STREAMS, STRIPE_MIN_BYTES, Backend, CommunicationError, Handle,
+                      _Subgroup, stream_of, striped_handle)
+from .pieces import Pieces
+
+HEADER = struct.Struct("!qQ")  # tag, bytes that follow
+HELLO = struct.Struct("!qq")  # the connecting member's host id, its stream number
+try:
+    IOV_BATCH = max(16, min(1024, os.sysconf("SC_IOV_MAX")))
+except (ValueError, OSError, AttributeError):  # pragma: no cover - every Linux has it
+    IOV_BATCH = 1024
+"""Buffers one ``sendmsg``/``recvmsg_into`` call takes at most (the kernel's IOV_MAX)."""
+
+
+def _views(buf, writable: bool) -> list[memoryview]:
+    """The memory a message is written from or read into, as byte views."""
+    arrays = buf.views if isinstance(buf, Pieces) else [buf]
+    out = []
+    for a in arrays:
+        if a.nbytes:
+            v = memoryview(a).cast("B")
+            if writable and v.readonly:
+                raise ValueError("a receive buffer must be writable")
+            out.append(v)
+    return out
+
+
+def _advance(views: list, i: int, done: int) -> int:
+    """After ``done`` more bytes of ``views[i:]`` went through: the first unfinished view
+    (trimmed in place)."""
+    while done:
+        n = len(views[i])
+        if done >= n:
+            done -= n
+            i += 1
+        else:
+            views[i] = views[i][done:]
+            done = 0
+    return i
+
+
+def send_all(sock: socket.socket, views: list) -> None:
+    """Write every view, in order, gathering up to ``IOV_BATCH`` per call."""
+    views, i = list(views), 0
+    while i < len(views):
+        i = _advance(views, i, sock.sendmsg(views[i:i + IOV_BATCH]))
+
+
+def recv_all(sock: socket.socket, views: list, first: bool = False) -> bool:
+    """Fill every view, in order, scattering up to ``IOV_BATCH`` per call. False where
+    the peer closed before sending anything and ``first`` (a clean end between
+    messages); a close midway raises."""
+    views, i, got = list(views), 0, 0
+    while i < len(views):
+        n = sock.recv_into(views[i]) if len(views) - i == 1 else sock.recvmsg_into(views[i:i + IOV_BATCH])[0]
+        if n == 0:
+            if first and got == 0:
+                return False
+            raise ConnectionError("the connection closed in the middle of a message")
+        got += n
+        i = _advance(views, i, n)
+    return True
+
+
+class _Op:
+    """One posted send or receive on one stream."""
+
+    __slots__ = ("tag", "views", "nbytes", "done", "error", "cancelled")
+
+    def __init__(self, tag: int, views: list, nbytes: int):
+        self.tag, self.views, self.nbytes = tag, views, nbytes
+        self.done = threading.Event()
+        self.error: str | None = None
+        self.cancelled = False
+
+    def fail(self, error: str) -> None:
+        self.error = error
+        self.done.set()
+
+
+class _Stream:
+    """One TCP connection to a peer: its sending thread, its receiving thread, the
+    receives posted on it (tag -> oldest first) and the messages that came first."""
+
+    def __init__(self, owner: int, peer: int, index: int, sock: socket.socket):
+        self.owner, self.peer, self.index, self.sock = owner, peer, index, sock
+        self.lock = threading.Lock()
+        self.sends: queue.SimpleQueue = queue.SimpleQueue()
+        self.posted: dict[int, deque] = {}
+        self.early: dict[int, deque] = {}  # tag -> messages that arrived before their receive
+        self.error: str | None = None
+        self.closing = False
+        for target, role in ((self._send_loop, "send"), (self._recv_loop, "recv")):
+            threading.Thread(target=target, daemon=True,
+                             name=f"alpa-comm-tcp-{role}-{owner}-{peer}.{index}").start()
+
+    # ----------------------------------------------------------------- posting
+    def send(self, tag: int, buf) -> _Op:
+        op = _Op(tag, _views(buf, writable=False), int(buf.nbytes))
+        if self.error is not None:
+            op.fail(self.error)
+        else:
+            self.sends.put(op)
+        return op
+
+    def recv(self, tag: int, buf) -> _Op:
+        op = _Op(tag, _views(buf, writable=True), int(buf.nbytes))
+        with self.lock:
+            waiting = self.early.get(tag)
+            if not waiting:
+                if self.error is not None:
+                    op.fail(self.error)
+                else:
+                    self.posted.setdefault(tag, deque()).append(op)
+                return op
+            data = waiting.popleft()
+            if not waiting:
+                del self.early[tag]
+        self._deliver_copy(op, data)
+        return op
+
+    def forget(self, op: _Op) -> None:
+        """A receive whose wait gave up: no later message lands in its memory."""
+        op.cancelled = True
+        with self.lock:
+            waiting = self.posted.get(op.tag)
+            if waiting and op in waiting:
+                waiting.remove(op)
+
+    # ----------------------------------------------------------------- threads
+    def _send_loop(self) -> None:
+        while True:
+            op = self.sends.get()
+            if op is None:
+                return
+            if op.cancelled:
+                continue
+            if self.error is not None:
+                op.fail(self.error)
+                continue
+            try:
+                send_all(self.sock, [memoryview(HEADER.pack(op.tag, op.nbytes))] + op.views)
+            except OSError as e:
+                self._fail(f"the connection to host {self.peer} broke while sending ({e})")
+                op.fail(self.error or str(e))
+                continue
+            op.done.set()
+
+    def _recv_loop(self) -> None:
+        header = bytearray(HEADER.size)
+        try:
+            while True:
+                if not recv_all(self.sock, [memoryview(header)], first=True):
+                    self._fail(f"host {self.peer} closed its connection")
+                    return
+                tag, n = HEADER.unpack(header)
+                with self.lock:
+                    op = self._take_posted(tag)
+                if op is None:
+                    data = np.empty(n, np.uint8)
+                    recv_all(self.sock, [memoryview(data)])
+                    with self.lock:
+                        op = self._take_posted(tag)  # posted while the bytes came in
+                        if op is None:
+                            self.early.setdefault(tag, deque()).append(data)
+                            continue
+                    self._deliver_copy(op, data)
+                elif op.nbytes != n:
+                    recv_all(self.sock, [memoryview(np.empty(n, np.uint8))])  # keep the stream in step
+                    op.fail(f"host {self.peer} sent {n} bytes with tag {tag}, {op.nbytes} were expected")
+                else:
+                    recv_all(self.sock, op.views)
+                    op.done.set()
+        except OSError as e:
+            self._fail(f"the connection to host {self.peer} broke while receiving ({e})")
+
+    def _take_posted(self, tag: int) -> _Op | None:
+        waiting = self.posted.get(tag)
+        if not waiting:
+            return None
+        op = waiting.popleft()
+        if not waiting:
+            del self.posted[tag]
+        return op
+
+    def _deliver_copy(self, op: _Op, data: np.ndarray) -> None:
+        if data.nbytes != op.nbytes:
+            op.fail(f"host {self.peer} sent {data.nbytes} bytes with tag {op.tag}, {op.nbytes} were expected")
+            return
+        at = 0
+        for v in op.views:
+            np.frombuffer(v, np.uint8)[...] = data[at:at + len(v)]
+            at += len(v)
+        op.done.set()
+
+    def _fail(self, error: str) -> None:
+        """The stream is gone: every receive posted on it, and every send queued, fails."""
+        with self.lock:
+            if self.error is None:
+                self.error = "this host closed the connection" if self.closing else error
+            posted, self.posted = [op for ops in self.posted.values() for op in ops], {}
+        for op in posted:
+            op.fail(self.error)
+        while True:
+            try:
+                op = self.sends.get_nowait()
+            except queue.Empty:
+                break
+            if op is None:
+                break
+            op.fail(self.error)
+
+    def close(self) -> None:
+        self.closing = True
+        self.sends.put(None)
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+
+
+class TcpBackend(_Subgroup, Backend):
+    """TCP among ``hosts`` (this process being ``host``), met through the rendezvous
+    ``store``; ``streams`` connections per pair; ``address``: where the others reach this
+    host. Gathers and scatters ``Pieces`` (``vectored``)."""
+
+    name = "tcp"
+    vectored = True
+
+    def __init__(self, host: int, hosts, store, timeout: float = DEFAULT_TIMEOUT_S, streams: int = 1,
+                 address: str = "127.0.0.1"):
+        if isinstance(streams, bool) or not isinstance(streams, int) or not 1 <= streams <= MAX_STREAMS:
+            raise ValueError(f"streams must be an integer in [1, {MAX_STREAMS}], got {streams!r}")
+        self._member_of(host, hosts, store)
+        self.rank, self.world, self.streams, self.timeout = host, len(self.hosts), streams, timeout
+        self._streams: dict[tuple[int, int], _Stream] = {}
+        self._barriers = 0
+        if self.world > 1:
+            self._connect(address, timeout)
+
+    # ------------------------------------------------------------------ set-up
+    def _connect(self, address: str, timeout: float) -> None:
+        lower = [h for h in self.hosts if h < self.rank]
+        higher = [h for h in self.hosts if h > self.rank]
+        listener = socket.create_server((address, 0), backlog=max(16, len(lower) * self.streams))
+        listener.settimeout(timeout)
+        self._store.set(f"tcp/{self.rank}", f"{address}:{listener.getsockname()[1]}")
+        accepted: dict[tuple[int, int], socket.socket] = {}
+        accept_error: list[str] = []
+
+        def accept() -> None:
+            deadline = time.monotonic() + timeout
+            while len(accepted) < len(lower) * self.streams:
+                listener.settimeout(max(0.01, deadline - time.monotonic()))
+                try:
+                    sock, _ = listener.accept()
+                    sock.settimeout(timeout)
+                    buf = bytearray(HELLO.size)
+                    recv_all(sock, [memoryview(buf)])
+                except (OSError, ConnectionError) as e:
+                    accept_error.append(str(e))
+                    return
+                peer, index = HELLO.unpack(buf)
+                accepted[(peer, index)] = sock
+
+        acceptor = threading.Thread(target=accept, daemon=True, name=f"alpa-comm-tcp-accept-{self.rank}")
+        acceptor.start()
+        try:
+            for peer in higher:
+                ip, port = self._address_of(peer, timeout)
+                for index in range(self.streams):
+                    try:
+                        sock = socket.create_connection((ip, port), timeout=timeout)
+                        sock.sendall(HELLO.pack(self.rank, index))
+                    except OSError as e:
+                        raise CommunicationError(f"host {self.rank}: connecting to host {peer} at {ip}:{port} "
+                                                 f"failed: {e}") from e
+                    self._add(peer, index, sock)
+            acceptor.join(timeout + 1)
+            missing = sorted({p for p in lower for i in range(self.streams) if (p, i) not in accepted})
+            if missing:
+                raise CommunicationError(f"host {self.rank}: host(s) {missing} did not connect within "
+                                         f"{timeout:g} s" + (f" ({accept_error[0]})" if accept_error else ""))
+            for (peer, index), sock in accepted.items():
+                self._add(peer, index, sock)
+        except BaseException:
+            self.close()
+            for sock in accepted.values():
+                sock.close()
+            raise
+        finally:
+            listener.close()
+
+    def _address_of(self, peer: int, timeout: float) -> tuple[str, int]:
+        key = f"tcp/{peer}"
+        try:
+            self._store.wait([key], timedelta(seconds=timeout))
+            value = self._store.get(key)
+        except Exception:  # noqa: BLE001 - the peer never published
+            raise CommunicationError(f"host {self.rank}: host {peer} did not join the group of hosts {self.hosts} "
+                                     f"within {timeout:g} s") from None
+        ip, _, port = (value.decode() if isinstance(value, bytes) else str(value)).rpartition(":")
+        return ip, int(port)
+
+    def _add(self, peer: int, index: int, sock: socket.socket) -> None:
+        sock.settimeout(None)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._streams[(peer, index)] = _Stream(self.rank, peer, index, sock)
+
+    # ------------------------------------------------------------------ messages
+    def _stripes(self, buf, tag: int) -> list:
+        """(part, stream) of a message: one part per stream from ``STRIPE_MIN_BYTES`` on,
+        else the whole message on the stream ``stream_of(tag)`` picks."""
+        n, size = self.streams, int(buf.nbytes)
+        if n == 1 or size < STRIPE_MIN_BYTES:
+            return [(buf, stream_of(tag, n) if n > 1 else 0)]
+        bounds = np.linspace(0, size, n + 1).astype(np.int64)
+        return [(buf[int(bounds[i]):int(bounds[i + 1])], i) for i in range(n)]
+
+    def _stream(self, peer: int, index: int) -> _Stream:
+        self._peer(peer)  # names a host outside the group
+        try:
+            return self._streams[(peer, index)]
+        except KeyError:
+            raise CommunicationError(f"host {self.rank}: no connection to host {peer}") from None
+
+    def _handle(self, stream: _Stream, op: _Op, what: str, is_recv: bool) -> Handle:
+        peer = stream.peer
+
+        def wait(timeout: float) -> None:
+            if not op.done.wait(timeout):
+                if is_recv:
+                    stream.forget(op)
+                else:
+                    op.cancelled = True
+                raise CommunicationError(f"host {self.rank}: {what} host {peer} timed out after {timeout:g} s "
+                                         f"(tag {op.tag}, {op.nbytes} bytes)")
+            if op.error is not None:
+                raise CommunicationError(f"host {self.rank}: {what} host {peer} failed: {op.error}")
+        return Handle(wait, f"{what} host {peer}")
+
+    def isend(self, buf, peer, tag):
+        handles = []
+        for part, index in self._stripes(buf, tag):
+            stream = self._stream(peer, index)
+            handles.append(self._handle(stream, stream.send(tag, part), "sending to", False))
+        return striped_handle(handles)
+
+    def irecv(self, buf, peer, tag):
+        handles = []
+        for part, index in self._stripes(buf, tag):
+            stream = self._stream(peer, index)
+            handles.append(self._handle(stream, stream.recv(tag, part), "receiving from", True))
+        return striped_handle(handles)
+
+    def barrier(self, timeout=DEFAULT_TIMEOUT_S):
+        """Everyone tells the lowest member, which then tells everyone (tags below zero
+        are the backend's own: the executor's are never negative)."""
+        if self.world == 1:
+            return
+        self._barriers += 1
+        tag, root = -self._barriers, self.hosts[0]
+        byte = np.zeros(1, np.uint8)
+        try:
+            if self.rank == root:
+                others = self.hosts[1:]
+                for h in [self.irecv(np.zeros(1, np.uint8), p, tag) for p in others]:
+                    h.wait(timeout)
+                for h in [self.isend(byte, p, tag) for p in others]:
+                    h.wait(timeout)
+            else:
+                self.isend(byte, root, tag).wait(timeout)
+                self.irecv(np.zeros(1, np.uint8), root, tag).wait(timeout)
+        except CommunicationError as e:
+            raise CommunicationError(f"host {self.rank}: barrier with hosts {self.hosts} failed: {e}") from e
+
+    def close(self) -> None:
+        for stream in self._streams.values():
+            stream.close()
+        self._streams.clear()

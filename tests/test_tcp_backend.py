@@ -1,0 +1,220 @@
+"""alpa_comm's own TCP transport (``runtime.tcp``) and gathered messages (``Pieces``):
+messages match by tag whatever the posting order, striped and whole, gathered from many
+buffers and scattered into many; a late receive still gets its message; errors name the
+host (a wrong size, a timeout, a closed peer, a member that never comes); and every plan
+kind runs bit-exact over it with buckets sent straight from the source shards."""
+import threading
+import time
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+from exactness import run_tree
+from ranks import run_ranks
+from test_tree import CLUSTER as TREE_CLUSTER, small_leaves, trees
+
+torch = pytest.importorskip("torch")
+
+from alpa_comm.runtime.backend import STRIPE_MIN_BYTES, CommunicationError  # noqa: E402
+from alpa_comm.runtime.pieces import Pieces  # noqa: E402
+from alpa_comm.runtime.tcp import TcpBackend  # noqa: E402
+
+
+def group(n: int, streams: int = 1, timeout: float = 20):
+    import torch.distributed as dist
+
+    store = dist.PrefixStore("tcp", dist.HashStore())
+    return run_ranks(n, lambda rank: TcpBackend(rank, range(n), store, timeout=timeout, streams=streams))
+
+
+def close(backends):
+    for b in backends:
+        b.close()
+
+
+# ------------------------------------------------------------------ Pieces
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 40), min_size=0, max_size=8), st.data())
+def test_pieces_cut_like_the_packed_buffer(sizes, data):
+    rng = np.random.default_rng(len(sizes))
+    runs = [rng.integers(0, 256, n, dtype=np.uint8) for n in sizes]
+    pieces, flat = Pieces(runs), np.concatenate(runs) if runs else np.zeros(0, np.uint8)
+    assert pieces.nbytes == flat.size and np.array_equal(pieces.packed(), flat)
+    lo = data.draw(st.integers(0, flat.size))
+    hi = data.draw(st.integers(lo, flat.size))
+    cut = pieces[lo:hi]
+    assert cut.nbytes == hi - lo and np.array_equal(cut.packed(), flat[lo:hi])
+    assert all(v.nbytes for v in cut.views)  # no empty runs travel
+    into = [np.zeros(n, np.uint8) for n in sizes]
+    Pieces(into)[lo:hi].scatter(flat[lo:hi])
+    again = np.concatenate(into) if into else np.zeros(0, np.uint8)
+    assert np.array_equal(again[lo:hi], flat[lo:hi]) and not again[:lo].any() and not again[hi:].any()
+
+
+def test_pieces_refuse_what_cannot_travel_as_is():
+    with pytest.raises(ValueError, match="contiguous flat uint8"):
+        Pieces([np.zeros(8, np.float32)])
+    with pytest.raises(ValueError, match="contiguous flat uint8"):
+        Pieces([np.zeros(16, np.uint8)[::2]])
+    with pytest.raises(TypeError, match="byte ranges"):
+        Pieces([np.zeros(4, np.uint8)])[::2]
+
+
+# ------------------------------------------------------------------ the transport
+@pytest.mark.parametrize("streams", [1, 3])
+def test_messages_match_by_tag_striped_whole_gathered_and_scattered(streams):
+    a, b = group(2, streams)
+    try:
+        rng = np.random.default_rng(streams)
+        sizes = [STRIPE_MIN_BYTES * 2 + 7, 1000, STRIPE_MIN_BYTES, 1]
+        sent = [rng.integers(0, 256, n, dtype=np.uint8) for n in sizes]
+        got = [np.zeros(n, np.uint8) for n in sizes]
+        # posted in opposite orders on the two ends: tags, not order, match them
+        recvs = [b.irecv(g, 0, tag) for tag, g in reversed(list(enumerate(got)))]
+        sends = [a.isend(s, 1, tag) for tag, s in enumerate(sent)]
+        for h in sends + recvs:
+            h.wait(20)
+        assert all(np.array_equal(s, g) for s, g in zip(sent, got))
+        # many buffers out as one message, into one buffer; one buffer into many (both ways)
+        runs = [rng.integers(0, 256, n, dtype=np.uint8) for n in (3, 0, 5000, STRIPE_MIN_BYTES + 11, 1)]
+        flat = np.zeros(sum(r.size for r in runs), np.uint8)
+        h = a.irecv(flat, 1, 50)
+        b.isend(Pieces(runs), 0, 50).wait(20)
+        h.wait(20)
+        assert np.array_equal(flat, np.concatenate(runs))
+        into = [np.zeros_like(r) for r in runs]
+        h = b.irecv(Pieces(into), 0, 51)
+        a.isend(flat, 1, 51).wait(20)
+        h.wait(20)
+        assert all(np.array_equal(x, r) for x, r in zip(into, runs))
+    finally:
+        close([a, b])
+
+
+def test_a_tag_used_again_matches_in_order_and_a_late_receive_gets_its_message():
+    a, b = group(2)
+    try:
+        first, second = np.full(10, 1, np.uint8), np.full(10, 2, np.uint8)
+        a.isend(first, 1, 7).wait(5)
+        a.isend(second, 1, 7).wait(5)
+        time.sleep(0.05)  # both arrived before anything was posted for them
+        x, y = np.zeros(10, np.uint8), np.zeros(10, np.uint8)
+        b.irecv(x, 0, 7).wait(5)
+        b.irecv(y, 0, 7).wait(5)
+        assert (x == 1).all() and (y == 2).all()
+    finally:
+        close([a, b])
+
+
+def test_a_wrong_size_is_named_and_the_stream_stays_in_step():
+    a, b = group(2)
+    try:
+        h = b.irecv(np.zeros(8, np.uint8), 0, 3)
+        a.isend(np.ones(12, np.uint8), 1, 3)
+        with pytest.raises(CommunicationError, match=r"host 1: receiving from host 0 failed: .*12 bytes.*8 were"):
+            h.wait(5)
+        ok = np.zeros(4, np.uint8)
+        h = b.irecv(ok, 0, 4)
+        a.isend(np.full(4, 9, np.uint8), 1, 4)
+        h.wait(5)
+        assert (ok == 9).all()
+    finally:
+        close([a, b])
+
+
+def test_a_timeout_and_a_closed_peer_name_the_host():
+    a, b = group(2)
+    with pytest.raises(CommunicationError, match=r"host 1: receiving from host 0 timed out after 0.2 s \(tag 99"):
+        b.irecv(np.zeros(5, np.uint8), 0, 99).wait(0.2)
+    h = b.irecv(np.zeros(5, np.uint8), 0, 100)
+    t0 = time.monotonic()
+    a.close()
+    with pytest.raises(CommunicationError, match="host 1: receiving from host 0 failed: host 0 closed"):
+        h.wait(10)
+    assert time.monotonic() - t0 < 5  # at once, not after the timeout
+    with pytest.raises(CommunicationError, match="host 0"):
+        b.isend(np.zeros(5, np.uint8), 0, 101).wait(5)
+    b.close()
+
+
+def test_a_member_that_never_comes_is_named():
+    import torch.distributed as dist
+
+    with pytest.raises(CommunicationError, match=r"host 1 did not join"):
+        TcpBackend(0, [0, 1], dist.HashStore(), timeout=0.5)
+    with pytest.raises(ValueError, match="streams"):
+        TcpBackend(0, [0], dist.HashStore(), streams=0)
+
+
+def test_barrier_and_all_reduce_over_three_hosts():
+    backends = group(3)
+    try:
+        run_ranks(3, lambda r: backends[r].barrier(5))
+        arrays = [np.arange(10, dtype=np.float32) * (r + 1) for r in range(3)]
+        run_ranks(3, lambda r: backends[r].allreduce_sum(arrays[r], [0, 1, 2], tag_base=1000, timeout=5))
+        assert all(np.array_equal(a, np.arange(10, dtype=np.float32) * 6) for a in arrays)
+    finally:
+        close(backends)
+
+
+# ------------------------------------------------------------------ plans over it
+class TcpHosts:
+    """A ``backend_class`` for ``execute_tree_in_threads``: each host thread joins one TCP
+    group of the hosts that run (``ThreadHub.hosts``); ``made`` keeps them to close."""
+
+    def __init__(self, streams: int = 2):
+        import torch.distributed as dist
+
+        self.store, self.streams, self.made = dist.HashStore(), streams, []
+        self._lock = threading.Lock()
+
+    def __call__(self, host, hub):
+        import torch.distributed as dist
+
+        b = TcpBackend(host, hub.hosts, dist.PrefixStore(f"run{id(hub)}", self.store), timeout=20,
+                       streams=self.streams)
+        with self._lock:
+            self.made.append(b)
+        return b
+
+    def close(self):
+        close(self.made)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.data())
+def test_random_trees_are_bit_exact_over_tcp_with_gathered_buckets(data):
+    from alpa_comm.resharding.tree import plan_resharding_tree
+
+    tree = data.draw(trees())
+    strategy = data.draw(st.sampled_from(["broadcast", "send_recv", "double_tree", "rotated_chains", "auto"]))
+    plan = plan_resharding_tree(tree, cluster=TREE_CLUSTER, bucket_bytes=data.draw(st.sampled_from(["auto", 1024])),
+                                strategy=strategy, loadbalance="greedy")
+    hosts = TcpHosts(streams=data.draw(st.integers(1, 3)))
+    try:
+        run_tree(plan, backend_class=hosts)
+    finally:
+        hosts.close()
+
+
+def test_a_bucket_leaves_from_the_shards_without_packing(monkeypatch):
+    """Over a transport that gathers, a coalesced sender packs nothing: the bucket's parts
+    go out as ``Pieces`` of the shards' own memory."""
+    from alpa_comm.resharding.tree import plan_resharding_tree
+    from alpa_comm.runtime import executor
+    from alpa_comm.topology import ClusterSpec
+
+    plan = plan_resharding_tree(small_leaves(40, 4096), cluster=ClusterSpec(num_hosts=2, devices_per_host=4),
+                                bucket_bytes=1 << 20)
+    assert any(t.parts for t in plan.transfers)
+    packed, sent = [], []
+    monkeypatch.setattr(executor.HostExecutor, "_pack", lambda self, t, progress=None: packed.append(t.id))
+    real = TcpBackend.isend
+    monkeypatch.setattr(TcpBackend, "isend", lambda self, buf, peer, tag: sent.append(type(buf)) or real(
+        self, buf, peer, tag))
+    hosts = TcpHosts()
+    try:
+        run_tree(plan, backend_class=hosts)
+    finally:
+        hosts.close()
+    assert not packed and Pieces in sent
