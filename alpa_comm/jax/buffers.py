@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Mapping
 from dataclasses import replace
 
@@ -133,7 +134,8 @@ class Placer:
 class ProgressivePlacer(Placer):
     """Adopts a leaf's buffers as its ``jax.Array`` (``adopt_leaf``: no copy on CPU devices)
     as soon as the last transfer that writes into it on this host has ended, on a placing
-    thread of its own while the other transfers are still on the wire: a 200-leaf tree
+    thread (kept between calls: ``_placing_thread``) while the other transfers are still
+    on the wire: a 200-leaf tree
     otherwise pays its ~200 adoptions (a few milliseconds) after the last byte arrived,
     and adopting on the thread that posts the transfers would delay the next receive.
     ``writers``: transfer id -> the leaves it writes here (``_Share.writers``). Where JAX
@@ -150,9 +152,7 @@ class ProgressivePlacer(Placer):
         self.out: list = [None] * len(leaves)
         self.public = False  # the private path failed: place everything at the end
         self._lock = threading.Lock()
-        self._ready: list[int] = []
-        self._wake = threading.Condition(self._lock)
-        self._thread: threading.Thread | None = None
+        self._placing: list = []  # futures of the batches handed to the placing thread
         self._closed = False
 
     def done(self, transfer) -> None:
@@ -162,28 +162,17 @@ class ProgressivePlacer(Placer):
                 self.pending[i] -= 1
                 if self.pending[i] == 0:
                     ready.append(i)
-            if not ready or self.public:
+            if not ready or self.public or self._closed:
                 return
-            self._ready.extend(ready)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._place_loop, name="alpa-comm-place", daemon=True)
-                self._thread.start()
-            self._wake.notify()
+            self._placing.append(_placing_thread().submit(self._place, ready))
 
-    def _place_loop(self) -> None:
-        while True:
-            with self._lock:
-                while not self._ready and not self._closed:
-                    self._wake.wait()
-                if not self._ready:
-                    return
-                batch, self._ready = self._ready, []
-            for i in batch:
-                self._adopt(i)
+    def _place(self, batch: list[int]) -> None:
+        for i in batch:
+            self._adopt(i)
 
     def _adopt(self, i: int) -> None:
         shape, _ = self.leaves[i]
-        if self.public:
+        if self.public or self._closed:
             return
         got = adopt_leaf(tuple(shape), self.types[i], self.shardings[i], self.buffers[i], self.hosts)
         with self._lock:
@@ -193,20 +182,30 @@ class ProgressivePlacer(Placer):
                 self.out[i] = got
 
     def close(self) -> None:
-        """The placing thread ends once what it was given is placed (after a failure:
-        nothing more comes)."""
+        """After a failed call: nothing more is placed (what is queued is skipped)."""
         with self._lock:
             self._closed = True
-            self._wake.notify()
 
     def results(self) -> list:
-        self.close()
-        if self._thread is not None:
-            self._thread.join()
+        for f in self._placing:
+            f.result()
         for i, got in enumerate(self.out):
             if got is None and not self.public:
                 self._adopt(i)
         return super().results() if self.public else self.out
+
+
+_THREADS = threading.local()
+
+
+def _placing_thread() -> ThreadPoolExecutor:
+    """The calling thread's placing thread, kept between calls (starting a thread costs
+    about a millisecond here, a cached small reshard a few; one per calling thread, so
+    calls that run side by side never queue behind each other's placements)."""
+    pool = getattr(_THREADS, "pool", None)
+    if pool is None:
+        pool = _THREADS.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="alpa-comm-place")
+    return pool
 
 
 class DeviceBuffers:

@@ -54,8 +54,9 @@ flight, beyond the source and destination memory (a transfer larger than this ru
 nothing else is in flight); the ``PACK_AHEAD`` buckets packed ahead of their turn come
 on top."""
 MAX_PER_RESOURCE = 2
-"""Transfers a host keeps in flight on any one NIC (or intra-host link) at once, taken in
-the plan's order on it: the planner balanced and ordered each NIC's transfers as a
+"""Transfers a host keeps in flight on any one NIC (or intra-host link) at once, per
+stream of its backend (a message below the striping size rides one stream, so one
+stream's worth would leave the others idle), taken in the plan's order on it: the planner balanced and ordered each NIC's transfers as a
 sequence, and a second one admitted while the first is on the wire hides the
 per-transfer start-up without turning the NIC's sequence into a free-for-all. Only
 transfers that hold a NIC for long count (``ORDERED_LATENCIES``)."""
@@ -417,7 +418,9 @@ class HostExecutor:
         self.xp = xp if xp is not None else array_module(self.srcs, self.dsts)
         self.max_concurrent = check_positive("max_concurrent", max_concurrent, MAX_CONCURRENT)
         self.max_inflight_bytes = check_positive("max_inflight_bytes", max_inflight_bytes, MAX_INFLIGHT_BYTES)
-        self.max_per_resource = check_positive("max_per_resource", max_per_resource, MAX_PER_RESOURCE)
+        # a message rides one of the backend's streams: each stream of a NIC gets its window
+        streams = getattr(backend, "streams", 1)
+        self.max_per_resource = check_positive("max_per_resource", max_per_resource, MAX_PER_RESOURCE * streams)
         self.latency_s = latency_s  # what one message costs beyond its bytes (the planner's figure)
         # the backend sends a bucket's parts from where they lie (``Pieces``): nothing is packed
         self.vectored = bool(getattr(backend, "vectored", False)) and self.xp is np
