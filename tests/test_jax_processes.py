@@ -229,3 +229,36 @@ def test_the_processes_bench_refuses_what_it_cannot_do(argv, message):
     done = subprocess.run([sys.executable, "-m", "alpa_comm.cli", "bench", "--mode", "processes", *argv],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and message in done.stderr, done.stderr[-2000:]
+
+
+FIRST_CALL = r'''
+import json, sys, time
+from alpa_comm.jax.launch import worker_init
+rank, world, _ = worker_init()
+import numpy as np, jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from alpa_comm.jax import reshard
+devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+src = NamedSharding(Mesh(np.array(devices[:2]), ("x",)), P("x"))
+dst = NamedSharding(Mesh(np.array(devices[2:4]), ("x",)), P("x"))
+x = jax.make_array_from_callback((256,), src, lambda idx: np.arange(256, dtype=np.float32)[idx], dtype=np.float32)
+t0 = time.monotonic()
+y = reshard(x, dst)
+seconds = time.monotonic() - t0
+ok = all(np.array_equal(np.asarray(s.data), np.arange(256, dtype=np.float32)[s.index]) for s in y.addressable_shards)
+print("RESULT " + json.dumps({"ok": ok, "torch": "torch" in sys.modules, "seconds": seconds}), flush=True)
+'''
+
+
+def test_the_first_call_over_tcp_meets_through_jaxs_own_store_without_torch():
+    """The default transport's subgroup meets through JAX's key-value store: the first
+    call imports nothing of torch (its import alone takes 1-2.5 s here)."""
+    import json
+    import sys
+
+    from alpa_comm.jax.launch import launch
+
+    outs = launch(2, 2, [sys.executable, "-c", FIRST_CALL], timeout=120)
+    got = [json.loads(o.lines("RESULT ")[0]) for o in outs if o.lines("RESULT ")]
+    assert len(got) == 2, [o.stderr[-2000:] for o in outs]
+    assert all(g["ok"] for g in got) and not any(g["torch"] for g in got), got

@@ -4,9 +4,11 @@ A ``ProcessGroup`` is this process's membership of a set of ``world_size`` proce
 (rank = its host index in the plans; in a ``jax.distributed`` program,
 ``jax.process_index()``). Only the processes of a resharding's two meshes take part in
 it, so the group does not open one connection among everyone: for each set of
-participating processes it makes, on first use, a subgroup among exactly those — its
-lowest member hosts the subgroup's rendezvous store and publishes the address through
-the group's key-value store. The subgroup's transport (``backend``):
+participating processes it makes, on first use, a subgroup among exactly those: over
+TCP each member publishes where it listens in the group's key-value store
+(``_SubgroupStore``: no torch needed); for gloo and NCCL the lowest member hosts a torch
+``TCPStore`` for the subgroup and publishes its address there. The subgroup's transport
+(``backend``):
 
 * ``"tcp"`` (the default): alpa_comm's own TCP streams (``runtime.tcp.TcpBackend``),
   which send a bucket of many leaves straight from their shards and receive it straight
@@ -158,6 +160,38 @@ class _RayKV:
             time.sleep(self.POLL_S)
 
 
+class _SubgroupStore:
+    """A subgroup's rendezvous in the group's own key-value store, under ``prefix``: what
+    the TCP transport needs of a store (``set``, ``wait``, ``get``, ``compare_set``),
+    without torch, so a group of JAX processes or Ray actors makes its first transfer
+    without importing ``torch.distributed`` (1-2.5 s here)."""
+
+    def __init__(self, kv, prefix: str, timeout: float):
+        self.kv, self.prefix, self.timeout = kv, prefix, timeout
+        self._seen: dict[str, str] = {}
+
+    def set(self, key: str, value: str) -> None:
+        self.kv.set(f"{self.prefix}/{key}", value)
+
+    def wait(self, keys, timeout: timedelta) -> None:
+        for key in keys:
+            if key not in self._seen:
+                self._seen[key] = self.kv.get(f"{self.prefix}/{key}", timeout.total_seconds())
+
+    def get(self, key: str) -> str:
+        self.wait([key], timedelta(seconds=self.timeout))
+        return self._seen[key]
+
+    def compare_set(self, key: str, expected: str, desired: str) -> str:
+        """The value under ``key`` if there is one, else ``desired`` set there (the first
+        failure of a group is what its members report)."""
+        try:
+            return self.kv.get(f"{self.prefix}/{key}", 0.05)
+        except Exception:  # noqa: BLE001 - not there yet
+            self.set(key, desired)
+            return desired
+
+
 def _import_in_background(module: str) -> None:
     """Start importing ``module`` on a thread: ``torch.distributed`` takes 1-2.5 s to import
     here, which would otherwise be most of the first call's join (the join itself, store
@@ -246,7 +280,7 @@ class ProcessGroup:
         self._attempts: dict[tuple[int, ...], int] = {}
         self._exchanges: dict[str, int] = {}
         self._own_ip: str | None = None
-        if backend in ("gloo", "tcp"):  # both meet through torch's TCPStore
+        if backend == "gloo":  # gloo meets through torch's TCPStore; tcp through the group's own store
             _import_in_background("torch.distributed")
         if _kv is not None:
             self.kv, self._towards = _kv, address
@@ -327,13 +361,18 @@ class ProcessGroup:
         return self._subgroups[key]
 
     def _join(self, hosts: tuple[int, ...]) -> Backend:
+        # every member counts its attempts alike, so a retry after a failed join gets a fresh key
+        attempt = self._attempts[hosts] = self._attempts.get(hosts, -1) + 1
+        name = f"alpa_comm/{self.name}/{'-'.join(map(str, hosts))}/{attempt}"
+        if self.backend_name == "tcp":
+            from ..runtime.tcp import TcpBackend  # noqa: PLC0415
+
+            return TcpBackend(self.rank, hosts, _SubgroupStore(self.kv, name, self.timeout), self.timeout,
+                              streams=self.streams, address=_reachable_ip(self._towards, self._own_ip))
         import torch.distributed as dist  # noqa: PLC0415
 
         from ..runtime.worker import free_port  # noqa: PLC0415
 
-        # every member counts its attempts alike, so a retry after a failed join gets a fresh key
-        attempt = self._attempts[hosts] = self._attempts.get(hosts, -1) + 1
-        name = f"alpa_comm/{self.name}/{'-'.join(map(str, hosts))}/{attempt}"
         if len(hosts) == 1:
             store = dist.HashStore()
         elif self.rank == hosts[0]:  # the lowest member hosts the subgroup's store
@@ -359,11 +398,6 @@ class ProcessGroup:
         self._stores.append(store)
         if self.backend_name == "nccl":
             return _nccl_subgroup(self.rank, hosts, dist.PrefixStore(name, store), self.timeout)
-        if self.backend_name == "tcp":
-            from ..runtime.tcp import TcpBackend  # noqa: PLC0415
-
-            return TcpBackend(self.rank, hosts, dist.PrefixStore(name, store), self.timeout, streams=self.streams,
-                              address=_reachable_ip(self._towards, self._own_ip))
         return GlooSubgroupBackend(self.rank, hosts, dist.PrefixStore(name, store), self.timeout,
                                    streams=self.streams)
 

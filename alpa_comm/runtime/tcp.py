@@ -140,8 +140,10 @@ class _Stream:
         op = _Op(tag, _views(buf, writable=False), int(buf.nbytes))
         if self.error is not None:
             op.fail(self.error)
-        else:
-            self.sends.put(op)
+            return op
+        self.sends.put(op)
+        if self.error is not None:  # the stream failed while this was queued: fail it now
+            self._fail_queued()
         return op
 
     def recv(self, tag: int, buf) -> _Op:
@@ -242,13 +244,17 @@ class _Stream:
             posted, self.posted = [op for ops in self.posted.values() for op in ops], {}
         for op in posted:
             op.fail(self.error)
+        self._fail_queued()
+
+    def _fail_queued(self) -> None:
         while True:
             try:
                 op = self.sends.get_nowait()
             except queue.Empty:
-                break
+                return
             if op is None:
-                break
+                self.sends.put(None)  # the sending thread's stop stays queued
+                return
             op.fail(self.error)
 
     def close(self) -> None:
