@@ -218,3 +218,127 @@ def test_a_bucket_leaves_from_the_shards_without_packing(monkeypatch):
     finally:
         hosts.close()
     assert not packed and Pieces in sent
+
+
+def _fake_peer(store):
+    """A socket that joins as host 0 of a two-host group and then does what the test says
+    (the real backend, host 1, accepts it: a member connects to those above it)."""
+    import socket
+
+    from alpa_comm.runtime.tcp import HELLO
+
+    store.wait(["tcp/1"])
+    ip, _, port = store.get("tcp/1").decode().rpartition(":")
+    sock = socket.create_connection((ip, int(port)))
+    sock.sendall(HELLO.pack(0, 0))
+    return sock
+
+
+def test_a_receive_given_up_mid_message_gets_no_later_bytes_and_ends_the_stream():
+    import socket  # noqa: F401 - the fake peer's
+    import torch.distributed as dist
+
+    from alpa_comm.runtime.tcp import HEADER
+
+    store = dist.HashStore()
+    made = {}
+    t = threading.Thread(target=lambda: made.setdefault("b", TcpBackend(1, [0, 1], store, timeout=5)))
+    t.start()
+    peer = _fake_peer(store)
+    t.join()
+    b = made["b"]
+    try:
+        buf = np.zeros(100, np.uint8)
+        h = b.irecv(buf, 0, 5)
+        peer.sendall(HEADER.pack(5, 100) + bytes([7]) * 10)  # ten bytes, then the peer stalls
+        with pytest.raises(CommunicationError, match="host 1: receiving from host 0 timed out"):
+            h.wait(0.3)
+        peer.sendall(bytes([7]) * 90)
+        time.sleep(0.1)
+        assert not buf[10:].any()  # nothing landed after the caller gave up
+        with pytest.raises(CommunicationError, match="host 1: receiving from host 0 failed"):
+            b.irecv(np.zeros(4, np.uint8), 0, 6).wait(5)  # the stream is gone, said at once
+    finally:
+        peer.close()
+        b.close()
+
+
+def test_a_peer_that_dies_mid_message_fails_the_receive_at_once():
+    import torch.distributed as dist
+
+    from alpa_comm.runtime.tcp import HEADER
+
+    store = dist.HashStore()
+    made = {}
+    t = threading.Thread(target=lambda: made.setdefault("b", TcpBackend(1, [0, 1], store, timeout=5)))
+    t.start()
+    peer = _fake_peer(store)
+    t.join()
+    b = made["b"]
+    try:
+        h = b.irecv(np.zeros(1000, np.uint8), 0, 5)
+        peer.sendall(HEADER.pack(5, 1000) + bytes(10))
+        time.sleep(0.05)
+        t0 = time.monotonic()
+        peer.close()
+        with pytest.raises(CommunicationError, match="host 1: receiving from host 0 failed"):
+            h.wait(10)
+        assert time.monotonic() - t0 < 5
+    finally:
+        b.close()
+
+
+class DictKV:
+    """A key-value store like the group's (``set``, ``get`` with a timeout,
+    ``set_if_absent``), in memory, shared by the ranks' threads."""
+
+    def __init__(self):
+        self.data, self.cond = {}, threading.Condition()
+
+    def set(self, key, value):
+        with self.cond:
+            if key in self.data:
+                raise KeyError(f"{key} already exists")
+            self.data[key] = value
+            self.cond.notify_all()
+
+    def get(self, key, timeout):
+        with self.cond:
+            if not self.cond.wait_for(lambda: key in self.data, timeout):
+                raise TimeoutError(key)
+            return self.data[key]
+
+    def set_if_absent(self, key, value):
+        with self.cond:
+            return self.data.setdefault(key, value)
+
+
+def test_tcp_subgroups_meet_in_the_groups_own_store_and_start_afresh_after_a_failure():
+    """No torch store: the members publish their addresses in the group's key-value store;
+    the first failure recorded is the one every member reports; a discarded subgroup is
+    closed (its peer's next call on it fails at once) and the next call joins a new one."""
+    from alpa_comm.jax.group import ProcessGroup
+
+    kv = DictKV()
+    groups = [ProcessGroup(r, 2, backend="tcp", _kv=kv, timeout=10) for r in range(2)]
+    first = run_ranks(2, lambda r: groups[r].backend({0, 1}))
+    assert all(isinstance(b, TcpBackend) for b in first)
+    got = np.zeros(8, np.uint8)
+    h = first[1].irecv(got, 0, 1)
+    first[0].isend(np.arange(8, dtype=np.uint8), 1, 1).wait(5)
+    h.wait(5)
+    assert np.array_equal(got, np.arange(8))
+    assert first[0].report_failure("host 0: first") == "host 0: first"
+    assert first[1].report_failure("host 1: second") == "host 0: first"
+    groups[1].discard({0, 1})
+    with pytest.raises(CommunicationError, match="host 0: receiving from host 1 failed"):
+        first[0].irecv(np.zeros(1, np.uint8), 1, 2).wait(5)
+    groups[0].discard({0, 1})
+    again = run_ranks(2, lambda r: groups[r].backend({0, 1}))
+    assert again[0] is not first[0]
+    h = again[1].irecv(got, 0, 1)
+    again[0].isend(np.full(8, 3, np.uint8), 1, 1).wait(5)
+    h.wait(5)
+    assert (got == 3).all()
+    for g in groups:
+        g.close()

@@ -1,7 +1,7 @@
 """Where a process's shards live while they move: the two ways from a ``jax.Array`` to the
 executor's buffers and back.
 
-* ``HostBuffers`` (``ProcessGroup(buffers="host")``, the default with gloo): shards read as
+* ``HostBuffers`` (``ProcessGroup(buffers="host")``, the default with tcp and gloo): shards read as
   NumPy (on CPU devices that is the shard's own memory, no copy), received into aligned
   host buffers from the group's ``BufferPool`` that one batched ``device_put`` adopts as
   the result's shards on CPU devices without a copy (``runtime.host_memory``). On GPUs
@@ -153,6 +153,7 @@ class ProgressivePlacer(Placer):
         self.public = False  # the private path failed: place everything at the end
         self._lock = threading.Lock()
         self._placing: list = []  # futures of the batches handed to the placing thread
+        self._pool = _placing_thread()  # the caller's: ``done`` runs on the transfers' threads
         self._closed = False
 
     def done(self, transfer) -> None:
@@ -164,7 +165,7 @@ class ProgressivePlacer(Placer):
                     ready.append(i)
             if not ready or self.public or self._closed:
                 return
-            self._placing.append(_placing_thread().submit(self._place, ready))
+            self._placing.append(self._pool.submit(self._place, ready))
 
     def _place(self, batch: list[int]) -> None:
         for i in batch:

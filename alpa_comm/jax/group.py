@@ -6,7 +6,7 @@ A ``ProcessGroup`` is this process's membership of a set of ``world_size`` proce
 it, so the group does not open one connection among everyone: for each set of
 participating processes it makes, on first use, a subgroup among exactly those: over
 TCP each member publishes where it listens in the group's key-value store
-(``_SubgroupStore``: no torch needed); for gloo and NCCL the lowest member hosts a torch
+(``_SubgroupStore``: a group of JAX processes or Ray actors needs no torch); for gloo and NCCL the lowest member hosts a torch
 ``TCPStore`` for the subgroup and publishes its address there. The subgroup's transport
 (``backend``):
 
@@ -50,8 +50,9 @@ DEFAULT_BACKEND = "tcp"
 DEFAULT_STREAM_GBPS = 10.0
 """What one TCP stream between two hosts carries, for ``streams="auto"``: about what a
 Linux TCP stream sustains between hosts; on this kind of machine, over loopback, one
-gloo stream moved 27-31 Gbit/s, two 36-42 and four up to 49 (``alpa-comm bench --mode
-processes --suite same-layout --streams N`` measures the raw rate on N streams)."""
+gloo stream moved 27-31 Gbit/s, two 36-42 and four up to 49, and four streams of the TCP
+transport about 30-35 (``alpa-comm bench --mode processes --suite same-layout --streams
+N`` measures both transports' raw rate on N streams)."""
 BUFFERS = ("host", "device")
 _default: dict = {}
 
@@ -68,6 +69,14 @@ class _JaxKV:
     def get(self, key: str, timeout: float) -> str:
         return self.client.blocking_key_value_get(key, int(timeout * 1000))
 
+    def set_if_absent(self, key: str, value: str) -> str:
+        """What is under ``key``: ``value`` if it was not there (JAX refuses a key twice)."""
+        try:
+            self.client.key_value_set(key, value)
+            return value
+        except Exception:  # noqa: BLE001 - ALREADY_EXISTS: another member was first
+            return self.get(key, 5.0)
+
 
 class _TcpKV:
     """A torch ``TCPStore`` at ``host:port`` (hosted by rank 0)."""
@@ -83,6 +92,11 @@ class _TcpKV:
     def get(self, key: str, timeout: float) -> str:
         self.store.set_timeout(timedelta(seconds=timeout))
         return self.store.get(key).decode()
+
+    def set_if_absent(self, key: str, value: str) -> str:
+        """What is under ``key``: ``value`` if it was not there (one atomic step)."""
+        got = self.store.compare_set(key, "", value)
+        return got.decode() if isinstance(got, bytes) else str(got)
 
 
 class _RayStore:
@@ -111,6 +125,12 @@ class _RayStore:
     def get(self, key: str):
         self.last = time.monotonic()
         return self.data.get(key)
+
+    def set_if_absent(self, key: str, value: str) -> str:
+        """What is under ``key``: ``value`` if it was not there (the actor runs one call at
+        a time, so this is atomic)."""
+        self.last = time.monotonic()
+        return self.data.setdefault(key, value)
 
     def join(self, rank: int) -> bool:
         """False when ``rank`` joined this group before (its keys would be stale)."""
@@ -149,6 +169,9 @@ class _RayKV:
     def set(self, key: str, value: str) -> None:
         self._call(self.actor.set, key, value)
 
+    def set_if_absent(self, key: str, value: str) -> str:
+        return self._call(self.actor.set_if_absent, key, value)
+
     def get(self, key: str, timeout: float) -> str:
         deadline = time.monotonic() + timeout
         while True:
@@ -183,13 +206,9 @@ class _SubgroupStore:
         return self._seen[key]
 
     def compare_set(self, key: str, expected: str, desired: str) -> str:
-        """The value under ``key`` if there is one, else ``desired`` set there (the first
-        failure of a group is what its members report)."""
-        try:
-            return self.kv.get(f"{self.prefix}/{key}", 0.05)
-        except Exception:  # noqa: BLE001 - not there yet
-            self.set(key, desired)
-            return desired
+        """``desired`` under ``key`` if nothing is there yet (``expected`` is only ever "":
+        the first failure of a group is what its members report), else what is there."""
+        return self.kv.set_if_absent(f"{self.prefix}/{key}", desired)
 
 
 def _import_in_background(module: str) -> None:
@@ -401,8 +420,22 @@ class ProcessGroup:
         return GlooSubgroupBackend(self.rank, hosts, dist.PrefixStore(name, store), self.timeout,
                                    streams=self.streams)
 
+    def discard(self, hosts) -> None:
+        """Close the subgroup of ``hosts`` (after a failed call): what was in flight in it is
+        dropped, and the next call among them joins a fresh one. Its peers see it close,
+        fail their next call on it at once and do the same, so no message of a failed call
+        can be taken for one of a later call."""
+        backend = self._subgroups.pop(tuple(sorted({int(h) for h in hosts})), None)
+        if backend is not None:
+            try:
+                backend.close()
+            except Exception:  # noqa: BLE001 - a broken backend may not close cleanly; it is dropped anyway
+                pass
+
     def close(self) -> None:
-        self._subgroups.clear()
+        """Close every subgroup (connections, threads) this process made."""
+        for hosts in list(self._subgroups):
+            self.discard(hosts)
         self._stores.clear()
 
     def __repr__(self) -> str:

@@ -117,6 +117,8 @@ def _run(share: "_Share", layouts, src, group: ProcessGroup, timeout, io, placer
                      on_done=None if placer is None else placer.done).run(job.transfers)
     except CommunicationError as e:
         first = backend.report_failure(str(e))
+        if backend.fresh_after_failure:
+            group.discard(share.participants)
         if first != str(e):
             raise CommunicationError(f"{e}; the group's first failure: {first}") from e
         raise

@@ -55,6 +55,11 @@ class Backend:
     concurrent = True
     """Sends and receives of different transfers may be posted from several threads at once
     and match by (peer, tag) whatever their order: the executor keeps many in flight."""
+    vectored = False
+    """``isend``/``irecv`` take ``Pieces`` (several buffers, one message) as they are."""
+    fresh_after_failure = False
+    """After a failed call its user closes this backend and makes a new one: messages of
+    the failed call may still be held (an eager transport) and must not meet a later one."""
 
     def isend(self, buf: np.ndarray, peer: int, tag: int) -> Handle:
         raise NotImplementedError

@@ -643,8 +643,10 @@ class HostExecutor:
         own, over a copy of this executor bound to the transfer's leaf.
 
         On each NIC (and intra-host link) a transfer uses, at most ``max_per_resource`` of
-        this host's transfers are in flight, in the plan's order there: the planner
-        balanced and ordered each NIC's work as a sequence.
+        this host's transfers are in flight (by default ``MAX_PER_RESOURCE`` per stream of
+        the backend), in the plan's order there: the planner balanced and ordered each
+        NIC's work as a sequence. Only transfers this host sends or forwards count: a
+        receive-only one is posted as soon as it is admitted.
 
         Why it cannot deadlock: every host admits its transfers in the plan's one global
         order, admits one whenever nothing else is in flight, and when it must wait for

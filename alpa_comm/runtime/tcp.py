@@ -131,6 +131,7 @@ class _Stream:
         self.early: dict[int, deque] = {}  # tag -> messages that arrived before their receive
         self.error: str | None = None
         self.closing = False
+        self.current: _Op | None = None  # the receive whose bytes are being read right now
         for target, role in ((self._send_loop, "send"), (self._recv_loop, "recv")):
             threading.Thread(target=target, daemon=True,
                              name=f"alpa-comm-tcp-{role}-{owner}-{peer}.{index}").start()
@@ -147,7 +148,11 @@ class _Stream:
         return op
 
     def recv(self, tag: int, buf) -> _Op:
-        op = _Op(tag, _views(buf, writable=True), int(buf.nbytes))
+        try:
+            views = _views(buf, writable=True)
+        except ValueError as e:
+            raise ValueError(f"host {self.owner}: receiving from host {self.peer} with tag {tag}: {e}") from None
+        op = _Op(tag, views, int(buf.nbytes))
         with self.lock:
             waiting = self.early.get(tag)
             if not waiting:
@@ -163,12 +168,21 @@ class _Stream:
         return op
 
     def forget(self, op: _Op) -> None:
-        """A receive whose wait gave up: no later message lands in its memory."""
+        """A receive whose wait gave up: no later message lands in its memory. One whose
+        bytes are being read right now (its peer stalled mid-message) cannot be stopped
+        but by ending the stream, which is what happens: the peer is stuck anyway."""
         op.cancelled = True
         with self.lock:
             waiting = self.posted.get(op.tag)
             if waiting and op in waiting:
                 waiting.remove(op)
+            reading = self.current is op
+        if reading:
+            self._fail(f"gave up on a message from host {self.peer} in the middle of it (tag {op.tag})")
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     # ----------------------------------------------------------------- threads
     def _send_loop(self) -> None:
@@ -212,10 +226,16 @@ class _Stream:
                     recv_all(self.sock, [memoryview(np.empty(n, np.uint8))])  # keep the stream in step
                     op.fail(f"host {self.peer} sent {n} bytes with tag {tag}, {op.nbytes} were expected")
                 else:
+                    with self.lock:
+                        self.current = op
                     recv_all(self.sock, op.views)
+                    with self.lock:
+                        self.current = None
                     op.done.set()
         except OSError as e:
             self._fail(f"the connection to host {self.peer} broke while receiving ({e})")
+        except BaseException as e:  # noqa: BLE001 - e.g. no memory for a message: the stream is unusable
+            self._fail(f"receiving from host {self.peer} failed: {type(e).__name__}: {e}")
 
     def _take_posted(self, tag: int) -> _Op | None:
         waiting = self.posted.get(tag)
@@ -242,6 +262,10 @@ class _Stream:
             if self.error is None:
                 self.error = "this host closed the connection" if self.closing else error
             posted, self.posted = [op for ops in self.posted.values() for op in ops], {}
+            if self.current is not None:  # the one whose bytes were coming in
+                posted.append(self.current)
+                self.current = None
+            # messages that came before their receives stay: a peer may send and then close
         for op in posted:
             op.fail(self.error)
         self._fail_queued()
@@ -274,6 +298,7 @@ class TcpBackend(_Subgroup, Backend):
 
     name = "tcp"
     vectored = True
+    fresh_after_failure = True  # early messages of a failed call stay buffered: start afresh
 
     def __init__(self, host: int, hosts, store, timeout: float = DEFAULT_TIMEOUT_S, streams: int = 1,
                  address: str = "127.0.0.1"):
@@ -290,30 +315,46 @@ class TcpBackend(_Subgroup, Backend):
     def _connect(self, address: str, timeout: float) -> None:
         lower = [h for h in self.hosts if h < self.rank]
         higher = [h for h in self.hosts if h > self.rank]
-        listener = socket.create_server((address, 0), backlog=max(16, len(lower) * self.streams))
-        listener.settimeout(timeout)
-        self._store.set(f"tcp/{self.rank}", f"{address}:{listener.getsockname()[1]}")
+        try:
+            listener = socket.create_server((address, 0), backlog=max(16, len(lower) * self.streams))
+        except OSError as e:
+            raise CommunicationError(f"host {self.rank}: cannot listen on {address} ({e}): set "
+                                     f"ALPA_COMM_GROUP_ADDR to an address of this host") from e
         accepted: dict[tuple[int, int], socket.socket] = {}
         accept_error: list[str] = []
+        lock, stop = threading.Lock(), threading.Event()
 
         def accept() -> None:
             deadline = time.monotonic() + timeout
-            while len(accepted) < len(lower) * self.streams:
-                listener.settimeout(max(0.01, deadline - time.monotonic()))
+            while len(accepted) < len(lower) * self.streams and not stop.is_set():
+                listener.settimeout(max(0.01, min(0.5, deadline - time.monotonic())))
                 try:
                     sock, _ = listener.accept()
+                except socket.timeout:
+                    if time.monotonic() >= deadline:
+                        return
+                    continue
+                except OSError as e:
+                    accept_error.append(str(e))
+                    return
+                try:
                     sock.settimeout(timeout)
                     buf = bytearray(HELLO.size)
                     recv_all(sock, [memoryview(buf)])
                 except (OSError, ConnectionError) as e:
+                    sock.close()
                     accept_error.append(str(e))
-                    return
-                peer, index = HELLO.unpack(buf)
-                accepted[(peer, index)] = sock
+                    continue
+                with lock:
+                    if stop.is_set():
+                        sock.close()
+                        return
+                    accepted[HELLO.unpack(buf)] = sock
 
         acceptor = threading.Thread(target=accept, daemon=True, name=f"alpa-comm-tcp-accept-{self.rank}")
-        acceptor.start()
         try:
+            self._store.set(f"tcp/{self.rank}", f"{address}:{listener.getsockname()[1]}")
+            acceptor.start()
             for peer in higher:
                 ip, port = self._address_of(peer, timeout)
                 for index in range(self.streams):
@@ -325,15 +366,21 @@ class TcpBackend(_Subgroup, Backend):
                                                  f"failed: {e}") from e
                     self._add(peer, index, sock)
             acceptor.join(timeout + 1)
-            missing = sorted({p for p in lower for i in range(self.streams) if (p, i) not in accepted})
+            with lock:
+                stop.set()
+                mine = dict(accepted)
+            missing = sorted({p for p in lower for i in range(self.streams) if (p, i) not in mine})
             if missing:
                 raise CommunicationError(f"host {self.rank}: host(s) {missing} did not connect within "
                                          f"{timeout:g} s" + (f" ({accept_error[0]})" if accept_error else ""))
-            for (peer, index), sock in accepted.items():
+            for (peer, index), sock in mine.items():
                 self._add(peer, index, sock)
         except BaseException:
+            with lock:
+                stop.set()
+                late = list(accepted.values())
             self.close()
-            for sock in accepted.values():
+            for sock in late:
                 sock.close()
             raise
         finally:
@@ -344,10 +391,13 @@ class TcpBackend(_Subgroup, Backend):
         try:
             self._store.wait([key], timedelta(seconds=timeout))
             value = self._store.get(key)
-        except Exception:  # noqa: BLE001 - the peer never published
+        except Exception as e:  # noqa: BLE001 - the peer never published (or the store is gone)
             raise CommunicationError(f"host {self.rank}: host {peer} did not join the group of hosts {self.hosts} "
-                                     f"within {timeout:g} s") from None
-        ip, _, port = (value.decode() if isinstance(value, bytes) else str(value)).rpartition(":")
+                                     f"within {timeout:g} s ({type(e).__name__}: {e})") from None
+        text = value.decode() if isinstance(value, bytes) else str(value)
+        ip, _, port = text.rpartition(":")
+        if not ip or not port.isdigit():
+            raise CommunicationError(f"host {self.rank}: host {peer} published {text!r} as its address, not HOST:PORT")
         return ip, int(port)
 
     def _add(self, peer: int, index: int, sock: socket.socket) -> None:
