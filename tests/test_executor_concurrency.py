@@ -214,3 +214,30 @@ def test_jax_adopts_the_aligned_buffers_without_a_copy():
     buf[:] = 3
     y = jax.device_put(buf, jax.devices()[0])
     assert y.unsafe_buffer_pointer() == buf.__array_interface__["data"][0]
+
+
+class FourStreams(SlowWire):
+    """SlowWire as a backend of four streams a pair (as the TCP and gloo ones can be)."""
+
+    streams = 4
+    pending = peak = 0
+
+
+def test_each_stream_gets_a_window_and_a_striped_transfer_takes_all_of_them():
+    """By default a NIC keeps two transfers in flight per stream of the backend; one whose
+    messages are striped over every stream counts as that many."""
+    from alpa_comm.runtime.backend import STRIPE_MIN_BYTES
+
+    cluster = ClusterSpec(num_hosts=2, devices_per_host=4)
+    for shape, expect in (((64, 32), 8), ((4096, 4096), 2)):  # pieces of 512 B / 4 MiB, one chunk each
+        plan = plan_resharding(shape, "float32", "1x4@0", "S1R", "1x4@1", "RS1", cluster=cluster,
+                               strategy="send_recv", bucket_bytes=None)
+        big = plan.transfers[0].nbytes >= STRIPE_MIN_BYTES
+        assert big == (expect == 2) and len(plan.host_operations[0]) > 8
+        x = (np.arange(np.prod(shape)) % 251).astype(np.float32).reshape(shape)
+        seen = {}
+        out = execute_in_threads(plan, x, timeout=20, backend_class=FourStreams,
+                                 on_timings=lambda h, ts: seen.setdefault(h, ts))
+        expect_exact(plan, x, out)
+        assert peak_overlap(seen[0]) <= expect, (shape, peak_overlap(seen[0]))
+        assert peak_overlap(seen[0]) >= 2

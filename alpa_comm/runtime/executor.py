@@ -40,7 +40,7 @@ from ..resharding.kinds.base import finish_posted
 from ..resharding.plan import Leaf, Transfer
 from ..resharding.resources import nic_send
 from ..spec import Box
-from .backend import DEFAULT_TIMEOUT_S, Backend, CommunicationError
+from .backend import DEFAULT_TIMEOUT_S, STRIPE_MIN_BYTES, Backend, CommunicationError
 from .host_memory import HOST_ALIGNMENT, BufferPool, aligned_empty
 from .pieces import Pieces
 
@@ -664,7 +664,7 @@ class HostExecutor:
         ended = {t.id: threading.Event() for t in transfers}
         posted: deque = deque()  # (transfer, its executor, Posted, bytes, start), oldest first
         posted_ids: set[int] = set()
-        windows: dict[int, deque] = {}  # resource key -> its transfers in flight here, oldest first
+        windows: dict[int, deque] = {}  # resource key -> (transfer, stream units) in flight here, oldest first
 
         def release(t: Transfer, need: int) -> None:
             ended[t.id].set()
@@ -711,10 +711,11 @@ class HostExecutor:
                 ahead.submit_from(i)
                 need = self._buffer_bytes(t, ahead.packs(i))
                 keys = self._resource_keys(t)
+                units = self._stream_units(t)
                 for key in keys:  # the plan's order on each NIC, at most max_per_resource deep
                     window = windows.setdefault(key, deque())
-                    while len(window) >= self.max_per_resource and not failure:
-                        oldest = window.popleft()
+                    while window and sum(u for _, u in window) + units > self.max_per_resource and not failure:
+                        oldest, _ = window.popleft()
                         while not ended[oldest].is_set() and not failure:
                             if oldest in posted_ids:
                                 collect_oldest()
@@ -733,7 +734,7 @@ class HostExecutor:
                 if failure:
                     break
                 for key in keys:
-                    windows[key].append(t.id)
+                    windows[key].append((t.id, units))
                 with state:
                     inflight["count"] += 1
                     inflight["bytes"] += need
@@ -793,6 +794,13 @@ class HostExecutor:
         except Exception:  # noqa: BLE001 - _run_one names an unknown kind; ordering is only an aid
             return ()
         return keys if nic_send(self.host) in keys else ()
+
+    def _stream_units(self, t: Transfer) -> int:
+        """How much of a NIC's window ``t`` takes: one stream, or every stream where its
+        messages are large enough to be striped over all of them (``STRIPE_MIN_BYTES``),
+        so a few large transfers hold the NIC in the plan's order as one would."""
+        streams = getattr(self.backend, "streams", 1)
+        return streams if t.nbytes >= STRIPE_MIN_BYTES * max(1, t.chunks) else 1
 
     def _buffer_bytes(self, t: Transfer, packs: bool) -> int:
         """Bytes of buffers this host makes for ``t`` beyond source and destination memory:
