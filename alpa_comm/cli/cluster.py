@@ -47,10 +47,11 @@ def _register_bench(sub) -> None:
                    help="cluster: tensors in alpa_comm's own host workers (default); processes: the user's own "
                         "JAX processes (alpa_comm.jax): --suite weight-sync (against gather-then-broadcast and "
                         "per-leaf transfers) or same-layout / layout-change / data-plane (against JAX's "
-                        "device_put and raw gloo); --cluster local is loopback with no tc (the unshaped regime)")
+                        "device_put and both transports' raw rates); --cluster local is loopback with no tc "
+                        "(the unshaped regime)")
     p.add_argument("--streams", type=auto_or_count(1, 8), default="auto",
-                   help="--mode processes: gloo TCP streams per pair of processes, or auto (from the NIC rate: "
-                        "one per 10 Gbit/s; loopback counts as 40) (default auto)")
+                   help="--mode processes: TCP streams per pair of processes (tcp and gloo alike), or auto "
+                        "(from the NIC rate: one per 10 Gbit/s; loopback counts as 40) (default auto)")
     p.add_argument("--size-mb", type=number(0, exclusive=True, maximum=1 << 20), default=64,
                    help="tensor size in MiB (default 64; processes mode: the model's size)")
     p.add_argument("--repeat", type=count(1, 10_000), default=3,
