@@ -375,6 +375,13 @@ class _PackAhead:
             self.ex._packing.clear()
 
 
+def _packable(kind: str) -> bool:
+    try:
+        return transfer_kind(kind).packable
+    except InvalidOptionError:
+        return False  # _run_one names the unknown kind
+
+
 class _HostMap:
     """What a kind's ``transfer_resources`` reads of a cluster: which host a device is on."""
 
@@ -507,8 +514,9 @@ class HostExecutor:
         about a millisecond to cut alone, over ten between the copies on two cores)."""
         if not self.vectored:
             return
-        for t in transfers:
-            if t.parts and t.sender is not None and self.host_of(t.sender) == self.host:
+        for t in transfers:  # the buckets ``outgoing`` serves: a packable kind's, all parts from here
+            if (t.parts and t.sender is not None and self.host_of(t.sender) == self.host
+                    and _packable(t.kind) and all(self.host_of(p.sender) == self.host for p in t.parts)):
                 self._gathered[t.id] = self._gather(t)
 
     def _pack(self, t: Transfer, progress: _Packing | None = None) -> np.ndarray:

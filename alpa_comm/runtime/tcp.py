@@ -82,7 +82,7 @@ def _advance(views: list, i: int, done: int) -> int:
 
 def send_all(sock: socket.socket, views: list) -> None:
     """Write every view, in order, gathering up to ``IOV_BATCH`` per call."""
-    views, i = list(views), 0
+    views, i = [v for v in views if len(v)], 0
     while i < len(views):
         i = _advance(views, i, sock.sendmsg(views[i:i + IOV_BATCH]))
 
@@ -91,7 +91,7 @@ def recv_all(sock: socket.socket, views: list, first: bool = False) -> bool:
     """Fill every view, in order, scattering up to ``IOV_BATCH`` per call. False where
     the peer closed before sending anything and ``first`` (a clean end between
     messages); a close midway raises."""
-    views, i, got = list(views), 0, 0
+    views, i, got = [v for v in views if len(v)], 0, 0  # an empty view would read as a close
     while i < len(views):
         n = sock.recv_into(views[i]) if len(views) - i == 1 else sock.recvmsg_into(views[i:i + IOV_BATCH])[0]
         if n == 0:
