@@ -56,8 +56,8 @@ on top."""
 MAX_PER_RESOURCE = 2
 """Transfers a host keeps in flight on any one NIC (or intra-host link) at once, per
 stream of its backend (a message below the striping size rides one stream, so one
-stream's worth would leave the others idle), taken in the plan's order on it: the planner balanced and ordered each NIC's transfers as a
-sequence, and a second one admitted while the first is on the wire hides the
+stream's worth would leave the others idle), taken in the plan's order on it: the
+planner balanced and ordered each NIC's transfers as a sequence, and a second one admitted while the first is on the wire hides the
 per-transfer start-up without turning the NIC's sequence into a free-for-all. Only
 transfers that hold a NIC for long count (``ORDERED_LATENCIES``)."""
 ORDERED_LATENCIES = 8
@@ -498,10 +498,15 @@ class HostExecutor:
         sent: a coalesced transfer's parts as ``Pieces`` of their own memory where the
         backend gathers (``vectored``; gathered before the run by ``gather_all``), else
         ``source(t)``."""
-        if self.vectored and t.parts:
+        if self._gathers(t):
             gathered = self._gathered.pop(t.id, None)
             return gathered if gathered is not None else self._gather(t)
         return self.source(t)
+
+    def _gathers(self, t: Transfer) -> bool:
+        """Whether ``t``'s sender sends its parts gathered rather than packed: a bucket of a
+        packable kind (all its parts leave from the sender's host) over a vectored backend."""
+        return self.vectored and bool(t.parts) and _packable(t.kind)
 
     def _gather(self, t: Transfer) -> Pieces:
         return Pieces([self.slice_bytes(p.sender, p.index, p.leaf) for p in t.parts])
@@ -514,9 +519,9 @@ class HostExecutor:
         about a millisecond to cut alone, over ten between the copies on two cores)."""
         if not self.vectored:
             return
-        for t in transfers:  # the buckets ``outgoing`` serves: a packable kind's, all parts from here
-            if (t.parts and t.sender is not None and self.host_of(t.sender) == self.host
-                    and _packable(t.kind) and all(self.host_of(p.sender) == self.host for p in t.parts)):
+        for t in transfers:
+            if (self._gathers(t) and t.sender is not None and self.host_of(t.sender) == self.host
+                    and all(self.host_of(p.sender) == self.host for p in t.parts)):
                 self._gathered[t.id] = self._gather(t)
 
     def _pack(self, t: Transfer, progress: _Packing | None = None) -> np.ndarray:
@@ -835,7 +840,7 @@ class HostExecutor:
         lands in place, and a strided slice is packed (``packs``) before it is sent."""
         if t.parts:
             receives = any(self.host_of(r) == self.host for r in t.receivers)
-            sends = self.host_of(t.sender) == self.host and not self.vectored
+            sends = self.host_of(t.sender) == self.host and not self._gathers(t)
             return t.nbytes if receives or sends else 0
         return t.nbytes if packs else 0
 
@@ -868,7 +873,7 @@ class HostExecutor:
         except InvalidOptionError:
             return False  # _run_one names the unknown kind
         if t.parts:
-            return not self.vectored
+            return not self._gathers(t)
         lay, src = self.layouts[t.leaf], self.srcs[t.leaf]
         data = view(src[t.sender], lay.src_boxes[t.sender], t.index) if t.sender in src else None
         return data is not None and not data.flags.c_contiguous
