@@ -2,7 +2,7 @@
 one rides one; both ends split alike, every byte arrives, and a bad count is refused."""
 import numpy as np
 import pytest
-from ranks import run_ranks
+from ranks import exchange_in_opposite_orders, run_ranks
 
 torch = pytest.importorskip("torch")
 
@@ -21,14 +21,7 @@ def pair(streams: int):
 def test_striped_and_whole_messages_arrive_bit_exact(streams):
     a, b = pair(streams)
     rng = np.random.default_rng(streams)
-    sizes = [STRIPE_MIN_BYTES * 2 + 7, 1000, STRIPE_MIN_BYTES, 1]
-    sent = [rng.integers(0, 256, n, dtype=np.uint8) for n in sizes]
-    got = [np.zeros(n, np.uint8) for n in sizes]
-    # posted in opposite orders on the two ends: tags, not order, match them
-    recvs = [b.irecv(g, 0, tag) for tag, g in reversed(list(enumerate(got)))]
-    sends = [a.isend(s, 1, tag) for tag, s in enumerate(sent)]
-    for h in sends + recvs:
-        h.wait(20)
+    sent, got = exchange_in_opposite_orders(a, b, [STRIPE_MIN_BYTES * 2 + 7, 1000, STRIPE_MIN_BYTES, 1], rng)
     assert all(np.array_equal(s, g) for s, g in zip(sent, got))
     parts = a._stripes(sent[0], 0)
     assert len(parts) == streams and sum(p.nbytes for p, _ in parts) == sent[0].nbytes

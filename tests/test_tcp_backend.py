@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 from exactness import run_tree
-from ranks import run_ranks
+from ranks import exchange_in_opposite_orders, run_ranks
 from test_tree import CLUSTER as TREE_CLUSTER, small_leaves, trees
 
 torch = pytest.importorskip("torch")
@@ -66,14 +66,7 @@ def test_messages_match_by_tag_striped_whole_gathered_and_scattered(streams):
     a, b = group(2, streams)
     try:
         rng = np.random.default_rng(streams)
-        sizes = [STRIPE_MIN_BYTES * 2 + 7, 1000, STRIPE_MIN_BYTES, 1]
-        sent = [rng.integers(0, 256, n, dtype=np.uint8) for n in sizes]
-        got = [np.zeros(n, np.uint8) for n in sizes]
-        # posted in opposite orders on the two ends: tags, not order, match them
-        recvs = [b.irecv(g, 0, tag) for tag, g in reversed(list(enumerate(got)))]
-        sends = [a.isend(s, 1, tag) for tag, s in enumerate(sent)]
-        for h in sends + recvs:
-            h.wait(20)
+        sent, got = exchange_in_opposite_orders(a, b, [STRIPE_MIN_BYTES * 2 + 7, 1000, STRIPE_MIN_BYTES, 1], rng)
         assert all(np.array_equal(s, g) for s, g in zip(sent, got))
         # many buffers out as one message, into one buffer; one buffer into many (both ways)
         runs = [rng.integers(0, 256, n, dtype=np.uint8) for n in (3, 0, 5000, STRIPE_MIN_BYTES + 11, 1)]
@@ -220,33 +213,32 @@ def test_a_bucket_leaves_from_the_shards_without_packing(monkeypatch):
     assert not packed and Pieces in sent
 
 
-def _fake_peer(store):
-    """A socket that joins as host 0 of a two-host group and then does what the test says
-    (the real backend, host 1, accepts it: a member connects to those above it)."""
+def _with_fake_peer():
+    """A real backend as host 1 of a two-host group and a bare socket joined as host 0
+    that then does what the test says (a member connects to those above it, so host 1
+    accepts it)."""
     import socket
 
-    from alpa_comm.runtime.tcp import HELLO
-
-    store.wait(["tcp/1"])
-    ip, _, port = store.get("tcp/1").decode().rpartition(":")
-    sock = socket.create_connection((ip, int(port)))
-    sock.sendall(HELLO.pack(0, 0))
-    return sock
-
-
-def test_a_receive_given_up_mid_message_gets_no_later_bytes_and_ends_the_stream():
-    import socket  # noqa: F401 - the fake peer's
     import torch.distributed as dist
 
-    from alpa_comm.runtime.tcp import HEADER
+    from alpa_comm.runtime.tcp import HELLO
 
     store = dist.HashStore()
     made = {}
     t = threading.Thread(target=lambda: made.setdefault("b", TcpBackend(1, [0, 1], store, timeout=5)))
     t.start()
-    peer = _fake_peer(store)
+    store.wait(["tcp/1"])
+    ip, _, port = store.get("tcp/1").decode().rpartition(":")
+    peer = socket.create_connection((ip, int(port)))
+    peer.sendall(HELLO.pack(0, 0))
     t.join()
-    b = made["b"]
+    return made["b"], peer
+
+
+def test_a_receive_given_up_mid_message_gets_no_later_bytes_and_ends_the_stream():
+    from alpa_comm.runtime.tcp import HEADER
+
+    b, peer = _with_fake_peer()
     try:
         buf = np.zeros(100, np.uint8)
         h = b.irecv(buf, 0, 5)
@@ -264,17 +256,9 @@ def test_a_receive_given_up_mid_message_gets_no_later_bytes_and_ends_the_stream(
 
 
 def test_a_peer_that_dies_mid_message_fails_the_receive_at_once():
-    import torch.distributed as dist
-
     from alpa_comm.runtime.tcp import HEADER
 
-    store = dist.HashStore()
-    made = {}
-    t = threading.Thread(target=lambda: made.setdefault("b", TcpBackend(1, [0, 1], store, timeout=5)))
-    t.start()
-    peer = _fake_peer(store)
-    t.join()
-    b = made["b"]
+    b, peer = _with_fake_peer()
     try:
         h = b.irecv(np.zeros(1000, np.uint8), 0, 5)
         peer.sendall(HEADER.pack(5, 1000) + bytes(10))

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import functools
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Mapping
 from dataclasses import replace
 
 import numpy as np
 
-from ..runtime.executor import Destinations, Layout, destination_buffers
+from ..runtime.executor import Destinations, Layout, destination_buffers, kept_threads
 from ..runtime.host_memory import BufferPool
 from .placement import JaxHosts
 
@@ -134,10 +133,10 @@ class Placer:
 class ProgressivePlacer(Placer):
     """Adopts a leaf's buffers as its ``jax.Array`` (``adopt_leaf``: no copy on CPU devices)
     as soon as the last transfer that writes into it on this host has ended, on a placing
-    thread (kept between calls: ``_placing_thread``) while the other transfers are still
-    on the wire: a 200-leaf tree
-    otherwise pays its ~200 adoptions (a few milliseconds) after the last byte arrived,
-    and adopting on the thread that posts the transfers would delay the next receive.
+    thread (kept between calls: ``runtime.executor.kept_threads``) while the other
+    transfers are still on the wire: a 200-leaf tree otherwise pays its ~200 adoptions (a
+    few milliseconds) after the last byte arrived, and adopting on the thread that posts
+    the transfers would delay the next receive.
     ``writers``: transfer id -> the leaves it writes here (``_Share.writers``). Where JAX
     lacks the private path, every leaf is placed at the end by the public one."""
 
@@ -153,7 +152,8 @@ class ProgressivePlacer(Placer):
         self.public = False  # the private path failed: place everything at the end
         self._lock = threading.Lock()
         self._placing: list = []  # futures of the batches handed to the placing thread
-        self._pool = _placing_thread()  # the caller's: ``done`` runs on the transfers' threads
+        # the caller's own kept placing thread (``done`` runs on the transfers' threads)
+        self._pool = kept_threads("place", 1, "alpa-comm-place")
         self._closed = False
 
     def done(self, transfer) -> None:
@@ -194,19 +194,6 @@ class ProgressivePlacer(Placer):
             if got is None and not self.public:
                 self._adopt(i)
         return super().results() if self.public else self.out
-
-
-_THREADS = threading.local()
-
-
-def _placing_thread() -> ThreadPoolExecutor:
-    """The calling thread's placing thread, kept between calls (starting a thread costs
-    about a millisecond here, a cached small reshard a few; one per calling thread, so
-    calls that run side by side never queue behind each other's placements)."""
-    pool = getattr(_THREADS, "pool", None)
-    if pool is None:
-        pool = _THREADS.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="alpa-comm-place")
-    return pool
 
 
 class DeviceBuffers:

@@ -272,24 +272,24 @@ SCRATCH = BufferPool(MAX_INFLIGHT_BYTES)
 _THREADS = threading.local()
 
 
-def _transfer_threads(limit: int) -> ThreadPoolExecutor:
-    """The calling thread's own pool of transfer threads, kept between runs (starting a
-    thread costs about a millisecond, a cached small reshard a few). Per calling thread,
-    so executors that run side by side in one process (hosts as threads, a pipeline's
-    stages) never wait for each other's threads."""
+def kept_threads(key, workers: int, prefix: str) -> ThreadPoolExecutor:
+    """The calling thread's own pool ``key`` of ``workers`` threads, kept between runs
+    (starting a thread costs about a millisecond, a cached small reshard a few). Per
+    calling thread, so executors that run side by side in one process (hosts as threads,
+    a pipeline's stages) never wait for each other's threads."""
     pools = _THREADS.__dict__.setdefault("pools", {})
-    if limit not in pools:
-        pools[limit] = ThreadPoolExecutor(max_workers=limit, thread_name_prefix="alpa-comm-transfer")
-    return pools[limit]
+    if key not in pools:
+        pools[key] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=prefix)
+    return pools[key]
+
+
+def _transfer_threads(limit: int) -> ThreadPoolExecutor:
+    return kept_threads(limit, limit, "alpa-comm-transfer")
 
 
 def _packing_thread() -> ThreadPoolExecutor:
-    """The calling thread's own packing thread, kept between runs (as ``_transfer_threads``:
-    a thread started afresh each call delays a sync's first bucket by its start-up)."""
-    pools = _THREADS.__dict__.setdefault("pools", {})
-    if "pack" not in pools:
-        pools["pack"] = ThreadPoolExecutor(max_workers=1, thread_name_prefix="alpa-comm-pack")
-    return pools["pack"]
+    """A thread started afresh each call would delay a sync's first bucket by its start-up."""
+    return kept_threads("pack", 1, "alpa-comm-pack")
 
 
 def _drop_transfer_threads(pool: ThreadPoolExecutor) -> None:
@@ -427,8 +427,9 @@ class HostExecutor:
         self.max_concurrent = check_positive("max_concurrent", max_concurrent, MAX_CONCURRENT)
         self.max_inflight_bytes = check_positive("max_inflight_bytes", max_inflight_bytes, MAX_INFLIGHT_BYTES)
         # a message rides one of the backend's streams: each stream of a NIC gets its window
-        streams = getattr(backend, "streams", 1)
-        self.max_per_resource = check_positive("max_per_resource", max_per_resource, MAX_PER_RESOURCE * streams)
+        self.streams = getattr(backend, "streams", 1)
+        self.max_per_resource = check_positive("max_per_resource", max_per_resource,
+                                               MAX_PER_RESOURCE * self.streams)
         self.latency_s = latency_s  # what one message costs beyond its bytes (the planner's figure)
         # the backend sends a bucket's parts from where they lie (``Pieces``): nothing is packed
         self.vectored = bool(getattr(backend, "vectored", False)) and self.xp is np
@@ -831,8 +832,7 @@ class HostExecutor:
         """How much of a NIC's window ``t`` takes: one stream, or every stream where its
         messages are large enough to be striped over all of them (``STRIPE_MIN_BYTES``),
         so a few large transfers hold the NIC in the plan's order as one would."""
-        streams = getattr(self.backend, "streams", 1)
-        return streams if t.nbytes >= STRIPE_MIN_BYTES * max(1, t.chunks) else 1
+        return self.streams if t.nbytes >= STRIPE_MIN_BYTES * max(1, t.chunks) else 1
 
     def _buffer_bytes(self, t: Transfer, packs: bool) -> int:
         """Bytes of buffers this host makes for ``t`` beyond source and destination memory:

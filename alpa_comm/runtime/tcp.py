@@ -438,17 +438,18 @@ class TcpBackend(_Subgroup, Backend):
         return Handle(wait, f"{what} host {peer}")
 
     def isend(self, buf, peer, tag):
-        handles = []
-        for part, index in self._stripes(buf, tag):
-            stream = self._stream(peer, index)
-            handles.append(self._handle(stream, stream.send(tag, part), "sending to", False))
-        return striped_handle(handles)
+        return self._post(buf, peer, tag, is_recv=False)
 
     def irecv(self, buf, peer, tag):
+        return self._post(buf, peer, tag, is_recv=True)
+
+    def _post(self, buf, peer: int, tag: int, is_recv: bool) -> Handle:
+        """One operation per stripe of the message, waited for as one."""
         handles = []
         for part, index in self._stripes(buf, tag):
             stream = self._stream(peer, index)
-            handles.append(self._handle(stream, stream.recv(tag, part), "receiving from", True))
+            op = stream.recv(tag, part) if is_recv else stream.send(tag, part)
+            handles.append(self._handle(stream, op, "receiving from" if is_recv else "sending to", is_recv))
         return striped_handle(handles)
 
     def barrier(self, timeout=DEFAULT_TIMEOUT_S):
