@@ -18,6 +18,7 @@ from ..placement import Placement, Resharding
 from ..spec import ShardingSpec
 from ..topology import ClusterSpec
 from . import loadbalance as balancing
+from .admission import MAX_CONCURRENT
 from .cache import PlanCache, cache_for, cluster_key, move_key, raw_key
 from .coalesce import bucket_option, pack_jobs
 from .kinds import transfer_kind
@@ -197,16 +198,28 @@ def plan_for(strategy: str, plan_with: Callable[[str], Plan], bounds: "LowerBoun
     return dataclasses.replace(best, strategy_asked=AUTO)
 
 
-def latency_rounds(tasks: Sequence[UnitTask], cluster: ClusterSpec) -> int:
+def rounds_to_reach(n: float, fan: int = MAX_CONCURRENT) -> int:
+    """Rounds in which something held by one party reaches ``n`` parties, each party that
+    has it reaching at most ``fan`` more per round: the least r with (fan + 1)^r >= n."""
+    r, reach = 0, 1
+    while reach < n:
+        reach *= fan + 1
+        r += 1
+    return r
+
+
+def latency_rounds(tasks: Sequence[UnitTask], cluster: ClusterSpec, fan: int = MAX_CONCURRENT) -> int:
     """Messages that must cross one after another, whatever the plan.
 
-    In the cost model a NIC takes one message at a time and each costs at least the
-    latency. So per round of messages, the hosts holding a slice can at most double,
-    and the source hosts whose data has reached a host can at most double:
+    Every message costs at least the latency, and a host has at most ``fan`` messages
+    in flight at once (``admission.MAX_CONCURRENT``, as the executor and the simulator
+    admit them). So per round of messages, the hosts holding a slice can grow at most
+    (fan + 1)-fold, and so can the source hosts whose data has reached a host:
 
-    * a slice held on S hosts and needed on L others takes log2((S + L) / S) rounds;
-    * a host that needs slices whose source hosts form k pairwise disjoint sets
-      (each must be heard from, directly or through relays) takes log2(k + 1) rounds.
+    * a slice held on S hosts and needed on L others takes log_(fan+1)((S + L) / S) rounds;
+    * a host that needs slices whose source hosts form k pairwise disjoint sets (each
+      must be heard from, directly or through relays) takes log_(fan+1)(k + 1) rounds:
+      a host that needs pieces from 100 hosts takes at least two rounds.
     """
     rounds = 0
     needs: dict[int, dict[frozenset, None]] = {}
@@ -228,7 +241,7 @@ def latency_rounds(tasks: Sequence[UnitTask], cluster: ClusterSpec) -> int:
         lacking = dst - src
         if not lacking:
             continue
-        rounds = max(rounds, math.ceil(math.log2((len(src) + len(lacking)) / len(src))))
+        rounds = max(rounds, rounds_to_reach((len(src) + len(lacking)) / len(src), fan))
         for h in lacking:
             needs.setdefault(h, {})[src] = None
     packed: dict[frozenset, int] = {}  # hosts often need the same source sets
@@ -243,7 +256,7 @@ def latency_rounds(tasks: Sequence[UnitTask], cluster: ClusterSpec) -> int:
                     taken |= s
                     k += 1
             packed[key] = k
-        rounds = max(rounds, math.ceil(math.log2(k + 1)))
+        rounds = max(rounds, rounds_to_reach(k + 1, fan))
     return rounds
 
 

@@ -37,6 +37,7 @@ import numpy as np
 from ..errors import InvalidOptionError
 from ..resharding.kinds import transfer_kind
 from ..resharding.kinds.base import finish_posted
+from ..resharding.admission import MAX_CONCURRENT, MAX_PER_RESOURCE, latency_bound
 from ..resharding.plan import Leaf, Transfer
 from ..resharding.resources import nic_send
 from ..spec import Box
@@ -46,24 +47,11 @@ from .pieces import Pieces
 
 RING_TAG = 512
 TAGS_PER_TRANSFER = 1024  # chunk tags below RING_TAG, ring steps above
-MAX_CONCURRENT = 32
-"""Transfers a host keeps in flight at once (each on a thread of its own)."""
 MAX_INFLIGHT_BYTES = 256 * 2**20
 """Bytes of packing and unpacking buffers a host holds at once for the transfers in
 flight, beyond the source and destination memory (a transfer larger than this runs when
 nothing else is in flight); the ``PACK_AHEAD`` buckets packed ahead of their turn come
 on top."""
-MAX_PER_RESOURCE = 2
-"""Transfers a host keeps in flight on any one NIC (or intra-host link) at once, per
-stream of its backend (a message below the striping size rides one stream, so one
-stream's worth would leave the others idle), taken in the plan's order on it: the
-planner balanced and ordered each NIC's transfers as a sequence, and a second one admitted while the first is on the wire hides the
-per-transfer start-up without turning the NIC's sequence into a free-for-all. Only
-transfers that hold a NIC for long count (``ORDERED_LATENCIES``)."""
-ORDERED_LATENCIES = 8
-"""A transfer whose bytes take fewer than this many message latencies on the slowest NIC
-is latency-bound: its order on a NIC hardly matters, and overlapping it with others
-hides what it costs, so it is admitted outside the NIC windows."""
 PACK_AHEAD = 2
 """Coalesced buffers a sending host packs ahead of their turn, on a packing thread: gloo
 writes a send into the socket on the thread that posts it, so packing and sending on one
@@ -820,7 +808,7 @@ class HostExecutor:
         host only receives (it sends nothing, so it sets no order on any wire: its receives
         are posted as soon as they are admitted, since a late receive costs an eager
         transport a copy of the message and a rendezvous one its sender's time)."""
-        if self.min_rate and t.nbytes < ORDERED_LATENCIES * self.latency_s * self.min_rate:
+        if latency_bound(t.nbytes, self.latency_s, self.min_rate):
             return ()
         try:
             keys = tuple(transfer_kind(t.kind).transfer_resources(t, _HostMap(self.host_of)))

@@ -2,9 +2,15 @@
 
 Each transfer becomes one or two *phases*; a phase is a fixed delay (message
 latencies, pipeline fill) followed by flows. The plan's order is executed
-faithfully: a transfer is released only when every earlier transfer on each of
-its host resources (in plan order) and all its dependencies have finished, so
-a bad order shows up as idle hosts and a longer makespan, never hidden.
+faithfully, by the executor's own admission rules (``resharding.admission``): on
+each host resource a transfer holds, it starts only after every earlier transfer
+there has started and while fewer than ``MAX_PER_RESOURCE`` of them are in flight
+(a chain's fill overlaps the previous chain's drain, as on the wire); a
+latency-bound transfer (a few KiB) starts outside those windows, in plan order on
+each of its hosts, at most ``MAX_CONCURRENT`` per host, so a host taking a
+hundred small messages pays about one latency per ``MAX_CONCURRENT`` of them.
+A transfer also waits for all its dependencies. A bad order still shows up as idle
+hosts and a longer makespan, never hidden.
 
 How each kind maps to phases and flows is the kind's own ``phases``
 (``resharding/kinds/``): e.g. a broadcast's chunk pipeline is one flow that
@@ -13,9 +19,11 @@ holds every hop of the chain at once, after a fixed delay for its fill.
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from ..resharding.admission import MAX_CONCURRENT, MAX_PER_RESOURCE, latency_bound
 from ..resharding.kinds import transfer_kind
 from ..resharding.kinds.base import receiving_hosts
 from ..resharding.plan import ReshardingPlan, Transfer
@@ -69,19 +77,34 @@ def capacities(cluster: ClusterSpec) -> dict[int, float]:
     return cap
 
 
-def simulate(plan: ReshardingPlan, cluster: ClusterSpec | None = None) -> SimResult:
-    """Run ``plan`` on ``cluster`` (default: the plan's own cluster)."""
+def simulate(plan: ReshardingPlan, cluster: ClusterSpec | None = None, *,
+             window: int = MAX_PER_RESOURCE, max_concurrent: int = MAX_CONCURRENT) -> SimResult:
+    """Run ``plan`` on ``cluster`` (default: the plan's own cluster) by the executor's
+    admission rules (``resharding.admission``): on each host resource a transfer holds,
+    at most ``window`` of the transfers that hold it for long are in flight, started in
+    the plan's order there; a latency-bound transfer starts outside those windows, in the
+    plan's order on each of its hosts, at most ``max_concurrent`` of them per host.
+    ``window=1, max_concurrent=1`` plays every resource strictly one transfer at a time."""
     cluster = cluster or plan.cluster
     net = FluidNetwork(capacities(cluster))
     transfers: Sequence[Transfer] = plan.transfers
-    res_of = {}
-    queues: dict[int, list[int]] = {}
+    min_rate, lat = cluster.slowest_nic_rate, cluster.latency_s
+    res_of: dict[int, tuple[int, ...]] = {}  # every resource a transfer holds (timeline, busy)
+    gates: dict[int, tuple] = {}  # the queues it is admitted through: windows or host slots
+    queues: dict = {}
     for t in transfers:  # transfers are in plan (start) order
         r = transfer_kind(t.kind).transfer_resources(t, cluster)
         res_of[t.id] = r
-        for key in r:
+        if latency_bound(t.nbytes, lat, min_rate):
+            gate = tuple(("host", h) for h in sorted({host_and_side(k)[0] for k in r}))
+        else:
+            gate = tuple(("nic", k) for k in r)
+        gates[t.id] = gate
+        for key in gate:
             queues.setdefault(key, []).append(t.id)
-    head = {key: 0 for key in queues}
+    limit = {key: (window if key[0] == "nic" else max_concurrent) for key in queues}
+    head = {key: 0 for key in queues}  # the next transfer to start on each queue
+    running = {key: 0 for key in queues}
     done: set[int] = set()
     started: set[int] = set()
     start_time: dict[int, float] = {}
@@ -90,15 +113,41 @@ def simulate(plan: ReshardingPlan, cluster: ClusterSpec | None = None) -> SimRes
     for t in transfers:
         for d in t.deps:
             dependents.setdefault(d, []).append(t.id)
+    pending: deque = deque()  # transfers to look at, and a flag so that releases never nest
+    draining = [False]
 
     def ready(tid: int) -> bool:
-        t = transfers[tid]
-        return (tid not in started and all(queues[k][head[k]] == tid for k in res_of[tid])
-                and all(d in done for d in t.deps))
+        if tid in started:
+            return False
+        for key in gates[tid]:
+            at = head[key]
+            if at >= len(queues[key]) or queues[key][at] != tid or running[key] >= limit[key]:
+                return False
+        return all(d in done for d in transfers[tid].deps)
+
+    def consider(tids) -> None:
+        pending.extend(tids)
+        if draining[0]:  # a release inside a release: the outer loop takes it
+            return
+        draining[0] = True
+        try:
+            while pending:
+                tid = pending.popleft()
+                if ready(tid):
+                    release(tid)
+        finally:
+            draining[0] = False
 
     def release(tid: int) -> None:
         started.add(tid)
         start_time[tid] = net.now
+        nxt = []
+        for key in gates[tid]:
+            head[key] += 1
+            running[key] += 1
+            if head[key] < len(queues[key]):
+                nxt.append(queues[key][head[key]])
+        pending.extend(sorted(set(nxt)))
         run_phase(tid, phases(transfers[tid], cluster), 0)
 
     def run_phase(tid: int, ph, i: int) -> None:
@@ -135,17 +184,13 @@ def simulate(plan: ReshardingPlan, cluster: ClusterSpec | None = None) -> SimRes
         timeline.append(TimelineEntry(tid, t.task, t.kind, tuple(sorted(hosts)), start_time[tid], net.now,
                                       t.nbytes, res_of[tid]))
         candidates = set(dependents.get(tid, ()))
-        for key in res_of[tid]:
-            head[key] += 1
+        for key in gates[tid]:
+            running[key] -= 1
             if head[key] < len(queues[key]):
                 candidates.add(queues[key][head[key]])
-        for c in sorted(candidates):
-            if ready(c):
-                release(c)
+        consider(sorted(candidates))
 
-    for t in transfers:
-        if ready(t.id):
-            release(t.id)
+    consider([t.id for t in transfers])
     makespan = net.run()
     if len(done) != len(transfers):
         stuck = [t.id for t in transfers if t.id not in done][:5]

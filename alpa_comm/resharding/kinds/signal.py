@@ -27,5 +27,8 @@ class Signal(Broadcast):
         raise ValueError("signal moves one byte per task: it has no closed form in t")
 
     def phases(self, t, cluster):
-        rates, _ = self.chain(t, cluster)
-        return [(cost_model.chain_time(SIGNAL_BYTES, rates, 1, cluster.latency_s), [])]
+        # its one byte is a flow over the chain, like a broadcast's, so signals that
+        # run at once share the NICs they cross (the bound counts that byte per task)
+        rates, links = self.chain(t, cluster)
+        fill = cost_model.chain_time(SIGNAL_BYTES, rates, 1, cluster.latency_s) - SIGNAL_BYTES / min(rates)
+        return [(fill, [(SIGNAL_BYTES, links)])]
