@@ -18,6 +18,10 @@ simulator (``sim.simulate``) plays plans by them, so both live here, once.
 """
 from __future__ import annotations
 
+MAX_INFLIGHT_BYTES = 256 * 2**20
+"""Bytes of packing and unpacking buffers a host holds at once for the transfers in
+flight, beyond the source and destination memory (a transfer larger than this runs when
+nothing else is in flight); the planner streams slices together up to this size."""
 MAX_CONCURRENT = 32
 """Transfers a host keeps in flight at once (each on a thread of its own)."""
 MAX_PER_RESOURCE = 2

@@ -15,12 +15,16 @@ from __future__ import annotations
 
 from ..errors import InvalidOptionError
 from ..topology import ClusterSpec
+from .admission import MAX_INFLIGHT_BYTES
 from .kinds import PACKABLE_KINDS, transfer_kind
 from .kinds.base import group_by_host
 from .strategies import Job
 
 AUTO_BUCKET_MIN = 64 << 10
 AUTO_BUCKET_MAX = 64 << 20
+STREAM_GAIN = 0.95
+"""Large slices that travel the same way are streamed together only where the cost model
+predicts the stream at most this fraction of their time apart."""
 
 
 def auto_bucket_bytes(cluster: ClusterSpec) -> int:
@@ -82,14 +86,71 @@ def pack_jobs(jobs: list[Job], job_leaf: list[int], bucket: int, cluster: Cluste
                 new_jobs.append(jobs[b[0]])
                 new_leaf.append(job_leaf[b[0]])
                 continue
-            total = sum(jobs[i].nbytes for i in b)
-            receivers = tuple(sorted({r for i in b for r in jobs[i].receivers},
-                                     key=lambda d: (cluster.host_of(d), d)))
-            groups_by_host = group_by_host(receivers, cluster)
-            # chunks split bytes, so a packed buffer's chunk count may go up to its byte count
-            cands = tuple(transfer_kind(kind).candidate(total, total, s, groups_by_host, cluster, chunks)
-                          for s in hosts)
             members[len(new_jobs)] = [(jobs[i], job_leaf[i], None) for i in b]
-            new_jobs.append(Job(-2, kind, receivers, total, (), cands))
+            new_jobs.append(_packed_job(kind, [jobs[i] for i in b], hosts, cluster, chunks))
             new_leaf.append(-1)
-    return new_jobs, new_leaf, members
+    return stream_jobs(new_jobs, new_leaf, members, cluster, chunks)
+
+
+def _packed_job(kind: str, parts: list[Job], hosts: tuple[int, ...], cluster: ClusterSpec, chunks) -> Job:
+    """One job carrying ``parts`` back to back, from any of ``hosts``, to all their receivers."""
+    total = sum(j.nbytes for j in parts)
+    receivers = tuple(sorted({r for j in parts for r in j.receivers}, key=lambda d: (cluster.host_of(d), d)))
+    groups_by_host = group_by_host(receivers, cluster)
+    # chunks split bytes, so a packed buffer's chunk count may go up to its byte count
+    cands = tuple(transfer_kind(kind).candidate(total, total, s, groups_by_host, cluster, chunks) for s in hosts)
+    return Job(-2, kind, receivers, total, (), cands)
+
+
+def stream_jobs(jobs: list[Job], job_leaf: list[int], members: dict, cluster: ClusterSpec, chunks,
+                stream_bytes: int = MAX_INFLIGHT_BYTES):
+    """Slices too large for a bucket that share a kind, their candidate sending hosts and
+    their receiving hosts (whatever devices they land on there: a layout change gives each
+    slice other devices) move as one stream of at most ``stream_bytes``: one chain or
+    double tree over their concatenation fills and drains once instead of once per slice,
+    which is most of the time of one host to a hundred with a layout change. As many
+    streams as there are candidate hosts at least, so the balancer may still spread them;
+    only where the cost model predicts the streams at most ``STREAM_GAIN`` of the slices'
+    time apart (a chain to one host gains nothing). Returns (jobs, job_leaf, members)."""
+    groups: dict[tuple, list[int]] = {}
+    for i, j in enumerate(jobs):
+        if i in members or j.kind not in PACKABLE_KINDS or j.deps:
+            continue
+        hosts = tuple(c.host for c in j.candidates)
+        receiving = tuple(sorted({cluster.host_of(r) for r in j.receivers} - set(hosts)))
+        if len(receiving) > 1:
+            groups.setdefault((j.kind, hosts, receiving), []).append(i)
+    streams: list[tuple[list[int], Job]] = []
+    for (kind, hosts, _), idx in groups.items():
+        if len(idx) < 2:
+            continue
+        total = sum(jobs[i].nbytes for i in idx)
+        count = max(len(hosts), -(-total // stream_bytes))
+        if count >= len(idx):
+            continue
+        bins: list[list[int]] = [[] for _ in range(count)]
+        load = [0] * count
+        for i in sorted(idx, key=lambda i: -jobs[i].nbytes):  # LPT: streams of about equal size
+            b = load.index(min(load))
+            bins[b].append(i)
+            load[b] += jobs[i].nbytes
+        made = [_packed_job(kind, [jobs[i] for i in b], hosts, cluster, chunks) for b in bins]
+        apart = sum(min(c.duration for c in jobs[i].candidates) for i in idx)
+        together = sum(min(c.duration for c in m.candidates) for m in made)
+        if together <= STREAM_GAIN * apart:
+            streams += list(zip(bins, made))
+    if not streams:
+        return jobs, job_leaf, members
+    streamed = {i for b, _ in streams for i in b}
+    new_jobs, new_leaf, new_members = [], [], {}
+    for i, j in enumerate(jobs):
+        if i not in streamed:
+            if i in members:
+                new_members[len(new_jobs)] = members[i]
+            new_jobs.append(j)
+            new_leaf.append(job_leaf[i])
+    for b, job in streams:
+        new_members[len(new_jobs)] = [(jobs[i], job_leaf[i], None) for i in b]
+        new_jobs.append(job)
+        new_leaf.append(-1)
+    return new_jobs, new_leaf, new_members

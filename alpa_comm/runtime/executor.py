@@ -37,7 +37,7 @@ import numpy as np
 from ..errors import InvalidOptionError
 from ..resharding.kinds import transfer_kind
 from ..resharding.kinds.base import finish_posted
-from ..resharding.admission import MAX_CONCURRENT, MAX_PER_RESOURCE, latency_bound
+from ..resharding.admission import MAX_CONCURRENT, MAX_INFLIGHT_BYTES, MAX_PER_RESOURCE, latency_bound
 from ..resharding.plan import Leaf, Transfer
 from ..resharding.resources import nic_send
 from ..spec import Box
@@ -47,11 +47,6 @@ from .pieces import Pieces
 
 RING_TAG = 512
 TAGS_PER_TRANSFER = 1024  # chunk tags below RING_TAG, ring steps above
-MAX_INFLIGHT_BYTES = 256 * 2**20
-"""Bytes of packing and unpacking buffers a host holds at once for the transfers in
-flight, beyond the source and destination memory (a transfer larger than this runs when
-nothing else is in flight); the ``PACK_AHEAD`` buckets packed ahead of their turn come
-on top."""
 PACK_AHEAD = 2
 """Coalesced buffers a sending host packs ahead of their turn, on a packing thread: gloo
 writes a send into the socket on the thread that posts it, so packing and sending on one
