@@ -28,39 +28,47 @@ class Flow:
 
 
 def max_min_rates(flows: list[Flow], capacity: dict[int, float]) -> dict[int, float]:
-    """Progressive filling: raise all unfrozen flows together until a link saturates
-    or a flow reaches its cap; freeze those flows; repeat."""
-    rem: dict[int, float] = {}
-    count: dict[int, int] = {}
+    """Max-min fair rates by progressive filling: all unfrozen flows rise together until
+    a link saturates or a flow reaches its cap; those flows freeze; repeat.
+
+    Water-filling with a heap of each link's fair share (what is left of it over its
+    unfrozen flows), so a component of thousands of flows costs O(flows x links a flow
+    crosses x log links), not a pass over every link per frozen level. A flow's own cap
+    acts as a link of its own that only it crosses."""
+    rem: dict = {}
+    users: dict = {}
     for f in flows:
         for link in f.links:
-            rem[link] = capacity[link]
-            count[link] = count.get(link, 0) + 1
-    rate = {f.id: 0.0 for f in flows}
-    unfrozen = list(flows)
-    while unfrozen:
-        delta = min((rem[l] / c for l, c in count.items() if c > 0), default=math.inf)
-        delta = min(delta, min(f.cap - rate[f.id] for f in unfrozen))
-        if math.isinf(delta):
-            for f in unfrozen:
-                rate[f.id] = math.inf
-            break
-        for f in unfrozen:
-            rate[f.id] += delta
-            for link in f.links:
-                rem[link] -= delta
-        keep = []
-        for f in unfrozen:
-            saturated = f.cap - rate[f.id] <= EPS * max(1.0, f.cap if not math.isinf(f.cap) else 1.0) or any(
-                rem[link] <= EPS * capacity[link] for link in f.links)
-            if saturated:
-                for link in f.links:
-                    count[link] -= 1
-            else:
-                keep.append(f)
-        if len(keep) == len(unfrozen):  # numerical safety: nothing froze
-            break
-        unfrozen = keep
+            if link not in rem:
+                rem[link] = capacity[link]
+                users[link] = []
+            users[link].append(f)
+        if not math.isinf(f.cap):
+            key = ("cap", f.id)
+            rem[key], users[key] = f.cap, [f]
+    count = {link: len(fs) for link, fs in users.items()}
+    heap = [(rem[link] / count[link], i, link) for i, link in enumerate(users) if not math.isinf(rem[link])]
+    order = {link: i for i, link in enumerate(users)}
+    heapq.heapify(heap)
+    rate: dict[int, float] = {}
+    while heap:
+        share, _, link = heapq.heappop(heap)
+        if count[link] == 0 or share != rem[link] / count[link]:
+            continue  # stale: the link's share changed since this entry was pushed
+        level = max(share, 0.0)
+        for f in users[link]:
+            if f.id in rate:
+                continue
+            rate[f.id] = level
+            keys = list(f.links) + ([("cap", f.id)] if not math.isinf(f.cap) else [])
+            for other in keys:
+                rem[other] -= level
+                count[other] -= 1
+                if other != link and count[other] > 0 and not math.isinf(rem[other]):
+                    heapq.heappush(heap, (rem[other] / count[other], order[other], other))
+        count[link] = 0
+    for f in flows:  # only links of infinite capacity, and no cap: unbounded
+        rate.setdefault(f.id, math.inf)
     return rate
 
 
@@ -77,6 +85,7 @@ class FluidNetwork:
         self.busy_time: dict[int, float] = {}
         self._busy_since: dict[int, float] = {}
         self.bytes_on: dict[int, float] = {}
+        self._dirty: set[int] = set()  # links whose flows changed at this instant: rates to recompute
 
     # ---------------------------------------------------------------- public
     def at(self, delay: float, callback: Callable[[float], None]) -> None:
@@ -99,11 +108,17 @@ class FluidNetwork:
             if not users:
                 self._busy_since[link] = self.now
             users.add(fid)
-        self._reallocate(links)
+        self._dirty.update(links)
 
     def run(self) -> float:
-        """Process events until none remain; returns the time of the last one."""
-        while self._events:
+        """Process events until none remain; returns the time of the last one. Rates are
+        recomputed once per instant, after every event of that instant (a wave of
+        messages that start or end together costs one recomputation, not one each)."""
+        while self._events or self._dirty:
+            if self._dirty and (not self._events or self._events[0][0] > self.now):
+                dirty, self._dirty = self._dirty, set()
+                self._reallocate(dirty)
+                continue
             t, _, kind, payload, version = heapq.heappop(self._events)
             if kind == "flow":
                 flow = self._flows.get(payload)
@@ -152,6 +167,8 @@ class FluidNetwork:
             self._settle(f)
         rates = max_min_rates(flows, self.capacity)
         for f in flows:
+            if rates[f.id] == f.rate and f.version:
+                continue  # same rate: its projected end still holds
             f.rate = rates[f.id]
             f.version += 1
             eta = self.now if math.isinf(f.rate) else (
@@ -167,5 +184,5 @@ class FluidNetwork:
             self.bytes_on[link] = self.bytes_on.get(link, 0.0) + flow.nbytes
             if not users:
                 self.busy_time[link] = self.busy_time.get(link, 0.0) + self.now - self._busy_since.pop(link)
-        self._reallocate(flow.links)
+        self._dirty.update(flow.links)
         flow.on_done(self.now)
