@@ -72,10 +72,25 @@ def max_min_rates(flows: list[Flow], capacity: dict[int, float]) -> dict[int, fl
     return rate
 
 
-class FluidNetwork:
-    """Event-driven fluid simulation of flows and timed callbacks."""
+MAX_MIN = "max-min"
+FAIR_SHARE = "fair-share"
 
-    def __init__(self, capacity: dict[int, float]):
+
+class FluidNetwork:
+    """Event-driven fluid simulation of flows and timed callbacks.
+
+    ``sharing`` says how concurrent flows share links: ``"max-min"`` (exact max-min
+    fairness over the connected group of flows that changed) or ``"fair-share"``
+    (each flow gets the smallest equal share of the links it crosses, capacity over
+    flows there: only the flows on a changed link change rate, so tens of thousands of
+    concurrent messages stay cheap). A flow's max-min rate is at least that share, so
+    ``"fair-share"`` is never faster than ``"max-min"``, and as fast wherever the flows
+    on a link are bottlenecked there alike (an all-to-all, a gather)."""
+
+    def __init__(self, capacity: dict[int, float], sharing: str = MAX_MIN):
+        if sharing not in (MAX_MIN, FAIR_SHARE):
+            raise ValueError(f"sharing must be {MAX_MIN!r} or {FAIR_SHARE!r}, got {sharing!r}")
+        self.sharing = sharing
         self.capacity = capacity
         self.now = 0.0
         self._events: list = []  # (time, seq, kind, payload, version)
@@ -159,16 +174,33 @@ class FluidNetwork:
                     stack.extend(f.links)
         return list(seen_flows.values())
 
+    def _fair_shares(self, links: Iterable[int]) -> tuple[list[Flow], dict[int, float]]:
+        """The flows on ``links`` and their rates: the least of capacity / flows over the
+        links each crosses (and its own cap)."""
+        seen: dict[int, Flow] = {}
+        for link in links:
+            for fid in self._on_link.get(link, ()):
+                seen.setdefault(fid, self._flows[fid])
+        rates = {}
+        for f in seen.values():
+            r = f.cap
+            for link in f.links:
+                share = self.capacity[link] / len(self._on_link[link])
+                if share < r:
+                    r = share
+            rates[f.id] = r
+        return list(seen.values()), rates
+
     def _reallocate(self, links: Iterable[int]) -> None:
-        flows = self._component(links)
-        if not flows:
-            return
-        for f in flows:
-            self._settle(f)
-        rates = max_min_rates(flows, self.capacity)
+        if self.sharing == FAIR_SHARE:
+            flows, rates = self._fair_shares(links)
+        else:
+            flows = self._component(links)
+            rates = max_min_rates(flows, self.capacity) if flows else {}
         for f in flows:
             if rates[f.id] == f.rate and f.version:
                 continue  # same rate: its projected end still holds
+            self._settle(f)  # bytes moved at the old rate until now
             f.rate = rates[f.id]
             f.version += 1
             eta = self.now if math.isinf(f.rate) else (
