@@ -43,6 +43,7 @@ class ClusterSpec:
     latency_s: float = 20e-6
     _send: tuple[float, ...] = field(init=False, repr=False, compare=False)
     _recv: tuple[float, ...] = field(init=False, repr=False, compare=False)
+    _slowest: float = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         for name in ("num_hosts", "devices_per_host"):
@@ -58,6 +59,7 @@ class ClusterSpec:
             raise InvalidClusterError(f"latency_s must be >= 0, got {self.latency_s!r}")
         object.__setattr__(self, "_send", tuple(s * k * 1e9 / 8 for s, k in zip(send, nics)))
         object.__setattr__(self, "_recv", tuple(r * k * 1e9 / 8 for r, k in zip(recv, nics)))
+        object.__setattr__(self, "_slowest", min(min(self._send), min(self._recv)))
 
     # Bytes per second --------------------------------------------------------
     def send_rate(self, host: int) -> float:
@@ -77,7 +79,7 @@ class ClusterSpec:
     @property
     def slowest_nic_rate(self) -> float:
         """Bytes/s of the slowest NIC side in the cluster (bounds how long a message may take)."""
-        return min(min(self._send), min(self._recv))
+        return self._slowest
 
     @property
     def intra_rate(self) -> float:
