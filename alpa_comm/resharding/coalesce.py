@@ -10,6 +10,10 @@ many, received in place or unpacked on arrival. Used for one array
 (``planner.plan_resharding``: the pieces between the same two hosts) and for a pytree
 (``tree.plan_resharding_tree``: pieces of many arrays). The cost model charges latency
 per message and per chunk, so the effect of packing is predicted and simulated.
+
+Large slices are not packed but may be streamed (``stream_jobs``): those that share a kind,
+sending hosts and receiving hosts go as one chain or tree over their concatenation, so it
+fills once, where the cost model says that pays.
 """
 from __future__ import annotations
 
