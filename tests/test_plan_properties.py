@@ -155,3 +155,31 @@ def test_random_streams_deliver_exactly(specs, hosts, strategy, lat, shape):
     plan = plan_resharding(shape, "float32", "1x4@0", specs[0], f"{hosts}x4@1-{hosts}", specs[1],
                            cluster=cluster, strategy=strategy, cache=False, bucket_bytes=4096)
     _exact_in_threads(plan, shape)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.tuples(st.integers(0, 12), st.integers(1, 6)),
+                          st.tuples(st.integers(0, 12), st.integers(1, 6))), min_size=1, max_size=40))
+def test_grid_overlap_check_agrees_with_pairwise(raw):
+    """verify's check for devices with many boxes finds the same first overlap as comparing
+    every pair would."""
+    from alpa_comm.resharding.verify import _first_overlap, _overlap
+    boxes = [((a, a + n), (b, b + m)) for (a, n), (b, m) in raw]
+    expected = next(((i, j) for j in range(len(boxes)) for i in range(j) if _overlap(boxes[i], boxes[j])), None)
+    got = _first_overlap(boxes)
+    assert (got is None) == (expected is None)
+    if got is not None:
+        assert got[1] == expected[1] and _overlap(boxes[got[0]], boxes[got[1]])
+
+
+def test_verify_catches_a_piece_sent_twice_to_a_device_with_many_pieces():
+    """A device that takes hundreds of pieces is checked on their grid: a piece delivered
+    twice is named with the transfer that sent it again."""
+    plan = plan_resharding((256, 256), "float32", "16x8@0-15", "S01R", "1x1@16", "RR", strategy="send_recv",
+                           bucket_bytes=None, cache=False)
+    verify_plan(plan)
+    assert len(plan.transfers) > 100
+    again = plan.transfers[0]._replace(id=len(plan.transfers))
+    broken = ReshardingPlan(**{**plan.__dict__, "transfers": plan.transfers + (again,)})
+    with pytest.raises(PlanError, match=f"transfer {again.id}: device .* twice"):
+        verify_plan(broken)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from ..errors import AlpaCommError
 from .strategies import ALLGATHER, carries_data
 
@@ -31,6 +33,36 @@ def _volume(box) -> int:
     return math.prod(b - a for a, b in box)
 
 
+PAIRWISE_BOXES = 64
+"""A device's received boxes are checked against each other pair by pair while it has at
+most this many; beyond, on the grid their boundaries cut (``_first_overlap``), so a device
+taking thousands of pieces is checked in linear time, not quadratic."""
+MAX_GRID_CELLS = 1 << 24
+
+
+def _first_overlap(boxes: list) -> tuple[int, int] | None:
+    """(i, j), i < j, of the first box j that overlaps an earlier box i, or None: every box
+    marks the cells of the grid cut by all the boxes' boundaries; a cell marked twice is an
+    overlap (pairwise where that grid would be too large)."""
+    ndim = len(boxes[0])
+    cuts = [np.unique([c for box in boxes for c in box[d]]) for d in range(ndim)]
+    if math.prod(len(c) - 1 for c in cuts) > MAX_GRID_CELLS:
+        for j in range(len(boxes)):
+            for i in range(j):
+                if _overlap(boxes[i], boxes[j]):
+                    return i, j
+        return None
+    grid = np.zeros(tuple(len(c) - 1 for c in cuts), dtype=np.int32)
+    for j, box in enumerate(boxes):
+        where = tuple(slice(int(np.searchsorted(cuts[d], box[d][0])), int(np.searchsorted(cuts[d], box[d][1])))
+                      for d in range(ndim))
+        cells = grid[where]
+        if cells.size and cells.max() > 0:
+            return next(i for i in range(j) if _overlap(boxes[i], box)), j
+        cells += 1
+    return None
+
+
 def verify_plan(plan) -> None:
     """Raise ``PlanError`` naming the first transfer or device that goes wrong.
 
@@ -40,6 +72,7 @@ def verify_plan(plan) -> None:
     need = [leaf.resharding.dst.device_boxes(leaf.shape) for leaf in leaves]
     holds = [{d: [b] for d, b in leaf.resharding.src.device_boxes(leaf.shape).items()} for leaf in leaves]
     received: list[dict[int, list]] = [{d: [] for d in n} for n in need]
+    by: list[dict[int, list]] = [{d: [] for d in n} for n in need]  # the transfer that delivered each box
     done: set[int] = set()
 
     def where(t, leaf: int) -> str:
@@ -64,12 +97,22 @@ def verify_plan(plan) -> None:
                     raise PlanError(f"{where(t, leaf)}: receiver {r} is not a destination device")
                 if not _inside(index, need[leaf][r]):
                     raise PlanError(f"{where(t, leaf)}: device {r} receives {index}, outside its box {need[leaf][r]}")
-                for prior in received[leaf][r]:
-                    if _overlap(prior, index):
-                        raise PlanError(f"{where(t, leaf)}: device {r} receives {index} twice (already has {prior})")
-                received[leaf][r].append(index)
+                got = received[leaf][r]
+                if len(got) < PAIRWISE_BOXES:
+                    for prior in got:
+                        if _overlap(prior, index):
+                            raise PlanError(f"{where(t, leaf)}: device {r} receives {index} twice (already has {prior})")
+                got.append(index)
+                by[leaf][r].append(where(t, leaf))
                 holds[leaf].setdefault(r, []).append(index)
         done.add(t.id)
+    for leaf, per_device in enumerate(received):  # devices with many boxes: checked on their grid
+        for r, got in per_device.items():
+            if len(got) > PAIRWISE_BOXES:
+                hit = _first_overlap(got)
+                if hit is not None:
+                    i, j = hit
+                    raise PlanError(f"{by[leaf][r][j]}: device {r} receives {got[j]} twice (already has {got[i]})")
     if not carries_data(plan.strategy):
         return
     for leaf, n in enumerate(need):
