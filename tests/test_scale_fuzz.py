@@ -23,7 +23,7 @@ def test_a_seeded_draw_plans_simulates_and_verifies(tmp_path):
     data = json.loads((tmp_path / "fuzz.json").read_text())
     assert data["seed"] == 3 and len(data["rows"]) + data["skipped"] == 6
     for r in data["rows"]:
-        assert 16 <= r["hosts"] <= 64 and r["ratio"] >= 0.99  # never faster than the bound
+        assert 16 <= r["hosts"] <= 64 and (r["ratio"] is None or r["ratio"] >= 0.99)  # never faster than the bound
         assert r["makespan_seconds"] > 0 and r["repeat_plan_seconds"] < r["plan_seconds"] + 1e-3
     assert (tmp_path / "fuzz.png").stat().st_size > 0 and "within 1.25x" in (tmp_path / "fuzz.md").read_text()
 
