@@ -39,7 +39,8 @@ def main(argv=None) -> int:
         raise SystemExit(f"error: no such results file: {path}")
     run = json.loads(path.read_text())
     c = run["cluster"]
-    latency = float(c["description"].rsplit("latency ", 1)[1].split()[0]) * 1e-6
+    # runs before latency_s was recorded say it only in the description ("... latency 350 us")
+    latency = c.get("latency_s") or float(c["description"].rsplit("latency ", 1)[1].split()[0]) * 1e-6
     cluster = ClusterSpec(num_hosts=c["hosts"], devices_per_host=c["devices_per_host"],
                           nic_send_gbps=c["calibrated_nic_gbps"], latency_s=latency)
     rows, errors = [], {"admission": [], "one at a time": []}

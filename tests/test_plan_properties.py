@@ -74,10 +74,7 @@ def test_pieces_between_the_same_hosts_go_as_one_message():
     device); pieces that travel between the same two hosts the same way are coalesced
     (``bucket_bytes="auto"``): far fewer messages, a shorter predicted and simulated
     time, every byte still delivered exactly (verified, and run in threads)."""
-    from alpa_comm.runtime.local import execute_in_threads
     from alpa_comm.sim import simulate
-
-    from exactness import expect_exact
 
     cluster = ClusterSpec(num_hosts=20, devices_per_host=8, nic_send_gbps=100, latency_s=20e-6)
     args = ((1024, 512), "float32", "16x8@0-15", "RS01", "4x8@16-19", "S0S1")
@@ -90,9 +87,7 @@ def test_pieces_between_the_same_hosts_go_as_one_message():
     assert simulate(together, window=1, max_concurrent=1).makespan < 0.5 * simulate(apart, window=1,
                                                                                      max_concurrent=1).makespan
     assert simulate(together).makespan < simulate(apart).makespan
-    verify_plan(together)
-    x = np.arange(1024 * 512, dtype=np.float32).reshape(1024, 512)
-    expect_exact(together, x, execute_in_threads(together, x, timeout=20))
+    _exact_in_threads(together, (1024, 512))
 
 
 @pytest.mark.parametrize("hosts", [128, 1024])

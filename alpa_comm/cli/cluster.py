@@ -167,7 +167,8 @@ def cmd_bench(args) -> int:
                                                 compiled_sends=compiled)
         desc = {"kind": args.cluster, "description": cluster.spec.describe(), "nic": args.nic,
                 "hosts": cluster.spec.num_hosts, "devices_per_host": cluster.spec.devices_per_host,
-                "calibrated_nic_gbps": calibrated.nic_send_gbps, "one_copy_seconds": t_copy,
+                "calibrated_nic_gbps": calibrated.nic_send_gbps, "latency_s": calibrated.latency_s,
+                "one_copy_seconds": t_copy,
                 "size_mb": args.size_mb, "repeat": args.repeat}
     print(f"\nalpa-comm bench on {desc['description']} ({args.cluster}); one {args.size_mb:g} MiB copy "
           f"between two hosts: {t_copy:.3f} s = {calibrated.nic_send_gbps:.3f} Gbit/s (simulator calibrated to it)\n")

@@ -47,8 +47,8 @@ def max_min_rates(flows: list[Flow], capacity: dict[int, float]) -> dict[int, fl
             key = ("cap", f.id)
             rem[key], users[key] = f.cap, [f]
     count = {link: len(fs) for link, fs in users.items()}
-    heap = [(rem[link] / count[link], i, link) for i, link in enumerate(users) if not math.isinf(rem[link])]
-    order = {link: i for i, link in enumerate(users)}
+    order = {link: i for i, link in enumerate(users)}  # ties broken by first use: links mix ints and tuples
+    heap = [(rem[link] / count[link], order[link], link) for link in users if not math.isinf(rem[link])]
     heapq.heapify(heap)
     rate: dict[int, float] = {}
     while heap:
