@@ -7,7 +7,6 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from .dense import dense
 
 
 @dataclass
@@ -67,14 +66,14 @@ def block(p, x, heads: int):
     """Pre-LN transformer block with causal self-attention."""
     b, t, d = x.shape
     h = layer_norm(p["ln1"], x)
-    q, k, v = jnp.split(dense(h, p["qkv"]), 3, axis=-1)
+    q, k, v = jnp.split(h @ p["qkv"], 3, axis=-1)
     q, k, v = (a.reshape(b, t, heads, d // heads).transpose(0, 2, 1, 3) for a in (q, k, v))
     att = (q @ k.transpose(0, 1, 3, 2)) / jnp.sqrt(d // heads)
     att = jnp.where(jnp.tril(jnp.ones((t, t), bool)), att, -1e9)
     att = jax.nn.softmax(att, axis=-1)
     y = (att @ v).transpose(0, 2, 1, 3).reshape(b, t, d)
-    x = x + dense(y, p["out"])
-    return x + dense(jax.nn.gelu(dense(layer_norm(p["ln2"], x), p["mlp1"])), p["mlp2"])
+    x = x + y @ p["out"]
+    return x + jax.nn.gelu(layer_norm(p["ln2"], x) @ p["mlp1"]) @ p["mlp2"]
 
 
 def cross_entropy(logits, targets):
@@ -109,7 +108,7 @@ def embed(p, batch):
 
 
 def head_loss(p, x, batch) -> dict:
-    return {"loss": cross_entropy(dense(layer_norm(p["ln_f"], x), p["head"]), batch["targets"])}
+    return {"loss": cross_entropy(layer_norm(p["ln_f"], x) @ p["head"], batch["targets"])}
 
 
 def stage_params(num_layers: int, num_stages: int, d: int, vocab: int, seq: int, seed: int):

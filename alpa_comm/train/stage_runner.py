@@ -8,8 +8,8 @@ differs, so the two cannot disagree on what an action means:
 * ``F m`` computes the stage and keeps its VJP (the residuals stay live);
 * ``B m`` applies the VJP: weight gradients accumulate, input gradients wait for
   their ``SEND_B``; ``BI m`` computes only the input half, ``BW m`` later only the
-  weight half of the same VJP (JAX's VJP is a pytree, so both halves are
-  jitted functions of it);
+  weight half of the same backward (``split_vjp``: both halves are pytrees, so
+  jitted functions take them);
 * ``SEND_*`` hands arrays to the mailbox (asynchronous); ``RECV_*`` takes them,
   blocking or, in poll mode, reporting that they have not arrived.
 
@@ -25,8 +25,8 @@ from typing import Callable, Protocol
 import jax
 import jax.numpy as jnp
 
-from ..models.dense import WeightTape, weight_grads
 from ..pipeline.ir import Action, ActionKind, ScheduleError
+from .backward_split import split_vjp
 
 
 class Mailbox(Protocol):
@@ -40,12 +40,12 @@ class StagePrograms:
     """A stage's compiled programs. ``constrain_out`` pins activations and input
     gradients to the layout the edges expect (identity in one process).
 
-    ``forward`` returns the outputs and the backward state (the VJP plus the
-    inputs of every weight matmul, see ``models.dense``); ``backward_input``
-    returns the input gradients and the weight-gradient state (partial parameter
-    gradients, matmul inputs, their output gradients) and frees the VJP;
-    ``backward_weight`` finishes the parameter gradients from that state with one
-    ``x^T dy`` per matmul. ``backward`` is both at once. BI + BW cost what B costs.
+    ``forward`` returns the outputs and the backward state: the two halves of the
+    stage's backward, split from its jaxpr by ``split_vjp`` (any stage function, no
+    knowledge of its layers). ``backward_input`` returns the input gradients and the
+    weight-gradient state (the weight half and the residuals it reads) and frees the
+    rest of the forward's residuals; ``backward_weight`` finishes the parameter
+    gradients from that state. ``backward`` is both at once. BI + BW cost what B costs.
     """
 
     stage_fn: Callable
@@ -53,56 +53,40 @@ class StagePrograms:
 
     def __post_init__(self):
         fn, pin = self.stage_fn, self.constrain_out
-        traced: dict = {}  # the matmuls' parameter paths, found while tracing the forward
 
         def forward(params, inputs, batch):
-            def discover(p, x):
-                with WeightTape(p) as tape:
-                    fn(p, x, batch)
-                return [jnp.zeros(s.shape, s.dtype) for s in tape.shapes]
+            out, bi, bw = split_vjp(lambda p, x: pin(fn(p, x, batch)), params, inputs)
+            return out, (bi, bw)
 
-            shapes = jax.eval_shape(discover, params, inputs)
+        def backward_input(bi, ct):
+            (gx,), residuals = bi(ct)
+            return pin(gx), residuals
 
-            def run(p, x, taps):
-                with WeightTape(p, taps) as tape:
-                    out = fn(p, x, batch)
-                traced["paths"] = list(tape.paths)
-                return pin(out), tape.inputs
-
-            taps = [jnp.zeros(s.shape, s.dtype) for s in shapes]
-            out, vjp, xs = jax.vjp(run, params, inputs, taps, has_aux=True)
-            return out, (vjp, xs)
-
-        def backward_input(vjp, ct):
-            gp, gx, dys = vjp(ct)
-            return pin(gx), (gp, dys)
-
-        def backward_weight(xs, partial):
-            gp, dys = partial
-            return weight_grads(gp, traced["paths"], xs, dys)
+        def backward_weight(bw, residuals):
+            return bw(residuals)
 
         def backward(state, ct):
-            vjp, xs = state
-            gx, partial = backward_input(vjp, ct)
-            return backward_weight(xs, partial), gx
+            bi, bw = state
+            gx, residuals = backward_input(bi, ct)
+            return bw(residuals), gx
 
         self.forward = jax.jit(forward)
         self.backward = jax.jit(backward)
-        # The state is a Python pair (VJP, matmul inputs): BI takes only the VJP, so the
-        # inputs are not copied through it to reach BW.
+        # The state is a Python pair (input half, weight half): BI takes only the input
+        # half with the forward's residuals, BW only what BI handed it.
         self._bi = jax.jit(backward_input)
         self._bw = jax.jit(backward_weight)
         self.accumulate = jax.jit(lambda a, b: jax.tree_util.tree_map(jnp.add, a, b))
 
     def backward_input(self, state, ct):
-        """Input gradients and the weight-gradient state (the VJP is released)."""
-        vjp, xs = state
-        gx, partial = self._bi(vjp, ct)
-        return gx, (xs, partial)
+        """Input gradients and the weight-gradient state (the forward's residuals are released)."""
+        bi, bw = state
+        gx, residuals = self._bi(bi, ct)
+        return gx, (bw, residuals)
 
     def backward_weight(self, wstate):
-        xs, partial = wstate
-        return self._bw(xs, partial)
+        bw, residuals = wstate
+        return self._bw(bw, residuals)
 
 
 def residual_bytes(state, params) -> int:

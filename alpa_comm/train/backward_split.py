@@ -1,0 +1,225 @@
+"""``split_vjp``: a backward split into its input-gradient and weight-gradient halves,
+for any JAX function, found from the backward's jaxpr.
+
+Why: a pipeline stage's input gradient is what the previous stage waits for (it
+crosses meshes); its weight gradient is needed only at the optimizer step. Computing
+the input half first and the weight half later (backward weight delaying, ZB-H1) lets
+the cross-mesh send leave early. Taking the two halves as two separate VJPs would
+redo the shared work (the output cotangent of every later operation); splitting one
+backward by dependencies does not:
+
+1. ``jax.vjp`` linearizes the function; the backward is traced once into a jaxpr whose
+   inputs are the VJP's residuals and the output cotangents, and whose outputs are the
+   parameter and input cotangents. Nested ``jit``/``closed_call``/``checkpoint``
+   programs are inlined so that the split can go through them.
+2. Dead-code elimination per output set: the equations the input cotangents depend on
+   form the input part (BI); the equations the parameter cotangents depend on, minus
+   those BI already computes, form the weight part (BW). Every equation runs once, in
+   one of the two, so BI + BW cost what the whole backward costs.
+3. The values BW reads that BI computed or received (typically each matmul's input
+   and its output cotangent) are BI's residuals, handed to BW.
+
+What stays whole: a control-flow primitive (``scan``, ``while``, ``cond``) is one
+equation; its body is not split, so a ``lax.scan`` over layers puts all of its
+weight gradients in BI. Equations with side effects run in BI, in order.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import jax
+from jax.extend import core as jcore
+from jax.tree_util import Partial
+
+# Call-like primitives whose body is inlined, so the split sees through them. The body's
+# parameter name differs by primitive.
+_INLINED = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
+            "checkpoint": "jaxpr", "remat": "jaxpr"}
+
+
+@dataclass(frozen=True)
+class _Const:
+    """A literal or constant operand (not a value computed by the program)."""
+    value: Any
+
+
+@dataclass(frozen=True)
+class _Eqn:
+    primitive: Any
+    params: dict
+    ins: tuple        # int (a value's id) or _Const
+    outs: tuple       # int, or None for an output nobody reads (DropVar)
+    effectful: bool
+
+
+@dataclass(frozen=True)
+class _Program:
+    """A flat backward: inputs ``0..num_inputs-1`` (residual leaves, jaxpr constants,
+    output cotangents), equations in order, outputs as ids or constants."""
+    num_inputs: int
+    eqns: tuple
+    outputs: tuple
+
+
+def _flatten(closed) -> _Program:
+    """The closed jaxpr as one flat equation list, its constants turned into inputs
+    (they may be tracers of an enclosing ``jit``: the caller passes them in)."""
+    counter = iter(range(1 << 62))
+    jaxpr = closed.jaxpr
+    env: dict = {}
+    for v in list(jaxpr.constvars) + list(jaxpr.invars):
+        env[v] = next(counter)
+    num_inputs = len(env)
+    eqns: list[_Eqn] = []
+
+    def ref(atom, env):
+        if isinstance(atom, jcore.Literal):
+            return _Const(atom.val)
+        return env[atom]
+
+    def walk(jx, env, consts_env):
+        env.update(consts_env)
+        for e in jx.eqns:
+            body_name = _INLINED.get(e.primitive.name)
+            if body_name is not None and body_name in e.params:
+                body = e.params[body_name]
+                inner_jaxpr = body.jaxpr if hasattr(body, "jaxpr") else body
+                inner_consts = list(getattr(body, "consts", ()))
+                inner_env = {v: _Const(c) for v, c in zip(inner_jaxpr.constvars, inner_consts)}
+                for v, a in zip(inner_jaxpr.invars, e.invars):
+                    inner_env[v] = ref(a, env)
+                walk(inner_jaxpr, inner_env, {})
+                for o, inner_o in zip(e.outvars, inner_jaxpr.outvars):
+                    if not isinstance(o, jcore.DropVar):
+                        env[o] = ref(inner_o, inner_env)
+                continue
+            outs = []
+            for o in e.outvars:
+                if isinstance(o, jcore.DropVar):
+                    outs.append(None)
+                else:
+                    env[o] = next(counter)
+                    outs.append(env[o])
+            eqns.append(_Eqn(e.primitive, dict(e.params), tuple(ref(a, env) for a in e.invars), tuple(outs),
+                             bool(e.effects)))
+
+    walk(jaxpr, env, {})
+    outputs = tuple(ref(a, env) for a in jaxpr.outvars)
+    return _Program(num_inputs, tuple(eqns), outputs)
+
+
+def _needed(program: _Program, wanted, producer: dict[int, int]) -> set[int]:
+    """Indices of the equations the ids in ``wanted`` depend on."""
+    need, stack = set(), [r for r in wanted if isinstance(r, int)]
+    seen = set(stack)
+    while stack:
+        i = producer.get(stack.pop())
+        if i is None or i in need:
+            continue
+        need.add(i)
+        for r in program.eqns[i].ins:
+            if isinstance(r, int) and r not in seen:
+                seen.add(r)
+                stack.append(r)
+    return need
+
+
+def _run(eqns, env: dict) -> None:
+    for e in eqns:
+        vals = [r.value if isinstance(r, _Const) else env[r] for r in e.ins]
+        params = e.primitive.get_bind_params(e.params)
+        if isinstance(params, tuple):  # older JAX: (subfuns, params)
+            subfuns, params = params
+            vals = list(subfuns) + vals
+        out = e.primitive.bind(*vals, **params)
+        for i, v in zip(e.outs, out if e.primitive.multiple_results else (out,)):
+            if i is not None:
+                env[i] = v
+
+
+def _read(refs, env):
+    return [r.value if isinstance(r, _Const) else env[r] for r in refs]
+
+
+@dataclass(frozen=True, eq=False)
+class _Halves:
+    """The split of one backward; ``Partial``s over it travel through ``jit``."""
+    program: _Program
+    bi_eqns: tuple
+    bw_eqns: tuple
+    residual_ids: tuple
+    num_param_cts: int
+    ct_tree: Any
+    ct_shapes: tuple
+    cts_tree: Any           # (param cotangents, *input cotangents)
+
+    def backward_input(self, *args):
+        *inputs, cts = args
+        leaves, tree = jax.tree_util.tree_flatten(cts)
+        if tree != self.ct_tree:
+            raise ValueError(f"output cotangents have structure {tree}, the outputs have {self.ct_tree}")
+        for got, want in zip(leaves, self.ct_shapes):
+            if tuple(getattr(got, "shape", ())) != want.shape:
+                raise ValueError(f"an output cotangent has shape {tuple(got.shape)}, its output {want.shape}")
+        env = dict(enumerate(list(inputs) + leaves))
+        _run(self.bi_eqns, env)
+        outs = self.program.outputs
+        n = self.num_param_cts
+        input_cts = _read(outs[n:], env)
+        placeholder = [None] * n
+        tree = jax.tree_util.tree_unflatten(self.cts_tree, placeholder + input_cts)
+        return tuple(tree[1:]), tuple(env[i] for i in self.residual_ids)
+
+    def backward_weight(self, residuals):
+        if len(residuals) != len(self.residual_ids):
+            raise ValueError(f"backward_weight takes the {len(self.residual_ids)} residuals backward_input "
+                             f"returned, got {len(residuals)}")
+        env = dict(zip(self.residual_ids, residuals))
+        _run(self.bw_eqns, env)
+        flat = _read(self.program.outputs[:self.num_param_cts], env)
+        n_inputs = self.cts_tree.num_leaves - self.num_param_cts
+        return jax.tree_util.tree_unflatten(self.cts_tree, flat + [None] * n_inputs)[0]
+
+
+def split_vjp(fn: Callable, params, *inputs):
+    """Like ``jax.vjp(fn, params, *inputs)``, with the backward in two halves.
+
+    Returns ``(outputs, backward_input, backward_weight)``:
+
+    * ``backward_input(output_cotangents) -> (input_cotangents, residuals)``: the
+      cotangents of ``inputs`` (a tuple, one per input, as ``jax.vjp`` gives them) and
+      what the weight half needs, computing only what the input cotangents depend on;
+    * ``backward_weight(residuals)``: the cotangent of ``params`` (a pytree like it).
+
+    Both are ``jax.tree_util.Partial``s: they can be returned from and passed into
+    ``jit``-compiled functions, as ``jax.vjp``'s pullback can. Together they do the
+    backward's work once.
+    """
+    outputs, pullback = jax.vjp(fn, params, *inputs)
+    res_leaves, res_tree = jax.tree_util.tree_flatten(pullback)
+    out_leaves, ct_tree = jax.tree_util.tree_flatten(outputs)
+    ct_shapes = tuple(jax.ShapeDtypeStruct(o.shape, jcore.primal_dtype_to_tangent_dtype(o.dtype))
+                      for o in out_leaves)
+
+    def backward(res, cts):
+        return jax.tree_util.tree_unflatten(res_tree, res)(jax.tree_util.tree_unflatten(ct_tree, cts))
+
+    res_shapes = [jax.ShapeDtypeStruct(jax.numpy.shape(r), jax.numpy.result_type(r)) for r in res_leaves]
+    closed, cts_shape = jax.make_jaxpr(backward, return_shape=True)(res_shapes, list(ct_shapes))
+    cts_tree = jax.tree_util.tree_structure(cts_shape)
+    program = _flatten(closed)
+    num_param_cts = jax.tree_util.tree_structure(params).num_leaves
+
+    producer = {o: i for i, e in enumerate(program.eqns) for o in e.outs if o is not None}
+    effectful = {i for i, e in enumerate(program.eqns) if e.effectful}
+    bi_roots = list(program.outputs[num_param_cts:]) + [r for i in effectful for r in program.eqns[i].ins]
+    bi = _needed(program, bi_roots, producer) | effectful
+    bw = _needed(program, program.outputs[:num_param_cts], producer) - bi
+    bw_defined = {o for i in bw for o in program.eqns[i].outs if o is not None}
+    wanted = [r for i in sorted(bw) for r in program.eqns[i].ins] + list(program.outputs[:num_param_cts])
+    residual_ids = tuple(sorted({r for r in wanted if isinstance(r, int) and r not in bw_defined}))
+    halves = _Halves(program, tuple(program.eqns[i] for i in sorted(bi)), tuple(program.eqns[i] for i in sorted(bw)),
+                     residual_ids, num_param_cts, ct_tree, ct_shapes, cts_tree)
+    inputs_to_program = list(closed.consts) + list(res_leaves)
+    return (outputs, Partial(halves.backward_input, *inputs_to_program), Partial(halves.backward_weight))
