@@ -16,10 +16,10 @@
 * ``"alpa_comm_eager"``: the above, plus ``PipeshardParallel(pipeline_schedule=
   "eager_1f1b")``, dispatched through Alpa 0.2.3's own if/elif over schedule names
   (``eager_dispatch``). Its clock table is the eager-1F1B order (Alpa's own
-  ``1f1b_overlap_friendly`` order, which 0.2.3's emitter cannot run across meshes).
-  Backward weight delaying is *not* done inside Alpa: Alpa builds one backward
-  computation per stage; the weight-gradient split exists in alpa_comm's own
-  runtime (``alpa-comm train``) only.
+  ``1f1b_overlap_friendly`` order, which 0.2.3's emitter cannot run across meshes),
+  with backward weight delaying: each backward stage Alpa builds is split into its
+  input- and weight-gradient computations (``alpa_weight_delay``) and the weight part
+  runs one step later, so the input gradient's cross-mesh send leaves first.
 
 Worker processes: Alpa's ``MeshHostWorker`` actors run in other processes, so
 patches made in the driver do not reach them. ``install`` swaps the class Alpa
@@ -41,6 +41,7 @@ import sys
 
 from ..errors import AlpaCommError, InvalidOptionError
 from .alpa_translate import inputs_from_task_spec, plan_to_strategy, schedule_to_clocks
+from .alpa_weight_delay import split_backward_stages
 
 SUPPORTED_ALPA_VERSION = "0.2.3"
 OPTION = "comm_optimization"
@@ -154,7 +155,7 @@ def _apply(alpa, value: str) -> None:
         compile_executable = _module("alpa.pipeline_parallel.compile_executable")
         schedules = _module("alpa.pipeline_parallel.schedules")
         _patch(compile_executable, "compile_pipeshard_executable_internal",
-               eager_dispatch(compile_executable, eager_schedule_class(schedules.PipeDreamFlush)))
+               eager_dispatch(compile_executable, schedules.PipeDreamFlush))
 
 
 # ------------------------------------------------------------- strategies
@@ -223,14 +224,28 @@ def _plan_boundary(specs: dict, mode: str):
 
 
 # ---------------------------------------------------------------- schedule
-def eager_dispatch(compile_executable, schedule_class):
+WEIGHT_DELAY = 1
+"""How far each weight-gradient computation is delayed inside Alpa (``delay_wgrad``): one
+step puts the next forward, and its send, between a stage's input-gradient and
+weight-gradient computations. Alpa has no per-stage costs to choose more from."""
+
+
+def eager_dispatch(compile_executable, schedule_base):
     """``compile_pipeshard_executable_internal`` that also knows ``"eager_1f1b"``.
 
     Alpa 0.2.3 has no schedule registry: the function picks the schedule class by
     an if/elif over names. For ``"eager_1f1b"`` this runs Alpa's own function with
-    ``"1f1b"`` while the name ``PipeDreamFlush`` it dispatches to stands for
-    ``schedule_class`` (restored as soon as it returns), so everything else Alpa does
-    for 1F1B — stage construction, the standard instruction emitter — is unchanged."""
+    ``"1f1b"`` while two names it calls stand for ours (both restored as soon as it
+    returns):
+
+    * ``cluster_layers_and_slice_mesh``: Alpa's own, then each backward stage split into
+      its input- and weight-gradient computations (``alpa_weight_delay``), the weight
+      parts appended as stages on their meshes; everything after it (apply-gradient
+      slicing, donation, dependencies, sharding, the standard instruction emitter)
+      takes the longer stage list as it is;
+    * ``PipeDreamFlush`` (the class the dispatch builds for 1F1B): the eager-1F1B
+      schedule over those stages, each weight-gradient task placed by the delay rule.
+    """
     original = compile_executable.compile_pipeshard_executable_internal
 
     @functools.wraps(original)
@@ -239,15 +254,34 @@ def eager_dispatch(compile_executable, schedule_class):
         if name != EAGER_SCHEDULE_NAME:
             return original(*args, **kwargs)
         args, kwargs, _ = _schedule_argument(args, kwargs, "1f1b")
+        split: dict = {"weight_stages": {}}
+        cluster = compile_executable.cluster_layers_and_slice_mesh
         dispatched = compile_executable.PipeDreamFlush
-        compile_executable.PipeDreamFlush = schedule_class
+
+        def cluster_and_split(*a, **k):
+            stages, stage_to_mesh, meshes, option = cluster(*a, **k)
+            stages, stage_to_mesh, split["weight_stages"] = split_backward_stages(
+                stages, stage_to_mesh, new_var=_fresh_variables(stages))
+            return stages, stage_to_mesh, meshes, option
+
+        compile_executable.cluster_layers_and_slice_mesh = cluster_and_split
+        compile_executable.PipeDreamFlush = eager_schedule_class(schedule_base, split)
         try:
             return original(*args, **kwargs)
         finally:
             compile_executable.PipeDreamFlush = dispatched
+            compile_executable.cluster_layers_and_slice_mesh = cluster
 
     compile_internal.__module__ = __name__  # ours, whatever functools.wraps copied
     return compile_internal
+
+
+def _fresh_variables(stages):
+    """``aval -> Var`` unused by any stage: jax 0.3.22's ``gensym`` over their jaxprs (in
+    Alpa's process; the harness, whose ``jax`` is a stand-in, replaces this function)."""
+    from jax.core import gensym  # noqa: PLC0415 - Alpa's jax, only where Alpa runs
+
+    return gensym([s.closed_jaxpr().jaxpr for s in stages], suffix="_wd")
 
 
 _SCHEDULE_POSITION = 7  # compile_pipeshard_executable_internal(closed_jaxpr, ..., num_microbatch, pipeline_schedule, ...)
@@ -268,13 +302,18 @@ def _schedule_argument(args, kwargs, replace: str | None = None):
     return args, kwargs, name
 
 
-def eager_schedule_class(base):
-    """Alpa schedule (a ``PipeDreamFlush``: same backward bookkeeping) whose clock table
-    is alpa_comm's eager-1F1B: forwards run ahead during warm-up so a stage's send
-    overlaps the next forward. This is the order of Alpa's own
-    ``OverlapFriendlyPipeDreamSchedule`` (checked in the harness), which 0.2.3 cannot
-    run once a stage sends to another mesh (its emitter's sort key raises
-    ``TypeError``); here it runs through Alpa's standard emitter."""
+def eager_schedule_class(base, split: dict | None = None):
+    """Alpa schedule (a ``PipeDreamFlush``: same backward bookkeeping, so each
+    accumulator chains microbatch b to b-1) whose clock table is alpa_comm's eager-1F1B:
+    forwards run ahead during warm-up so a stage's send overlaps the next forward. This
+    is the order of Alpa's own ``OverlapFriendlyPipeDreamSchedule`` (checked in the
+    harness), which 0.2.3 cannot run once a stage sends to another mesh (its emitter's
+    sort key raises ``TypeError``); here it runs through Alpa's standard emitter.
+
+    ``split["weight_stages"]`` (mesh -> stage index, filled when the stages are built):
+    those meshes' weight-gradient computations are tasks of their own, delayed by
+    ``WEIGHT_DELAY``; the emitter sends each input gradient at the clock its consumer
+    runs, which is before the weight-gradient task of the same microbatch."""
     from ..pipeline import generate  # noqa: PLC0415
 
     class EagerOneFOneB(base):
@@ -283,8 +322,13 @@ def eager_schedule_class(base):
             return EAGER_SCHEDULE_NAME
 
         def _generate_schedule(self):
-            sched = generate("eager-1f1b", self.num_mesh, self.num_batch)
-            return schedule_to_clocks(sched, self.apply_grad_placement)
+            weight_stages = (split or {}).get("weight_stages") or {}
+            if weight_stages:
+                sched = generate("eager-1f1b", self.num_mesh, self.num_batch, split_backward=True,
+                                 delay_wgrad=WEIGHT_DELAY)
+            else:
+                sched = generate("eager-1f1b", self.num_mesh, self.num_batch)
+            return schedule_to_clocks(sched, self.apply_grad_placement, weight_stages)
 
     EagerOneFOneB.__qualname__ = EagerOneFOneB.__name__ = "EagerOneFOneB"
     return EagerOneFOneB

@@ -17,7 +17,8 @@ on Alpa 0.2.3's real classes (``alpa_harness``).
   every piece of the tile for each entry, so each piece reaches each receiver once.
 * Our pipeline ``Schedule`` becomes Alpa's clock table: per clock, per mesh,
   ``(microbatch, stage)`` or None, forward stage of mesh i = i, backward
-  stage = 2S-1-i, apply-grad tasks in a final clock.
+  stage = 2S-1-i, a split-off weight-gradient stage where one exists (index 2S and
+  up), apply-grad tasks in a final clock.
 """
 from __future__ import annotations
 
@@ -210,22 +211,33 @@ def plan_to_strategy(plan, spec, strings: DeviceStrings, mode: str):
 
 
 # ---------------------------------------------------------------- schedules
-def schedule_to_clocks(schedule: Schedule, apply_grad_placement: dict[int, int] | None = None) -> list[list]:
+def schedule_to_clocks(schedule: Schedule, apply_grad_placement: dict[int, int] | None = None,
+                       weight_stages: dict[int, int] | None = None) -> list[list]:
     """Alpa's clock table for ``schedule``: every compute action takes one clock.
 
-    Alpa has one backward task per stage, so ``BI m`` becomes the backward task
-    and ``BW m`` is folded into it (Alpa cannot express weight delaying); the
-    order of forwards and backwards — the eager warm-up — is kept exactly.
+    Alpa has one backward task per stage: ``BI m`` becomes the backward task. Where
+    the backward of mesh ``i`` was split into two computations (``weight_stages``:
+    mesh -> the stage index of its weight-gradient computation, see
+    ``alpa_weight_delay``), ``BW m`` is that stage's task, at its place in the schedule
+    (the delay rule); elsewhere it is folded into the backward task. The order of
+    forwards and backwards — the eager warm-up — is kept exactly.
     """
     S = schedule.num_stages
-    fused = Schedule(tuple(tuple(a for a in s if a.kind != "BW") for s in schedule.stages), schedule.name)
-    res = simulate_schedule(fused, Costs(t_fwd=1.0, t_bwd=1.0, t_comm=0.0, t_bi=1.0, t_bw=0.0))
+    weight_stages = weight_stages or {}
+    kept = Schedule(tuple(tuple(a for a in s if a.kind != "BW" or i in weight_stages)
+                          for i, s in enumerate(schedule.stages)), schedule.name)
+    res = simulate_schedule(kept, Costs(t_fwd=1.0, t_bwd=1.0, t_comm=0.0, t_bi=1.0, t_bw=1.0))
     clocks: list[list] = [[None] * S for _ in range(int(round(res.iteration_time)))]
     for e in res.events:
         if e.end == e.start:
             continue
         c = int(round(e.start))
-        stage = e.stage if e.kind == "F" else 2 * S - 1 - e.stage
+        if e.kind == "F":
+            stage = e.stage
+        elif e.kind == "BW":
+            stage = weight_stages[e.stage]
+        else:
+            stage = 2 * S - 1 - e.stage
         if clocks[c][e.stage] is not None:
             raise TranslationError(f"clock {c} holds two tasks on mesh {e.stage}")
         clocks[c][e.stage] = (e.mb, stage)
@@ -236,9 +248,13 @@ def schedule_to_clocks(schedule: Schedule, apply_grad_placement: dict[int, int] 
     return clocks
 
 
-def validate_clocks(clocks: list[list], num_meshes: int, num_microbatches: int) -> None:
+def validate_clocks(clocks: list[list], num_meshes: int, num_microbatches: int,
+                    weight_stages: dict[int, int] | None = None) -> None:
     """Every (microbatch, stage) once, after what it depends on (previous forward stage;
-    next mesh's backward and its own forward for a backward)."""
+    next mesh's backward and its own forward for a backward; for a weight-gradient
+    stage, its own backward, and its previous microbatch: the accumulator chains)."""
+    weight_stages = weight_stages or {}
+    mesh_of_weight = {stage: mesh for mesh, stage in weight_stages.items()}
     done: dict[tuple[int, int], int] = {}
     for c, row in enumerate(clocks[:-1]):
         if len(row) != num_meshes:
@@ -250,7 +266,13 @@ def validate_clocks(clocks: list[list], num_meshes: int, num_microbatches: int) 
             if (mb, stage) in done:
                 raise TranslationError(f"task {task} appears twice (clocks {done[(mb, stage)]} and {c})")
             need = []
-            if stage < num_meshes:
+            if stage in mesh_of_weight:
+                if mesh_of_weight[stage] != mesh:
+                    raise TranslationError(f"clock {c}: weight-gradient stage {stage} on mesh {mesh}")
+                need.append((mb, 2 * num_meshes - 1 - mesh))
+                if mb > 0:
+                    need.append((mb - 1, stage))
+            elif stage < num_meshes:
                 if stage != mesh:
                     raise TranslationError(f"clock {c}: forward stage {stage} on mesh {mesh}")
                 if stage > 0:
@@ -265,6 +287,7 @@ def validate_clocks(clocks: list[list], num_meshes: int, num_microbatches: int) 
                 if done.get(n, c) >= c:
                     raise TranslationError(f"clock {c}: task {task} runs before {n} it depends on")
             done[(mb, stage)] = c
-    missing = [(mb, s) for mb in range(num_microbatches) for s in range(2 * num_meshes) if (mb, s) not in done]
+    stages = list(range(2 * num_meshes)) + sorted(mesh_of_weight)
+    missing = [(mb, s) for mb in range(num_microbatches) for s in stages if (mb, s) not in done]
     if missing:
         raise TranslationError(f"tasks {missing[:4]} never run")
