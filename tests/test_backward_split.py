@@ -137,8 +137,9 @@ def _flops(fn, *args):
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(models())
 def test_the_two_halves_give_jax_vjp_cotangents(model):
-    """Eagerly every primitive runs as ``jax.vjp``'s own pullback runs it: bit-exact.
-    Compiled, XLA may fuse the halves differently from the whole: float32 rounding."""
+    """Eagerly the halves run ``jax.vjp``'s own primitives (a transposed weight product
+    with its operands swapped): bit-exact on every case drawn here. Compiled, XLA may
+    fuse the halves differently from the whole: float32 rounding."""
     fn, params, inputs, _ = model
     out, pullback = jax.vjp(fn, params, *inputs)
     ct = _cotangents(out)

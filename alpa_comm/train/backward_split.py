@@ -19,6 +19,16 @@ backward by dependencies does not:
 3. The values BW reads that BI computed or received (typically each matmul's input
    and its output cotangent) are BI's residuals, handed to BW.
 
+Two refinements, both measured on a GPT stage (CPU, d=256: BI + BW 31-40 ms before,
+26-31 ms after, the same as the hand-written split they replace):
+
+* weight-gradient work that is not a product (a layer norm's scale and bias gradients,
+  a bias's sum over rows) runs in BI where that shrinks the residuals (a vector handed
+  over instead of two activations kept alive); every weight-gradient matmul and
+  convolution stays in BW;
+* ``transpose(dot_general(dy, x))``, JAX's form of ``x^T dy``, is computed as
+  ``dot_general(x, dy)``: XLA on CPU runs the transpose as a pass of its own.
+
 What stays whole: a control-flow primitive (``scan``, ``while``, ``cond``) is one
 equation; its body is not split, so a ``lax.scan`` over layers puts all of its
 weight gradients in BI. Equations with side effects run in BI, in order.
@@ -29,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import jax
+import numpy as np
 from jax.extend import core as jcore
 from jax.tree_util import Partial
 
@@ -56,10 +67,12 @@ class _Eqn:
 @dataclass(frozen=True)
 class _Program:
     """A flat backward: inputs ``0..num_inputs-1`` (residual leaves, jaxpr constants,
-    output cotangents), equations in order, outputs as ids or constants."""
+    output cotangents), equations in order, outputs as ids or constants, and the bytes
+    of every value (by id)."""
     num_inputs: int
     eqns: tuple
     outputs: tuple
+    nbytes: dict
 
 
 def _flatten(closed) -> _Program:
@@ -68,8 +81,15 @@ def _flatten(closed) -> _Program:
     counter = iter(range(1 << 62))
     jaxpr = closed.jaxpr
     env: dict = {}
+    nbytes: dict[int, int] = {}
+
+    def size(v) -> int:
+        aval = v.aval
+        return int(np.prod(aval.shape, dtype=np.int64)) * np.dtype(aval.dtype).itemsize if hasattr(aval, "shape") else 0
+
     for v in list(jaxpr.constvars) + list(jaxpr.invars):
         env[v] = next(counter)
+        nbytes[env[v]] = size(v)
     num_inputs = len(env)
     eqns: list[_Eqn] = []
 
@@ -100,13 +120,59 @@ def _flatten(closed) -> _Program:
                     outs.append(None)
                 else:
                     env[o] = next(counter)
+                    nbytes[env[o]] = size(o)
                     outs.append(env[o])
             eqns.append(_Eqn(e.primitive, dict(e.params), tuple(ref(a, env) for a in e.invars), tuple(outs),
                              bool(e.effects)))
 
     walk(jaxpr, env, {})
     outputs = tuple(ref(a, env) for a in jaxpr.outvars)
-    return _Program(num_inputs, tuple(eqns), outputs)
+    return _Program(num_inputs, tuple(eqns), outputs, nbytes)
+
+
+def _fold_transposed_products(program: _Program) -> _Program:
+    """``transpose(dot_general(a, b))`` of a matrix as ``dot_general(b, a)``.
+
+    JAX's transpose rule writes a weight gradient ``x^T dy`` as ``dy^T x`` followed by a
+    transpose; XLA on CPU runs the transpose as a pass of its own (measured: 3.6 ms
+    against 1.6 ms for a 256 x 1024 weight gradient over 512 rows). Swapping the
+    operands gives the transposed product directly. Only where the product has no
+    batch dimensions, a 2-d result and no other reader; the sums are the same, their
+    rounding may differ in the last bit."""
+    readers: dict[int, int] = {}
+    for e in program.eqns:
+        for r in e.ins:
+            if isinstance(r, int):
+                readers[r] = readers.get(r, 0) + 1
+    for r in program.outputs:
+        if isinstance(r, int):
+            readers[r] = readers.get(r, 0) + 1
+    producer = {o: i for i, e in enumerate(program.eqns) for o in e.outs if o is not None}
+    eqns = list(program.eqns)
+    dropped = set()
+    for i, e in enumerate(eqns):
+        if e.primitive.name != "transpose" or tuple(e.params.get("permutation", ())) != (1, 0):
+            continue
+        (src,) = e.ins
+        j = producer.get(src) if isinstance(src, int) else None
+        if j is None or readers.get(src) != 1 or eqns[j].primitive.name != "dot_general":
+            continue
+        dot = eqns[j]
+        (lc, rc), (lb, rb) = dot.params["dimension_numbers"]
+        if lb or rb:
+            continue
+        params = dict(dot.params, dimension_numbers=((tuple(rc), tuple(lc)), ((), ())))
+        precision = params.get("precision")
+        if isinstance(precision, tuple) and len(precision) == 2:
+            params["precision"] = precision[::-1]
+        if "out_sharding" in params and params["out_sharding"] is not None:
+            continue  # a sharded result: keep JAX's own form
+        eqns[i] = _Eqn(dot.primitive, params, dot.ins[::-1], e.outs, dot.effectful)
+        dropped.add(j)
+    if not dropped:
+        return program
+    return _Program(program.num_inputs, tuple(e for k, e in enumerate(eqns) if k not in dropped), program.outputs,
+                    program.nbytes)
 
 
 def _needed(program: _Program, wanted, producer: dict[int, int]) -> set[int]:
@@ -123,6 +189,65 @@ def _needed(program: _Program, wanted, producer: dict[int, int]) -> set[int]:
                 seen.add(r)
                 stack.append(r)
     return need
+
+
+HEAVY = ("dot_general", "conv_general_dilated")
+"""The weight-gradient products BW exists to delay; they never run in BI."""
+
+
+def _residuals(program: _Program, bw: set[int], num_param_cts: int) -> tuple:
+    """The values BW reads that it does not compute itself (BI's results or inputs)."""
+    defined = {o for i in bw for o in program.eqns[i].outs if o is not None}
+    wanted = [r for i in sorted(bw) for r in program.eqns[i].ins] + list(program.outputs[:num_param_cts])
+    return tuple(sorted({r for r in wanted if isinstance(r, int) and r not in defined}))
+
+
+def _keep_light_work_in_bi(program: _Program, bi: set[int], bw: set[int], num_param_cts: int):
+    """Move into BI the weight-gradient work that is not a product (elementwise ops,
+    reductions: a layer norm's scale and bias gradients, a bias's sum over rows) where
+    that shrinks what BI hands to BW: ``sum(dy * x_hat)`` handed over is a vector, ``dy``
+    and ``x_hat`` are two activations kept alive until BW. Decided per connected group
+    of such equations, kept only if the residual bytes drop; every weight-gradient
+    product stays in BW."""
+    eqns = program.eqns
+    available = set(range(program.num_inputs)) | {o for i in bi for o in eqns[i].outs if o is not None}
+    movable: list[int] = []
+    made_by: dict[int, int] = {}
+    for i in sorted(bw):
+        e = eqns[i]
+        if e.primitive.name in HEAVY or not all(not isinstance(r, int) or r in available for r in e.ins):
+            continue
+        movable.append(i)
+        for o in e.outs:
+            if o is not None:
+                available.add(o)
+                made_by[o] = i
+    parent = {i: i for i in movable}
+
+    def root(i):
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for i in movable:
+        for r in eqns[i].ins:
+            if isinstance(r, int) and r in made_by:
+                parent[root(i)] = root(made_by[r])
+    groups: dict[int, set[int]] = {}
+    for i in movable:
+        groups.setdefault(root(i), set()).add(i)
+
+    def cost(bw_set):
+        return sum(program.nbytes.get(r, 0) for r in _residuals(program, bw_set, num_param_cts))
+
+    best = cost(bw)
+    for group in sorted(groups.values(), key=min):
+        trial = bw - group
+        c = cost(trial)
+        if c < best:
+            best, bw, bi = c, trial, bi | group
+    return bi, bw
 
 
 def _run(eqns, env: dict) -> None:
@@ -208,7 +333,7 @@ def split_vjp(fn: Callable, params, *inputs):
     res_shapes = [jax.ShapeDtypeStruct(jax.numpy.shape(r), jax.numpy.result_type(r)) for r in res_leaves]
     closed, cts_shape = jax.make_jaxpr(backward, return_shape=True)(res_shapes, list(ct_shapes))
     cts_tree = jax.tree_util.tree_structure(cts_shape)
-    program = _flatten(closed)
+    program = _fold_transposed_products(_flatten(closed))
     num_param_cts = jax.tree_util.tree_structure(params).num_leaves
 
     producer = {o: i for i, e in enumerate(program.eqns) for o in e.outs if o is not None}
@@ -216,9 +341,8 @@ def split_vjp(fn: Callable, params, *inputs):
     bi_roots = list(program.outputs[num_param_cts:]) + [r for i in effectful for r in program.eqns[i].ins]
     bi = _needed(program, bi_roots, producer) | effectful
     bw = _needed(program, program.outputs[:num_param_cts], producer) - bi
-    bw_defined = {o for i in bw for o in program.eqns[i].outs if o is not None}
-    wanted = [r for i in sorted(bw) for r in program.eqns[i].ins] + list(program.outputs[:num_param_cts])
-    residual_ids = tuple(sorted({r for r in wanted if isinstance(r, int) and r not in bw_defined}))
+    bi, bw = _keep_light_work_in_bi(program, bi, bw, num_param_cts)
+    residual_ids = _residuals(program, bw, num_param_cts)
     halves = _Halves(program, tuple(program.eqns[i] for i in sorted(bi)), tuple(program.eqns[i] for i in sorted(bw)),
                      residual_ids, num_param_cts, ct_tree, ct_shapes, cts_tree)
     inputs_to_program = list(closed.consts) + list(res_leaves)
