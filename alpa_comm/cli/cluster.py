@@ -11,7 +11,7 @@ from ..errors import AlpaCommError
 from ..topology import ClusterSpec
 from .options import (add_alpa_baseline_arg, add_emulated_host_args, add_live_cluster_args, add_schedule_args,
                       add_strategy_arg, alpa_baseline, reject_unused)
-from .values import auto_or_count, count, number, output_dir, output_file
+from .values import auto_or_count, count, model_name, number, output_dir, output_file
 
 MAX_SEQ = 8192
 """Longer byte sequences run for many minutes a step on CPUs: a typo more likely than a plan."""
@@ -70,7 +70,9 @@ def _register_train(sub) -> None:
                                    "devices), the schedule IR executed by the host workers, activations and "
                                    "gradients moved by cross-mesh resharding; data: Python's standard library "
                                    "as bytes. Prints progress; --out writes the loss curve, --trace a Chrome trace.")
-    p.add_argument("--model", choices=["gpt", "utransformer"], default="gpt")
+    p.add_argument("--model", type=model_name, default="gpt",
+                   help="gpt, utransformer, or package.module:function returning a PipelineModel (a model of "
+                        "your own; see docs/train.md)")
     p.add_argument("--stages", type=count(1, 64), default=4, help="pipeline stages, one host each (default 4)")
     p.add_argument("--layers", type=count(1, 1024), default=4,
                    help="transformer layers (U-Transformer: 2L, L = layers/2)")

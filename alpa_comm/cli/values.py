@@ -144,3 +144,17 @@ def nic_rate(text: str) -> str:
 
 
 nic_rate.__name__ = "rate"
+
+
+_USER_MODEL = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+def model_name(text: str) -> str:
+    """``gpt``, ``utransformer`` or ``package.module:function`` (a model of your own,
+    imported when the model is built)."""
+    if text in ("gpt", "utransformer") or _USER_MODEL.match(text):
+        return text
+    raise argparse.ArgumentTypeError(f"must be gpt, utransformer or package.module:function, got {text!r}")
+
+
+model_name.__name__ = "model name"
