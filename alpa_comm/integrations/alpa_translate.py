@@ -31,6 +31,7 @@ from ..dtypes import dtype_name
 from ..errors import AlpaCommError, InvalidMeshError
 from ..mesh import DeviceMesh
 from ..pipeline import Costs, Schedule, simulate_schedule
+from ..pipeline.validate import reject_virtual
 from ..placement import Resharding, ReshardingFields
 from ..resharding.plan import ReshardingPlan
 from ..resharding.strategies import ALLGATHER
@@ -222,6 +223,7 @@ def schedule_to_clocks(schedule: Schedule, apply_grad_placement: dict[int, int] 
     (the delay rule); elsewhere it is folded into the backward task. The order of
     forwards and backwards — the eager warm-up — is kept exactly.
     """
+    reject_virtual(schedule, "Alpa's clock table (one stage per mesh)")
     S = schedule.num_stages
     weight_stages = weight_stages or {}
     kept = Schedule(tuple(tuple(a for a in s if a.kind != "BW" or i in weight_stages)

@@ -1,5 +1,6 @@
 """Pipeline schedules: IR, generators, validator, memory model, simulator, weight delaying (pure)."""
-from .generators import SCHEDULE_KINDS, SCHEDULES, compute_order, generate, schedule_kind, warmup
+from .generators import (SCHEDULE_KINDS, SCHEDULES, VIRTUAL_SCHEDULES, compute_order, generate, interleaved_order,
+                         schedule_kind, warmup)
 from .ir import Action, ActionKind, Schedule, ScheduleError
 from .memory import memory
 from .simulate import Costs, PipelineResult, simulate_schedule
@@ -7,5 +8,5 @@ from .validate import validate
 from .weight_delay import auto_backward, auto_delay, auto_delay_schedule
 
 __all__ = ["Action", "ActionKind", "Costs", "PipelineResult", "SCHEDULE_KINDS", "SCHEDULES", "Schedule",
-           "ScheduleError", "auto_backward", "auto_delay", "auto_delay_schedule", "compute_order", "generate", "memory",
+           "ScheduleError", "VIRTUAL_SCHEDULES", "auto_backward", "auto_delay", "auto_delay_schedule", "compute_order", "generate", "interleaved_order", "memory",
            "schedule_kind", "simulate_schedule", "validate", "warmup"]

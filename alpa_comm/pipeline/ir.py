@@ -14,6 +14,15 @@ Text form, one line per stage, actions written kind then microbatch::
 
 A communication action may name its peer stage explicitly (``SEND_F3@2``) for
 skip connections; without it the peer is the adjacent stage.
+
+Virtual stages: a stage (a mesh) may hold several model chunks. An action then names
+its chunk after the microbatch (``F3.1``: microbatch 3 of chunk 1; chunk 0 is written
+bare). ``placement`` says which model stage (virtual stage) chunk ``c`` of stage ``i``
+is: ``loop`` (interleaved 1F1B: ``c * S + i``) or ``v`` (two chunks in a V: ``i`` and
+``2S - 1 - i``, so the turn at the last stage stays on one mesh). Without chunks every
+stage is its own model stage, as before. The adjacent peer of a chunk's transfer is the
+stage holding the neighbouring model stage; the text form starts with
+``placement: v`` when it is not ``loop``.
 """
 from __future__ import annotations
 
@@ -69,8 +78,12 @@ class ActionKind(str, Enum):
 COMPUTE = tuple(k.value for k in ActionKind if k.is_compute)
 COMM = tuple(k.value for k in ActionKind if k.is_comm)
 KINDS = COMPUTE + COMM
-_ACTION = re.compile(r"^(" + "|".join(sorted(KINDS, key=len, reverse=True)) + r")(\d+)(?:@(\d+))?$")
+_ACTION = re.compile(r"^(" + "|".join(sorted(KINDS, key=len, reverse=True)) + r")(\d+)(?:\.(\d+))?(?:@(\d+))?$")
+PLACEMENTS = ("loop", "v")
+"""How chunk ``c`` of stage ``i`` (of ``S``) maps to a model stage: ``loop`` c*S + i, ``v``
+i for chunk 0 and 2S-1-i for chunk 1."""
 _LINE = re.compile(r"^\s*stage\s+(\d+)\s*:(.*)$")
+_PLACEMENT_LINE = re.compile(r"^\s*placement\s*:\s*(\S+)\s*$")
 
 
 class ScheduleError(AlpaCommError, ValueError):
@@ -82,6 +95,7 @@ class Action:
     kind: ActionKind
     mb: int
     peer: int | None = None  # explicit peer stage of a SEND/RECV (None: adjacent)
+    chunk: int = 0           # which of the stage's model chunks (virtual stages)
 
     def __post_init__(self):
         if not isinstance(self.kind, ActionKind):
@@ -91,7 +105,8 @@ class Action:
                 raise ScheduleError(f"unknown action kind {self.kind!r}; known: {', '.join(KINDS)}") from None
 
     def __str__(self) -> str:
-        return f"{self.kind}{self.mb}" + ("" if self.peer is None else f"@{self.peer}")
+        return (f"{self.kind}{self.mb}" + (f".{self.chunk}" if self.chunk else "")
+                + ("" if self.peer is None else f"@{self.peer}"))
 
     @property
     def is_compute(self) -> bool:
@@ -101,10 +116,12 @@ class Action:
     def parse(cls, token: str, where: str = "") -> "Action":
         m = _ACTION.match(token.strip().upper())
         if not m:
-            raise ScheduleError(f"cannot parse action {token!r}{where}: expected e.g. F3, BI3, BW3, SEND_F3, RECV_B3")
-        if m.group(3) is not None and m.group(1) not in COMM:
+            raise ScheduleError(f"cannot parse action {token!r}{where}: expected e.g. F3, BI3, BW3, SEND_F3, RECV_B3, "
+                                "F3.1 (chunk 1)")
+        if m.group(4) is not None and m.group(1) not in COMM:
             raise ScheduleError(f"action {token!r}{where}: only SEND/RECV actions take a peer stage")
-        return cls(m.group(1), int(m.group(2)), None if m.group(3) is None else int(m.group(3)))
+        return cls(m.group(1), int(m.group(2)), None if m.group(4) is None else int(m.group(4)),
+                   int(m.group(3) or 0))
 
 
 @dataclass(frozen=True)
@@ -113,10 +130,58 @@ class Schedule:
 
     stages: tuple[tuple[Action, ...], ...]
     name: str = "custom"
+    placement: str = "loop"
+
+    def __post_init__(self):
+        if self.placement not in PLACEMENTS:
+            raise ScheduleError(f"unknown placement {self.placement!r}; choose one of {', '.join(PLACEMENTS)}")
+        if self.placement == "v" and self.num_chunks > 2:
+            raise ScheduleError(f"placement 'v' holds two chunks per stage, the schedule names {self.num_chunks}")
 
     @property
     def num_stages(self) -> int:
         return len(self.stages)
+
+    @property
+    def num_chunks(self) -> int:
+        """Model chunks per stage (1 without virtual stages; a V always has 2)."""
+        chunks = max((a.chunk for s in self.stages for a in s), default=0) + 1
+        return max(chunks, 2) if self.placement == "v" else chunks
+
+    @property
+    def virtual(self) -> bool:
+        """Whether stages hold several model chunks (virtual stages)."""
+        return self.num_chunks > 1
+
+    @property
+    def num_virtual_stages(self) -> int:
+        return self.num_stages * self.num_chunks
+
+    def virtual_stage(self, stage: int, chunk: int = 0) -> int:
+        """The model stage that chunk ``chunk`` of ``stage`` is."""
+        S = self.num_stages
+        if self.placement == "v":
+            return stage if chunk == 0 else 2 * S - 1 - stage
+        return chunk * S + stage
+
+    def place(self, virtual_stage: int) -> tuple[int, int]:
+        """(stage, chunk) holding model stage ``virtual_stage``."""
+        S = self.num_stages
+        if self.placement == "v":
+            return (virtual_stage, 0) if virtual_stage < S else (2 * S - 1 - virtual_stage, 1)
+        return virtual_stage % S, virtual_stage // S
+
+    def transfer_key(self, stage: int, a: Action) -> tuple:
+        """What a SEND and its RECV share: (direction, microbatch, source stage,
+        destination stage, the model-stage boundary it crosses, or None without chunks)."""
+        direction = a.kind.value[-1]
+        peer = self.peer(stage, a)
+        src, dst = (stage, peer) if a.kind.is_send else (peer, stage)
+        edge = None
+        if self.virtual and a.peer is None:
+            v = self.virtual_stage(stage, a.chunk)
+            edge = v if a.kind in (ActionKind.SEND_F, ActionKind.RECV_B) else v - 1
+        return direction, a.mb, src, dst, edge
 
     @property
     def num_microbatches(self) -> int:
@@ -130,17 +195,26 @@ class Schedule:
     def peer(self, stage: int, a: Action) -> int:
         if a.peer is not None:
             return a.peer
+        if self.virtual:
+            v = self.virtual_stage(stage, a.chunk)
+            return self.place(v + 1 if a.kind in ("SEND_F", "RECV_B") else v - 1)[0]
         return stage + 1 if a.kind in ("SEND_F", "RECV_B") else stage - 1
 
     # ------------------------------------------------------------ text form
     def to_text(self) -> str:
-        return "\n".join(f"stage {i}: " + " ".join(map(str, acts)) for i, acts in enumerate(self.stages)) + "\n"
+        head = "" if self.placement == "loop" else f"placement: {self.placement}\n"
+        return head + "\n".join(f"stage {i}: " + " ".join(map(str, acts)) for i, acts in enumerate(self.stages)) + "\n"
 
     @classmethod
     def from_text(cls, text: str, name: str = "custom") -> "Schedule":
         stages: dict[int, tuple[Action, ...]] = {}
+        placement = "loop"
         for lineno, line in enumerate(text.splitlines(), 1):
             if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            p = _PLACEMENT_LINE.match(line)
+            if p and not stages:
+                placement = p.group(1)
                 continue
             m = _LINE.match(line)
             if not m:
@@ -151,10 +225,13 @@ class Schedule:
             stages[i] = tuple(Action.parse(tok, f" (line {lineno}, stage {i})") for tok in m.group(2).split())
         if sorted(stages) != list(range(len(stages))):
             raise ScheduleError(f"stages must be numbered 0..{len(stages) - 1}, got {sorted(stages)}")
-        return cls(tuple(stages[i] for i in range(len(stages))), name)
+        return cls(tuple(stages[i] for i in range(len(stages))), name, placement)
 
     def to_json(self) -> str:
-        return json.dumps({"name": self.name, "stages": [[str(a) for a in s] for s in self.stages]})
+        d = {"name": self.name, "stages": [[str(a) for a in s] for s in self.stages]}
+        if self.placement != "loop":
+            d["placement"] = self.placement
+        return json.dumps(d)
 
     @classmethod
     def from_json(cls, text: str) -> "Schedule":
@@ -174,7 +251,7 @@ class Schedule:
                 raise ScheduleError(f"stage {i} must be a list of action strings such as \"F0\", got {_brief(s)}")
         name = d.get("name", "custom")
         return cls(tuple(tuple(Action.parse(t, f" (stage {i})") for t in s) for i, s in enumerate(stages)),
-                   name if isinstance(name, str) else "custom")
+                   name if isinstance(name, str) else "custom", str(d.get("placement", "loop")))
 
     def compute_only(self) -> list[list[Action]]:
         return [[a for a in s if a.is_compute] for s in self.stages]

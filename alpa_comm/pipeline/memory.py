@@ -1,4 +1,5 @@
-"""Memory model: live activations per stage, in units of one microbatch's activations.
+"""Memory model: live activations per stage, in units of one microbatch's activations
+of a whole stage (with virtual stages, a chunk's are 1/C of that).
 
 ``F m`` stores one unit; a full backward ``B m`` frees it. With split
 backward, ``BI m`` frees all but ``wgrad_fraction`` of it — the layer inputs
@@ -23,19 +24,22 @@ class StageMemory:
 
 
 def memory(schedule: Schedule, wgrad_fraction: float = DEFAULT_WGRAD_FRACTION) -> list[StageMemory]:
+    """Per stage; with virtual stages one chunk's microbatch is 1/C of a unit (a stage's
+    C chunks together hold what one unvirtualized stage holds)."""
     out = []
+    unit = 1.0 / schedule.num_chunks
     for acts in schedule.stages:
         live, pending, peak, peak_pending, prof = 0.0, 0, 0.0, 0, []
         for a in acts:
             if a.kind is ActionKind.F:
-                live += 1
+                live += unit
             elif a.kind is ActionKind.B:
-                live -= 1
+                live -= unit
             elif a.kind is ActionKind.BI:
-                live -= 1 - wgrad_fraction
+                live -= (1 - wgrad_fraction) * unit
                 pending += 1
             elif a.kind is ActionKind.BW:
-                live -= wgrad_fraction
+                live -= wgrad_fraction * unit
                 pending -= 1
             peak = max(peak, live)
             peak_pending = max(peak_pending, pending)

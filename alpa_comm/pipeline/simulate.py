@@ -68,6 +68,7 @@ class Event:
     mb: int
     start: float
     end: float
+    chunk: int = 0
 
 
 @dataclass(frozen=True)
@@ -122,9 +123,12 @@ def simulate_schedule(schedule: Schedule, costs: Costs = Costs(), signal: bool =
 
     ``shared_nic``: a host's NIC carries one transfer at a time per direction (else
     each directed stage pair is its own link). ``action_time(stage, kind, mb)``:
-    each compute action's duration (else the stage's cost of that kind)."""
+    each compute action's duration (else the stage's cost of that kind; with virtual
+    stages each of a stage's C chunks costs 1/C of it, and each transfer between model
+    stages costs a whole ``t_comm``: the activation at a chunk boundary is as large)."""
     S = schedule.num_stages
     c = costs.resolve(S)
+    share = 1.0 / schedule.num_chunks
     t = [0.0] * S
     pc = [0] * S
     busy = [0.0] * S
@@ -141,8 +145,8 @@ def simulate_schedule(schedule: Schedule, costs: Costs = Costs(), signal: bool =
             while pc[i] < len(acts):
                 a = acts[pc[i]]
                 if a.is_compute:
-                    d = c[a.kind][i] if action_time is None else action_time(i, a.kind, a.mb)
-                    events.append(Event(i, a.kind, a.mb, t[i], t[i] + d))
+                    d = c[a.kind][i] * share if action_time is None else action_time(i, a.kind, a.mb)
+                    events.append(Event(i, a.kind, a.mb, t[i], t[i] + d, a.chunk))
                     t[i] += d
                     busy[i] += d
                 elif a.kind.is_send:
@@ -157,10 +161,10 @@ def simulate_schedule(schedule: Schedule, costs: Costs = Costs(), signal: bool =
                         start = max(t[i], link_free.get(link, 0.0))
                         link_free[link] = start + d
                     end = start + d
-                    arrival[(direction, a.mb, i, peer)] = end
+                    arrival[schedule.transfer_key(i, a)] = end
                     transfers.append(TransferEvent(i, peer, direction, a.mb, start, end))
                 else:
-                    key = (a.kind[-1], a.mb, schedule.peer(i, a), i)
+                    key = schedule.transfer_key(i, a)
                     if key not in arrival:
                         break  # blocked: the matching SEND has not been issued yet
                     t[i] = max(t[i], arrival[key])

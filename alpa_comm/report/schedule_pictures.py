@@ -11,7 +11,8 @@ COLORS = {"F": "#4c72b0", "B": "#dd8452", "BI": "#c44e52", "BW": "#8172b3"}
 
 
 def _label(e) -> str:
-    return f"{e.kind if e.kind in ('F', 'B') else e.kind.lower()}{e.mb}"
+    chunk = getattr(e, "chunk", 0)
+    return f"{e.kind if e.kind in ('F', 'B') else e.kind.lower()}{e.mb}" + (f".{chunk}" if chunk else "")
 
 
 def ascii_timeline(result: PipelineResult, num_stages: int, quantum: float | None = None, width: int = 160) -> str:

@@ -22,6 +22,7 @@ import numpy as np
 from ..errors import InvalidOptionError
 from ..pipeline.edges import Edge, edge_plans, model_edges, stage_hosts
 from ..pipeline.ir import Schedule, ScheduleError
+from ..pipeline.validate import reject_virtual
 from ..resharding.host_job import HostJob
 from ..resharding.strategies import STRATEGIES
 from ..runtime.cluster import Cluster
@@ -93,6 +94,7 @@ class DistributedPipeline:
                              f"{cluster.spec.num_hosts}")
         if schedule.num_stages != num_stages:
             raise ScheduleError(f"the schedule has {schedule.num_stages} stages, the model {num_stages}")
+        reject_virtual(schedule)
         k = cluster.spec.devices_per_host
         if microbatch_size % (dp * k):
             raise ValueError(f"microbatch size {microbatch_size} must divide over {dp} hosts x {k} devices")

@@ -13,6 +13,7 @@ import jax
 
 from ..models.base import PipelineModel
 from ..pipeline.ir import Schedule, ScheduleError
+from ..pipeline.validate import reject_virtual
 from .programs import stage_programs
 from .stage_runner import StageRunner, consumers_of
 
@@ -46,6 +47,7 @@ def run_schedule(model: PipelineModel, schedule: Schedule, microbatches: list[di
     """Run one training step's forward and backward under ``schedule``: every stage's
     ``StageRunner`` in one loop, round-robin, each going as far as its RECVs allow."""
     S, M = model.num_stages, len(microbatches)
+    reject_virtual(schedule)
     if schedule.num_stages != S:
         raise ScheduleError(f"the schedule has {schedule.num_stages} stages, the model {S}")
     if schedule.num_microbatches != M:
