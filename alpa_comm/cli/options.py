@@ -10,7 +10,7 @@ import sys
 
 from .. import suites
 from ..errors import AlpaCommError
-from ..pipeline import SCHEDULE_KINDS
+from ..pipeline import SCHEDULE_KINDS, VIRTUAL_SCHEDULES
 from ..resharding import LOADBALANCE_MODES, STRATEGIES, plan_resharding
 from ..resharding.planner import smallest_cluster
 from ..topology import ClusterSpec
@@ -87,10 +87,18 @@ def add_strategy_arg(p: argparse.ArgumentParser, help_suffix: str = "") -> None:
                    help="how slices move between meshes (default broadcast)" + help_suffix)
 
 
-def add_schedule_args(p: argparse.ArgumentParser, delay_help: str) -> None:
-    p.add_argument("--schedule", default="eager-1f1b", choices=list(SCHEDULE_KINDS),
-                   help="; ".join(f"{k.name}: {k.summary}" for k in SCHEDULE_KINDS.values())
-                   + " (default eager-1f1b)")
+def add_schedule_args(p: argparse.ArgumentParser, delay_help: str, virtual: bool = False) -> None:
+    """``--schedule``, ``--split-backward``, ``--delay-wgrad``; ``virtual`` adds the schedules
+    over virtual stages and ``--model-chunks`` (where the command can run them)."""
+    kinds = {k.name: k.summary for k in SCHEDULE_KINDS.values()}
+    if virtual:
+        kinds.update(VIRTUAL_SCHEDULES)
+    p.add_argument("--schedule", default="eager-1f1b", choices=list(kinds),
+                   help="; ".join(f"{k}: {v}" for k, v in kinds.items()) + " (default eager-1f1b)")
+    if virtual:
+        p.add_argument("--model-chunks", type=count(2, 64), default=None,
+                       help="model chunks per stage (virtual stages) for " + ", ".join(VIRTUAL_SCHEDULES)
+                            + " (default 2)")
     p.add_argument("--split-backward", action="store_true",
                    help="split B into BI (input grad) and BW (weight grad)")
     p.add_argument("--delay-wgrad", type=delay_value, default=None, help=delay_help)

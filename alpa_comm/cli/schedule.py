@@ -11,18 +11,21 @@ from .values import count, input_file, number, output_file, png_path
 MAX_STAGES = 64
 MAX_MICROBATCHES = 4096
 GENERATOR_OPTIONS = {"schedule": "--schedule", "stages": "--stages", "microbatches": "--microbatches",
-                     "split_backward": "--split-backward", "delay_wgrad": "--delay-wgrad"}
+                     "split_backward": "--split-backward", "delay_wgrad": "--delay-wgrad",
+                     "model_chunks": "--model-chunks"}
 
 
 def register(sub) -> None:
     p = sub.add_parser("schedule", help="generate, validate, simulate and draw pipeline schedules",
-                       description="Pipeline schedules (GPipe, 1F1B, eager-1F1B, split and delayed backward): "
+                       description="Pipeline schedules (GPipe, 1F1B, eager-1F1B, ZB-H1, interleaved 1F1B over virtual stages, split and "
+                                   "delayed backward): "
                                    "print them, validate them, simulate them with compute and transfer times, "
                                    "draw them. --compare puts every variant side by side.")
     p.add_argument("--stages", type=count(1, MAX_STAGES), default=4, help="pipeline stages, one per mesh (default 4)")
     p.add_argument("--microbatches", type=count(1, MAX_MICROBATCHES), default=8,
                    help="microbatches per iteration (default 8)")
-    add_schedule_args(p, "delay BW: 'auto' (least delay that helps, from the cost model), N, or N0,N1,... per stage")
+    add_schedule_args(p, "delay BW: 'auto' (least delay that helps, from the cost model), N, or N0,N1,... per stage",
+                      virtual=True)
     p.add_argument("--t-fwd", type=number(0, maximum=1e9), default=1.0, help="forward time per stage (default 1)")
     p.add_argument("--t-bwd", type=number(0, maximum=1e9), default=2.0,
                    help="backward time per stage (default 2; BI and BW half each)")
@@ -49,7 +52,8 @@ def cmd_schedule(args) -> int:
     if args.compare:
         reject_unused(args, {"schedule": "--schedule", "split_backward": "--split-backward",
                              "delay_wgrad": "--delay-wgrad", "from_file": "--from-file", "trace": "--trace",
-                             "format": "--format"}, "with --compare (it builds and draws every variant)")
+                             "format": "--format", "model_chunks": "--model-chunks"},
+                      "with --compare (it builds and draws every variant)")
         variants = compare.compare(args.stages, args.microbatches, costs)
         bound = compare.signal_bound(args.stages, args.microbatches, costs)
         limit = compare.comm_limit(args.stages, args.microbatches, costs)
@@ -70,7 +74,7 @@ def cmd_schedule(args) -> int:
         label = f"{args.from_file}"
     else:
         variant = compare.build(args.schedule, args.stages, args.microbatches, costs, args.split_backward,
-                                args.delay_wgrad)
+                                args.delay_wgrad, args.model_chunks)
         sched, label = variant.schedule, variant.label
     validate(sched)
     S, M = sched.num_stages, sched.num_microbatches
@@ -88,6 +92,9 @@ def cmd_schedule(args) -> int:
     print(f"{label}: S={S}, M={M}, t_fwd={args.t_fwd:g}, t_bwd={args.t_bwd:g}, t_comm={args.t_comm:g}")
     print(ascii_timeline(res, S))
     mem = memory(sched)
+    if sched.virtual:
+        print(f"\n{sched.num_chunks} model chunks per stage ({sched.placement} placement): chunk c of stage i "
+              f"is model stage {'c*S+i' if sched.placement == 'loop' else 'i, then 2S-1-i'}; labels read F<mb>.<chunk>")
     print(f"\niteration time {res.iteration_time:g}   signal bound {bound:g}   "
           f"throughput {bound / res.iteration_time:.3f}"
           f" of the bound   bubble {100 * res.bubble_fraction:.1f} %")

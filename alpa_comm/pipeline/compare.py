@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import InvalidOptionError
-from .generators import SCHEDULES, generate, schedule_kind
+from .generators import SCHEDULES, VIRTUAL_SCHEDULES, generate, schedule_kind
 from .ir import Schedule
 from .memory import memory
 from .simulate import Costs, PipelineResult, simulate_schedule
@@ -33,9 +33,22 @@ class Variant:
     delays: list[int] | None = None
 
 
-def build(kind: str, num_stages: int, num_microbatches: int, costs: Costs, split: bool, delay) -> Variant:
-    """One schedule as the CLI options describe it (``delay`` may be 'auto', an int or None)."""
+def build(kind: str, num_stages: int, num_microbatches: int, costs: Costs, split: bool, delay,
+          chunks: int | None = None) -> Variant:
+    """One schedule as the CLI options describe it (``delay`` may be 'auto', an int or None;
+    ``chunks``: model chunks per stage, for a schedule over virtual stages)."""
     delays = None
+    if kind in VIRTUAL_SCHEDULES:
+        if delay == "auto":
+            raise InvalidOptionError(f"--delay-wgrad auto is not available for {kind} yet; give N")
+        c = chunks or 2
+        sched = generate(kind, num_stages, num_microbatches, split_backward=split or delay is not None,
+                         delay_wgrad=delay, chunks=c)
+        label = f"{kind} x{c} chunks" + (" + split" if split or delay is not None else "") + \
+            (f" + delay {delay}" if delay else "")
+        return Variant(label, sched, simulate_schedule(sched, costs))
+    if chunks is not None:
+        raise InvalidOptionError(f"--model-chunks applies to {', '.join(VIRTUAL_SCHEDULES)} only, not {kind}")
     if schedule_kind(kind).wgrad_lag is not None:  # places its own weight gradients
         if delay is not None:
             raise InvalidOptionError(f"{kind} places its own weight gradients: --delay-wgrad does not apply")
@@ -61,6 +74,10 @@ def compare(num_stages: int, num_microbatches: int, costs: Costs) -> list[Varian
         out.append(build(kind, num_stages, num_microbatches, costs, False, None))
         out.append(build(kind, num_stages, num_microbatches, costs, True, None))
         out.append(build(kind, num_stages, num_microbatches, costs, True, "auto"))
+    if num_microbatches % num_stages == 0:  # interleaved 1F1B takes microbatches in groups of S
+        for kind in VIRTUAL_SCHEDULES:
+            out.append(build(kind, num_stages, num_microbatches, costs, False, None, 2))
+            out.append(build(kind, num_stages, num_microbatches, costs, True, 1, 2))
     return out
 
 
