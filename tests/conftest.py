@@ -41,3 +41,21 @@ def alpa_harness_runner():
     except SourcesUnavailable as e:
         pytest.skip(str(e))
     return run_in_subprocess
+
+
+def alpa_package_runner():
+    """``run(body) -> dict``: ``body`` run in a harness subprocess after Alpa 0.2.3's whole
+    package is loaded (``alpa``, ``adapter`` and an ``out`` dict defined for it), ``out``
+    returned as JSON; a skip with the reason where Alpa's wheel cannot be fetched."""
+    import json
+
+    run_in_subprocess = alpa_harness_runner()
+
+    def run(body: str) -> dict:
+        done = run_in_subprocess("import json\nalpa = load_package(ALPA_ROOT)\n"
+                                 "from alpa_comm.integrations import alpa as adapter\n"
+                                 "out = {}\n" + body + "\nprint(json.dumps(out))\n")
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    return run

@@ -4,7 +4,6 @@
 
 Each test runs a script in a harness subprocess (the harness replaces ``jax`` in its
 process); skipped, with the reason, where the package registry cannot be reached."""
-import json
 import sys
 
 import pytest
@@ -22,18 +21,9 @@ def test_missing_alpa_is_a_clear_error(monkeypatch):
 
 @pytest.fixture(scope="module")
 def harness():
-    from conftest import alpa_harness_runner
+    from conftest import alpa_package_runner
 
-    run_in_subprocess = alpa_harness_runner()
-
-    def run(body: str) -> dict:
-        done = run_in_subprocess("import json\nalpa = load_package(ALPA_ROOT)\n"
-                                 "from alpa_comm.integrations import alpa as adapter\n"
-                                 "out = {}\n" + body + "\nprint(json.dumps(out))\n")
-        assert done.returncode == 0, done.stderr[-3000:]
-        return json.loads(done.stdout.strip().splitlines()[-1])
-
-    return run
+    return alpa_package_runner()
 
 
 INIT = r'''

@@ -18,19 +18,9 @@ pytestmark = pytest.mark.timeout(600)
 
 @pytest.fixture(scope="module")
 def harness():
-    from conftest import alpa_harness_runner
-    import json
+    from conftest import alpa_package_runner
 
-    run_in_subprocess = alpa_harness_runner()
-
-    def run(body: str) -> dict:
-        done = run_in_subprocess("import json\nalpa = load_package(ALPA_ROOT)\n"
-                                 "from alpa_comm.integrations import alpa as adapter\n"
-                                 "out = {}\n" + body + "\nprint(json.dumps(out))\n")
-        assert done.returncode == 0, done.stderr[-3000:]
-        return json.loads(done.stdout.strip().splitlines()[-1])
-
-    return run
+    return alpa_package_runner()
 
 
 SPLIT = r'''
