@@ -202,6 +202,55 @@ def test_a_chain_stays_pipelined(grouped):
         assert _forwards_before_last_receive(model, middle) is grouped
 
 
+# ------------------------------------------- the concurrent executor on NCCL
+def launch_recording_backend(groups: dict):
+    """The NCCL backend, recording each launched group's (kind, peer) list per host."""
+    from alpa_comm.runtime.backend import NcclSubgroupBackend
+
+    class Recording(NcclSubgroupBackend):
+        def _launch_through(self, awaited):
+            with self._lock:
+                launched = awaited[3] is not None
+                if not launched:
+                    cut = next(i for i, op in enumerate(self._pending) if op is awaited)
+                    ops = [(op[0], op[2]) for i, op in enumerate(self._pending) if op[0] == "send" or i <= cut]
+                super()._launch_through(awaited)
+                if not launched:
+                    groups.setdefault(self.rank, []).append(ops)
+    return Recording
+
+
+def test_the_executor_keeps_several_transfers_in_one_nccl_group():
+    """One host sends a different slice to each of four hosts: on NCCL the concurrent
+    executor posts the transfers and launches their sends together (a group progresses as
+    one), where one transfer at a time would launch four groups of one send."""
+    plan = plan_resharding((512, 64), "float32", "1x1@0", "RR", "4x1@1,2,3,4", "S0R", cluster=ClusterSpec(5, 1),
+                           strategy="send_recv")
+    assert len(plan.transfers) == 4
+    x = np.arange(512 * 64, dtype=np.float32).reshape(512, 64)
+    groups: dict = {}
+    with M.install():
+        expect_exact(plan, x, run_plan_on_model(plan, [x], backend=launch_recording_backend(groups))[0])
+    sends = [op for g in groups[0] for op in g]
+    assert sends == [("send", h) for h in (1, 2, 3, 4)], groups[0]  # the plan's order
+    assert len(groups[0]) < 4 and max(map(len, groups[0])) >= 2, groups[0]  # (NIC windows may split them)
+    assert all(groups[h] == [[("recv", 0)]] for h in range(1, 5)), groups
+
+
+def test_on_nccl_the_executor_issues_each_pair_in_plan_order():
+    """Two transfers between the same two hosts (same byte count, so a swap would match
+    and deliver the wrong slice silently): the concurrent executor on NCCL must issue
+    them in one order at both ends."""
+    plan = plan_resharding((256, 64), "float32", "1x2@0", "S0R", "1x2@1", "S1R", cluster=ClusterSpec(2, 2),
+                           strategy="send_recv", bucket_bytes=None)  # four messages, not one coalesced
+    pair = [t for t in plan.transfers if plan.cluster.host_of(t.sender) == 0]
+    assert len(pair) >= 2 and len({t.nbytes for t in pair}) == 1
+    x = np.arange(256 * 64, dtype=np.float32).reshape(256, 64)
+    for _ in range(3):
+        with M.install():
+            expect_exact(plan, x, run_plan_on_model(plan, [x])[0])
+
+
 # ----------------------------------------------------- the fixed backend, bit-exact
 @pytest.mark.parametrize("case", n_to_m(2) + one_to_m(1 << 16), ids=lambda c: f"{c.suite}-{c.name}")
 @pytest.mark.parametrize("strategy", DATA_STRATEGIES)

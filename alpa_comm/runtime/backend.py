@@ -55,6 +55,11 @@ class Backend:
     concurrent = True
     """Sends and receives of different transfers may be posted from several threads at once
     and match by (peer, tag) whatever their order: the executor keeps many in flight."""
+    issue_ordered = False
+    """Messages between two hosts match in the order they were issued, not by tag (NCCL).
+    The executor still keeps transfers in flight at once, but issues every transfer's
+    operations in the plan's order on every host: posted ones from its dispatching thread,
+    one that must react to arrivals alone (``HostExecutor._run_concurrently``)."""
     vectored = False
     """``isend``/``irecv`` take ``Pieces`` (several buffers, one message) as they are."""
     fresh_after_failure = False
@@ -72,6 +77,11 @@ class Backend:
 
     def recv(self, buf: np.ndarray, peer: int, tag: int, timeout: float = DEFAULT_TIMEOUT_S) -> None:
         self.irecv(buf, peer, tag).wait(timeout)
+
+    def launch_posted(self) -> None:
+        """Start every operation posted so far now, together (a backend that starts them
+        only when waited for: NCCL). The executor calls it after posting each transfer
+        where it keeps several in flight on an ``issue_ordered`` backend."""
 
     def barrier(self, timeout: float = DEFAULT_TIMEOUT_S) -> None:
         raise NotImplementedError
@@ -377,7 +387,8 @@ class NcclBackend(Backend):
     communicator and names the peer."""
 
     name = "nccl"
-    concurrent = False  # one stream, matched per peer in issue order: the executor runs in plan order
+    concurrent = False  # one thread at a time on a communicator
+    issue_ordered = True  # matched per peer in issue order: the executor issues in plan order
 
     def __init__(self, rank: int, world: int, unique_id, timeout: float = DEFAULT_TIMEOUT_S):
         import cupy  # noqa: PLC0415 - only where a GPU exists
@@ -409,6 +420,13 @@ class NcclBackend(Backend):
                 self._launch_through(op)
             self._wait_event(op[3], timeout, f"{what} host {peer}")
         return Handle(wait, f"{what} host {peer}")
+
+    def launch_posted(self) -> None:
+        """Launch every pending operation now, as one group: a transfer the executor posts
+        while others are in flight starts at once, its group behind theirs on the stream."""
+        with self._lock:
+            if self._pending:
+                self._launch_through(self._pending[-1])
 
     def _launch_through(self, awaited: list) -> None:
         """Launch, as one group, every pending send and the pending receives issued up to

@@ -13,9 +13,10 @@ Every host admits the transfers it takes part in in the plan's global order
 thread of its own, bounded by ``max_concurrent`` and a memory budget
 (``max_inflight_bytes``): chunk pipelines of different slices overlap each other
 and the intra-host copies. Matching by (transfer, chunk) tags, not a serial
-order, keeps it deadlock-free (``_run_concurrently`` says why). A backend whose
-operations must be issued in one order on every host (``Backend.concurrent``
-False: NCCL on one stream) runs them one after another instead. Devices of a
+order, keeps it deadlock-free (``_run_concurrently`` says why). A backend that
+matches in issue order (``Backend.issue_ordered``: NCCL) keeps transfers in flight
+the same way but issues their operations in plan order on every host; one that can
+do neither runs them one after another. Devices of a
 host are buffers of one process: intra-host copies and intra-host all-gathers
 are memory copies; only inter-host bytes go through the backend, as flat
 ``uint8`` messages.
@@ -639,16 +640,19 @@ class HostExecutor:
     # ------------------------------------------------------------------ run
     def run(self, transfers: Sequence[Transfer]) -> list[TransferTiming]:
         """Run this host's ``transfers``: concurrently where the backend allows it
-        (``Backend.concurrent``), else one after another in plan order."""
-        limit = self.max_concurrent if self.backend.concurrent else 1
+        (``Backend.concurrent``, or ``Backend.issue_ordered``: concurrently, every
+        transfer's operations issued in plan order), else one after another in plan order."""
+        ordered = not self.backend.concurrent and getattr(self.backend, "issue_ordered", False)
+        limit = self.max_concurrent if self.backend.concurrent or ordered else 1
         try:
             if limit > 1 and len(transfers) > 1:
-                return self._run_concurrently(transfers, limit)
+                return self._run_concurrently(transfers, limit, alone_if_threaded=ordered)
             return self._run_in_order(transfers)
         finally:
             SCRATCH.trim()
 
-    def _run_concurrently(self, transfers: Sequence[Transfer], limit: int) -> list[TransferTiming]:
+    def _run_concurrently(self, transfers: Sequence[Transfer], limit: int,
+                          alone_if_threaded: bool = False) -> list[TransferTiming]:
         """Every transfer whose turn has come is in flight at once, up to ``limit`` of them
         and ``max_inflight_bytes`` of buffers this host must make for them (packed sends,
         receive buffers that are not destination memory). Where this host only sends and
@@ -671,7 +675,21 @@ class HostExecutor:
         has ended, so it is admitted there, and every message has its own (transfer,
         chunk) tag, so its sends and receives match whatever else is on the wire. It
         ends; induction. A transfer that reads what others delivered (``deps``, always
-        earlier in the order) starts once they have ended here."""
+        earlier in the order) starts once they have ended here.
+
+        ``alone_if_threaded`` (a backend that matches messages between two hosts in issue
+        order, not by tag: NCCL) keeps that order on every pair of hosts: a posted transfer
+        issues all its operations at once from this thread, in the plan's order, and one
+        that must react to arrivals runs on this thread while nothing later is admitted, so
+        on every host each transfer's operations on a pair are issued before any later
+        transfer's, and both ends of a pair issue them in one order (every kind issues a
+        pair's messages in one order at both ends). The argument above holds with "issued
+        in order" in place of "its own tag". Before this thread blocks, what it posted since
+        it last blocked starts as one step (``Backend.launch_posted``: one NCCL group, so
+        the sends of several transfers progress together): each step holds consecutive
+        transfers, so the steps before the one holding the earliest unfinished transfer
+        hold only earlier, finished ones, and a stream that runs one step at a time reaches
+        it on every host."""
         timings: list[TransferTiming] = []
         state = threading.Condition()
         inflight = {"count": 0, "bytes": 0}
@@ -706,7 +724,14 @@ class HostExecutor:
             finally:
                 release(t, need)
 
+        def launch() -> None:
+            """Before this thread blocks: what it posted since it last blocked starts now, as
+            one step of consecutive transfers (``Backend.launch_posted``; NCCL: one group)."""
+            if alone_if_threaded:
+                self.backend.launch_posted()
+
         def collect_oldest() -> None:
+            launch()
             t, ex, part, need, t0 = posted.popleft()
             posted_ids.discard(t.id)
             try:
@@ -736,6 +761,7 @@ class HostExecutor:
                             if oldest in posted_ids:
                                 collect_oldest()
                             else:
+                                launch()
                                 ended[oldest].wait(0.05)
                 while True:
                     with state:
@@ -744,6 +770,7 @@ class HostExecutor:
                         if failure or not full:
                             break
                         if not posted:
+                            launch()
                             state.wait()
                             continue
                     collect_oldest()
@@ -766,10 +793,17 @@ class HostExecutor:
                     posted.append((t, ex, part, need, t0))
                     posted_ids.add(t.id)
                     continue
+                if alone_if_threaded:  # on this thread; its waits launch what is posted before it
+                    while posted and not failure and any(d in ended and not ended[d].is_set() for d in t.deps):
+                        collect_oldest()  # what it reads arrives in a posted transfer
+                    launch()
+                    one(t, need)
+                    continue
                 pool = pool or _transfer_threads(limit)
                 pool.submit(one, t, need)
             while posted and not failure:
                 collect_oldest()
+            launch()
             with state:
                 while inflight["count"] and not failure:
                     state.wait()
