@@ -8,6 +8,13 @@ behind another, and the order stages reach their SENDs cannot deadlock
 action then only waits for its own data. Concurrent transfers are kept apart
 by tags: each (edge, key, microbatch) gets its own tag range.
 
+Over a backend that matches messages in issue order, not by tag (NCCL:
+``Backend.issue_ordered``), posting every receive at once cannot work: the hosts
+would issue their transfers in whatever order their threads reach them.
+``OrderedMailbox`` runs a host's transfers one after another on one communication
+thread, in the order ``pipeline.transfer_order`` gives every host (the module says
+why that cannot deadlock); SEND hands the arrays to that thread, RECV waits for it.
+
 This module moves NumPy buffers only; turning framework arrays into per-device
 buffers and back is the worker's business (``to_buffers``/``from_buffers``).
 """
@@ -20,6 +27,8 @@ from typing import Callable
 
 import numpy as np
 
+from ..pipeline.ir import Schedule
+from ..pipeline.transfer_order import edge_name, transfer_order
 from ..resharding.host_job import HostJob
 from ..runtime.backend import Backend, CommunicationError
 from ..runtime.executor import TAGS_PER_TRANSFER, HostExecutor, Layout
@@ -45,8 +54,11 @@ class ReshardMailbox:
 
     def __init__(self, host: int, backend: Backend, jobs: dict[str, list[HostJob]], edge_index: dict[str, int],
                  keys: dict[str, list[str]], devices_per_host: int, num_microbatches: int, timeout: float,
-                 to_buffers: Callable, from_buffers: Callable, zeros: bool = False):
+                 to_buffers: Callable, from_buffers: Callable, zeros: bool = False, alloc: Callable | None = None):
+        """``alloc(device, shape, dtype)`` makes a receive buffer where it is not host memory
+        (device memory for NCCL), as ``Layout.empty_destinations`` takes it."""
         self.host, self.backend, self.jobs, self.edge_index, self.keys = host, backend, jobs, edge_index, keys
+        self.alloc = alloc
         self.dph, self.M, self.timeout, self.zeros = devices_per_host, num_microbatches, timeout, zeros
         self.to_buffers, self.from_buffers = to_buffers, from_buffers
         for name, per_key in jobs.items():
@@ -70,7 +82,7 @@ class ReshardMailbox:
         start = time.time()
         for k, (job, layouts) in enumerate(zip(self.jobs[name], self.layouts[name])):
             # 'signal' delivers no data: the stages then compute on finite zeros
-            dst = layouts[0].empty_destinations(job.is_local, zeros=self.zeros)
+            dst = layouts[0].empty_destinations(job.is_local, zeros=self.zeros, alloc=self.alloc)
             src = [srcs[k]] if srcs is not None else [{}]
             tag = tag_slot(self.edge_index[name], k, mb, self.M) * TAG_STRIDE
             HostExecutor(self.host, layouts, src, [dst], self.backend, job.host_of, self.timeout,
@@ -141,3 +153,89 @@ class ReshardMailbox:
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+class OrderedMailbox(ReshardMailbox):
+    """The mailbox for a backend that matches in issue order (NCCL): ``order`` lists this
+    host's transfers of a step as (edge name, microbatch, "send" or "recv") in the order
+    every host keeps (``ordered_transfers``). One thread per step runs them in that order:
+    a send once its SEND action has handed the arrays over, a receive at once."""
+
+    def __init__(self, *args, order: list[tuple[str, int, str]], **kw):
+        super().__init__(*args, **kw)
+        self.order = list(order)
+        self._handoff: dict[tuple, Future] = {}
+        self._received: dict[tuple, Future] = {}
+        self._step: Future | None = None
+
+    def _begin_step(self) -> None:
+        if self._step is not None:
+            return
+        self._handoff = {(name, mb): Future() for name, mb, role in self.order if role == "send"}
+        self._received = {(name, mb): Future() for name, mb, role in self.order if role == "recv"}
+        self._step = self.pool.submit(self._run_in_order)
+
+    def _run_in_order(self) -> None:
+        wait_s = 2 * self.timeout + 10
+        try:
+            for name, mb, role in self.order:
+                if role == "recv":
+                    self._received[(name, mb)].set_result(self._run(name, mb, None))
+                    continue
+                try:  # the stage hands the arrays over at its SEND action
+                    arrays = self._handoff[(name, mb)].result(timeout=wait_s)
+                except FutureTimeout:
+                    raise CommunicationError(f"host {self.host}: the SEND of {name} microbatch {mb} did not come "
+                                             f"within {wait_s:g} s") from None
+                self._send_task(name, mb, arrays)
+        except BaseException as e:  # every RECV still waiting learns why
+            for fut in self._received.values():
+                if not fut.done():
+                    fut.set_exception(e)
+            raise
+
+    def post(self, direction: str, src: int, dst: int, mb: int) -> None:
+        name = f"{direction}:{src}->{dst}"
+        if (name, mb) not in {(n, m) for n, m, role in self.order if role == "recv"}:
+            raise CommunicationError(f"host {self.host}: no transfer {name} microbatch {mb} in this host's order")
+        self._begin_step()
+        self.pending[(name, mb)] = self._received[(name, mb)]
+
+    def send(self, direction: str, src: int, dst: int, mb: int, arrays: dict) -> None:
+        name = f"{direction}:{src}->{dst}"
+        self._begin_step()
+        slot = self._handoff.get((name, mb))
+        if slot is None or slot.done():
+            raise CommunicationError(f"host {self.host}: SEND {name} microbatch {mb} is not in this host's order "
+                                     "or came twice")
+        slot.set_result(arrays)
+
+    def flush(self) -> None:
+        step, self._step = self._step, None
+        if step is not None:
+            self._result(step, "this step's transfers")
+        super().flush()
+
+
+def ordered_transfers(schedule: Schedule, stage: int, edges: set[str]) -> list[tuple[str, int, str]]:
+    """Stage ``stage``'s part of ``transfer_order(schedule)`` as (edge name, microbatch,
+    "send" or "recv"), keeping the edges this host has a job for (``edges``)."""
+    out = []
+    for key in transfer_order(schedule):
+        name, mb, src, dst = edge_name(key), key[1], key[2], key[3]
+        if name in edges and stage in (src, dst):
+            out.append((name, mb, "send" if stage == src else "recv"))
+    return out
+
+
+def make_mailbox(host: int, backend: Backend, jobs: dict[str, list[HostJob]], edge_index: dict[str, int],
+                 keys: dict[str, list[str]], devices_per_host: int, schedule: Schedule, stage: int,
+                 timeout: float, to_buffers: Callable, from_buffers: Callable, zeros: bool = False,
+                 alloc: Callable | None = None) -> ReshardMailbox:
+    """The mailbox for ``backend``: every receive posted at once over a tagged transport,
+    one agreed order of transfers over one that matches in issue order (NCCL)."""
+    args = (host, backend, jobs, edge_index, keys, devices_per_host, schedule.num_microbatches, timeout,
+            to_buffers, from_buffers)
+    if getattr(backend, "issue_ordered", False):
+        return OrderedMailbox(*args, zeros=zeros, alloc=alloc, order=ordered_transfers(schedule, stage, set(jobs)))
+    return ReshardMailbox(*args, zeros=zeros, alloc=alloc)

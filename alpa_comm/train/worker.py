@@ -6,7 +6,7 @@ elsewhere): parameters replicated, the microbatch split over the devices.
 Edges arrive in the ``IN`` layout (replicated over the host's devices) and
 leave in ``OUT`` (split) — see ``edges``. The worker executes its stage's
 actions of the schedule without asking the driver (one call per training
-step), moves activations and gradients through a ``ReshardMailbox``, averages
+step), moves activations and gradients through a mailbox (``transport.make_mailbox``), averages
 gradients over the stage's data-parallel hosts in flat buckets and applies an
 optax optimizer.
 
@@ -24,7 +24,7 @@ import numpy as np
 from ..runtime.allreduce import allreduce_mean
 from ..runtime.worker import HostWorker
 from .stage_setup import StageSetup
-from .transport import ALLREDUCE_TAG_BASE, ReshardMailbox
+from .transport import ALLREDUCE_TAG_BASE, make_mailbox
 
 
 def xla_flags(devices_per_host: int, existing: str = "") -> str:
@@ -110,9 +110,9 @@ class PipelineWorker(HostWorker):
             self._updates[key] = make_optimizer(*key)
         opt, self.update = self._updates[key]
         self.opt_state = jax.device_put(opt.init(self.params), self.replicated)
-        self.mailbox = ReshardMailbox(self.host, self.backend, cfg.jobs, cfg.edge_index, cfg.edge_keys, k,
-                                      self.schedule.num_microbatches, cfg.timeout, self._to_buffers,
-                                      self._from_buffers, zeros=not cfg.moves_data)
+        self.mailbox = make_mailbox(self.host, self.backend, cfg.jobs, cfg.edge_index, cfg.edge_keys, k,
+                                    self.schedule, self.stage, cfg.timeout, self._to_buffers,
+                                    self._from_buffers, zeros=not cfg.moves_data)
         self.runner = StageRunner(self.stage, cfg.num_stages, programs,
                                   model.consumes[self.stage], consumers_of(model.consumes, self.stage), self.mailbox,
                                   sync=True)
