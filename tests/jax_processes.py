@@ -6,8 +6,10 @@ A case: ``{"shape", "dtype", "src": {"ids", "axes", "spec"}, "dst": {...}}`` wit
 ids in alpa_comm's numbering (process * devices + position); optional ``"tree"`` (a
 list of cases moved by one ``reshard_tree``), ``"kill"`` (a rank that exits instead of
 taking part), ``"wire"``/``"out_dtype"`` (``wire_dtype``/``dtype`` of the call),
-``"bucket"`` (a tree's ``bucket_bytes``),
-``"buffers": "device"`` (a group that hands shards over by DLPack)."""
+``"bucket"`` (a tree's ``bucket_bytes``), ``"strategy"`` (the transfer kind),
+``"buffers": "device"`` (a group that hands shards over by DLPack), ``"backend": "nccl"``
+(device buffers over ``NcclSubgroupBackend``: the test serves the NCCL model,
+``alpa_comm.testing.nccl_model_remote``, and every process is its client)."""
 from __future__ import annotations
 
 import json
@@ -19,6 +21,8 @@ WORKER = r'''
 import json, os, sys, time
 import numpy as np
 from alpa_comm.jax.launch import worker_init
+from alpa_comm.testing.nccl_model_remote import connect_from_env
+nccl_model = connect_from_env()  # a test serves the NCCL model: its CuPy stands in (backend "nccl")
 rank, world, devices = worker_init(x64=True)  # float64/int64 cases stay 64-bit
 import jax
 from jax.sharding import Mesh, NamedSharding
@@ -60,7 +64,14 @@ for c, case in enumerate(cases):
         extra = {"timeout": case.get("timeout"), "wire_dtype": case.get("wire"), "dtype": case.get("out_dtype")}
         if "bucket" in case:
             extra["bucket_bytes"] = case["bucket"]
-        if case.get("buffers") == "device":  # shards handed over by DLPack, not read as NumPy
+        if "strategy" in case:
+            extra["strategy"] = case["strategy"]
+        if case.get("backend") == "nccl":  # device buffers over NcclSubgroupBackend, on the served model
+            if "nccl" not in groups:
+                from alpa_comm.jax import ProcessGroup
+                groups["nccl"] = ProcessGroup.from_jax(backend="nccl", name="nccl")
+            extra["group"] = groups["nccl"]
+        elif case.get("buffers") == "device":  # shards handed over by DLPack, not read as NumPy
             if "device" not in groups:
                 from alpa_comm.jax import ProcessGroup
                 groups["device"] = ProcessGroup.from_jax(buffers="device")

@@ -148,6 +148,42 @@ def test_examples_tree_and_overlapping_meshes():
     _check(jax_processes.run(WORLD, DEVICES, batch), batch)
 
 
+def test_backend_nccl_on_the_nccl_model_is_bit_exact(monkeypatch):
+    """``alpa_comm.jax`` with ``backend="nccl"`` as a user runs it: three ``jax.distributed``
+    processes of one device each, device buffers handed over by DLPack, the real
+    ``NcclSubgroupBackend`` and the concurrent executor, with the NCCL model served from
+    this process (``nccl_model_remote``) standing in for CuPy and NCCL in every process:
+    every kind, layout changes, 2 -> 1 and 1 -> 2 processes, overlapping meshes, a tree with
+    bfloat16 on the wire; every shard bit-exact."""
+    from alpa_comm.testing.nccl_model_remote import serve
+
+    two = {"ids": [[0], [1]], "axes": ["fsdp", "tp"], "spec": "S0R"}
+    three = {"ids": [[0], [1], [2]], "axes": ["x", "y"], "spec": "S0R"}
+    one = {"ids": [[2]], "axes": ["dp", "tp"], "spec": "RR"}
+    pair = {"ids": [[1], [2]], "axes": ["dp", "tp"], "spec": "RR"}
+    batch = [{"shape": [12, 6], "dtype": "float32", "src": two, "dst": one, "strategy": s, "backend": "nccl"}
+             for s in ("broadcast", "send_recv", "rotated_chains", "double_tree")]
+    batch += [
+        {"shape": [12, 6], "dtype": "float32", "src": {**one, "spec": "RS1"}, "dst": pair, "backend": "nccl"},
+        {"shape": [12, 6], "dtype": "int32", "src": three, "dst": {**three, "spec": "RS0"}, "backend": "nccl"},
+        {"shape": [12, 6], "dtype": "float32", "src": three, "dst": {**three, "spec": "RR"},
+         "strategy": "rotated_chains", "backend": "nccl"},
+        {"tree": [{"shape": [16, 4], "dtype": "float32", "src": two, "dst": pair},
+                  {"shape": [6, 6], "dtype": "int32", "src": {**two, "spec": "RR"}, "dst": {**pair, "spec": "S0R"}},
+                  {"shape": [4], "dtype": "float32", "src": {**two, "spec": "S0"}, "dst": {**pair, "spec": "R"}}],
+         "wire": "bfloat16", "out_dtype": None, "backend": "nccl"},
+    ]
+    with serve() as server:
+        for k, v in server.env().items():
+            monkeypatch.setenv(k, v)
+        results = jax_processes.run(3, 1, batch)
+        moved = server.model.operations  # NCCL operations the model ran for the processes
+    _check(results, batch)
+    assert sum(r["shards"] for out, _ in results for r in out if not r.get("skipped")) >= 15
+    print(f"{moved} NCCL operations on the model")
+    assert moved >= len(batch)
+
+
 @pytest.mark.parametrize("hosts,dead", [((0, 1, 2), 2), ((1, 2), 1)])
 def test_a_process_killed_mid_transfer_is_named_within_60_s(hosts, dead):
     """The group is up (one resharding done); then one process exits instead of taking

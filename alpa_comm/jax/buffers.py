@@ -23,7 +23,7 @@ import numpy as np
 
 from ..runtime.executor import Destinations, Layout, destination_buffers, kept_threads
 from ..runtime.host_memory import BufferPool
-from .placement import JaxHosts
+from .placement import JaxHosts, has_device_memory
 
 
 class LazyShards(Mapping):
@@ -324,8 +324,8 @@ def buffers_for(kind: str, hosts: JaxHosts, pool: BufferPool | None = None):
         return HostBuffers(pool)
     import jax  # noqa: PLC0415
 
-    if jax.local_devices()[0].platform not in ("gpu", "cuda", "rocm"):
+    if not has_device_memory(jax.local_devices()[0]):
         return DeviceBuffers(np, hosts)
-    import cupy  # noqa: PLC0415 - only on GPUs
+    import cupy  # noqa: PLC0415 - only on GPUs (or the NCCL model's stand-in)
 
     return DeviceBuffers(cupy, hosts)

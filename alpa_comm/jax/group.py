@@ -44,6 +44,7 @@ from datetime import timedelta
 from ..errors import AlpaCommError, InvalidOptionError
 from ..runtime.backend import DEFAULT_TIMEOUT_S, MAX_STREAMS, Backend, CommunicationError, GlooSubgroupBackend
 from ..runtime.host_memory import DEFAULT_MAX_FREE_BYTES, BufferPool
+from .placement import has_device_memory
 
 BACKENDS = ("tcp", "gloo", "nccl")
 DEFAULT_BACKEND = "tcp"
@@ -453,7 +454,7 @@ def _nccl_subgroup(rank: int, hosts, store, timeout: float):
     from ..runtime.backend import NcclSubgroupBackend  # noqa: PLC0415
 
     local = jax.local_devices()
-    if len(local) != 1 or local[0].platform not in ("gpu", "cuda"):
+    if len(local) != 1 or not has_device_memory(local[0]):
         raise AlpaCommError(f"backend 'nccl' needs one GPU per process (a communicator is bound to one); this "
                             f"process has {len(local)} {local[0].platform} device(s): use backend='gloo'")
     return NcclSubgroupBackend(rank, hosts, store, local[0].local_hardware_id, timeout)

@@ -9,6 +9,7 @@ those ids plus our ``ShardingSpec``. Pure bookkeeping: no communication.
 """
 from __future__ import annotations
 
+import sys
 from typing import Sequence
 
 import numpy as np
@@ -16,6 +17,16 @@ import numpy as np
 from ..errors import InvalidMeshError, InvalidSpecError
 from ..mesh import DeviceMesh
 from ..spec import ShardingSpec
+
+
+GPU_PLATFORMS = ("gpu", "cuda", "rocm")
+
+
+def has_device_memory(device) -> bool:
+    """Whether ``device``'s arrays live in memory CuPy addresses: a GPU, or any device where
+    the NCCL model stands in for CuPy (``alpa_comm.testing.nccl_model``: its "device"
+    arrays are host memory, and CPU devices play the GPUs)."""
+    return device.platform in GPU_PLATFORMS or getattr(sys.modules.get("cupy"), "NCCL_MODEL", False)
 
 
 class JaxHosts:

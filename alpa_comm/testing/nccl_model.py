@@ -53,6 +53,7 @@ waits for. A byte-count or collective mismatch raises ``NcclMismatch``.
 from __future__ import annotations
 
 import ctypes
+import importlib.machinery
 import itertools
 import sys
 import threading
@@ -174,6 +175,8 @@ class _Op:
     event: "Event | None" = None
     where: str = ""
     done: bool = False
+    space: "object | None" = None  # whose memory ``ptr``/``ptr2`` address: None is this process's
+
 
     def describe(self) -> str:
         r = f"rank {self.comm.rank} of communicator {self.comm.name}" if self.comm else "stream"
@@ -255,9 +258,8 @@ class NcclModel:
 
     @staticmethod
     def _where() -> str:
-        frames = [f for f in traceback.extract_stack() if f.filename != __file__]
-        return " <- ".join(f"{f.filename.split('/alpa_comm/')[-1].split('/tests/')[-1]}:{f.lineno} {f.name}"
-                           for f in reversed(frames[-6:]))
+        """Where the calling code issued the operation (a remote caller's, when it said)."""
+        return getattr(_TLS, "where", None) or where_issued()
 
     # ------------------------------------------------------------ creation
     def join(self, uid: tuple, world: int, rank: int) -> _Comm:
@@ -417,7 +419,7 @@ class NcclModel:
                     raise NcclMismatch(
                         f"communicator {c.name}: {send.describe()} matched {recv.describe()}: "
                         f"{send.nbytes} B sent, {recv.nbytes} B expected")
-                ctypes.memmove(recv.ptr, send.ptr, send.nbytes)
+                _move(send, recv)
                 send.done = recv.done = True
                 for o in (send, recv):
                     self.completed.append((o.kind, c.name, o.comm.rank, o.peer, o.seq))
@@ -441,14 +443,14 @@ class NcclModel:
         if first.kind == "allreduce" and first.op != 0:
             raise NcclMismatch(f"the model's all-reduce sums only (NCCL_SUM), got op {first.op}")
         if first.kind == "allreduce":
-            total = sum(_view(o.ptr, first.count, dtype).astype(dtype) for o in ops)
+            total = sum(_load(o, o.ptr, first.count, dtype).astype(dtype) for o in ops)
             for o in ops:
-                _view(o.ptr2, first.count, dtype)[...] = total
+                _store(o, o.ptr2, total.astype(dtype, copy=False))
         else:
             src = next(o for o in ops if o.comm.rank == first.root)
-            data = _view(src.ptr, first.count, dtype).copy()
+            data = _load(src, src.ptr, first.count, dtype).copy()
             for o in ops:
-                _view(o.ptr2, first.count, dtype)[...] = data
+                _store(o, o.ptr2, data)
         for o in ops:
             o.done = True
         self.operations += 1
@@ -558,6 +560,13 @@ _DTYPES = {0: np.int8, 1: np.uint8, 2: np.int32, 3: np.uint32, 4: np.int64, 5: n
            6: np.float16, 7: np.float32, 8: np.float64}
 
 
+def where_issued(skip: tuple = ()) -> str:
+    """The caller's last six frames outside the model (and files ``skip``), innermost first."""
+    frames = [f for f in traceback.extract_stack() if f.filename != __file__ and f.filename not in skip]
+    return " <- ".join(f"{f.filename.split('/alpa_comm/')[-1].split('/tests/')[-1]}:{f.lineno} {f.name}"
+                       for f in reversed(frames[-6:]))
+
+
 def _is_nccl(unit) -> bool:
     return isinstance(unit, _Group) or unit.comm is not None
 
@@ -566,6 +575,33 @@ def _view(ptr: int, count: int, dtype) -> np.ndarray:
     size = np.dtype(dtype).itemsize * count
     buf = (ctypes.c_char * size).from_address(ptr)
     return np.frombuffer(buf, dtype=dtype, count=count)
+
+
+# Where an operation's memory lives: this process's (``space`` None: the addresses are
+# read and written directly), or another process's, reached through its ``space`` (an
+# object with ``read(ptr, nbytes) -> bytes`` and ``write(ptr, data)``: nccl_model_remote).
+def _move(send: _Op, recv: _Op) -> None:
+    """The send's bytes into the receive's buffer, at the moment both run."""
+    if send.space is None and recv.space is None:
+        ctypes.memmove(recv.ptr, send.ptr, send.nbytes)
+    elif recv.space is None:
+        ctypes.memmove(recv.ptr, send.space.read(send.ptr, send.nbytes), send.nbytes)
+    else:
+        recv.space.write(recv.ptr, send.space.read(send.ptr, send.nbytes) if send.space is not None
+                         else ctypes.string_at(send.ptr, send.nbytes))
+
+
+def _load(op: _Op, ptr: int, count: int, dtype) -> np.ndarray:
+    if op.space is None:
+        return _view(ptr, count, dtype)
+    return np.frombuffer(op.space.read(ptr, count * np.dtype(dtype).itemsize), dtype=dtype, count=count)
+
+
+def _store(op: _Op, ptr: int, data: np.ndarray) -> None:
+    if op.space is None:
+        _view(ptr, data.size, data.dtype)[...] = data
+    else:
+        op.space.write(ptr, np.ascontiguousarray(data).tobytes())
 
 
 # ------------------------------------------------------- the fake CuPy API
@@ -702,7 +738,7 @@ class NcclCommunicator:
 
     def _op(self, kind, stream, **kw) -> None:
         s = self._model.by_ptr[stream] if stream else _default_stream()
-        self._model.issue(_Op(kind, self._c, s, **kw))
+        self._model.issue(_Op(kind, self._c, s, space=getattr(_TLS, "space", None), **kw))
 
     def send(self, sendbuf: int, count: int, datatype: int, peer: int, stream: int) -> None:
         self._op("send", stream, ptr=sendbuf, nbytes=count * _size(datatype), peer=int(peer))
@@ -767,6 +803,8 @@ def _nccl_module() -> types.ModuleType:
 def _cupy_module(nccl: types.ModuleType) -> types.ModuleType:
     cp = types.ModuleType("cupy")
     cp.__path__ = []  # a package: ``from cupy.cuda import nccl`` works
+    cp.__spec__ = importlib.machinery.ModuleSpec("cupy", None, is_package=True)  # importlib.util.find_spec finds it
+    cp.NCCL_MODEL = True  # what stands in here: code that checks for a GPU may accept it
     cp.ndarray = ModelArray
     cuda = types.ModuleType("cupy.cuda")
     cuda.__path__ = []
