@@ -17,8 +17,10 @@ from it.
 N >= 2 GPUs prove every transfer kind through NCCL: each rank is a process driving one
 GPU (``NcclBackend``), the executor keeps every buffer in device memory (CuPy arrays,
 no host staging), every destination buffer is compared bit-exactly with NumPy, and the
-ring all-reduce sums exactly. ``--model`` runs the N-rank part on the model (ranks as
-threads), which is how CI checks this script.
+ring all-reduce sums exactly; with 3 GPUs or more, the pipeline trainer's transport
+(``OrderedMailbox``: 1F1B, eager-1F1B with delay, ZB-H1) on three stage hosts, a thread
+per GPU. ``--model`` runs the N-rank part on the model (ranks as threads), which is how CI
+checks this script.
 """
 from __future__ import annotations
 
@@ -165,6 +167,28 @@ def run_ranks(n, uid, plans, arrays, timeout, model: bool):
     return got
 
 
+def pipeline_transport(n: int, timeout: float) -> int:
+    """The pipeline trainer's transport (one agreed transfer order, ``OrderedMailbox``) on
+    three stage hosts, a thread per GPU (NCCL allows a rank per thread); failures."""
+    if n < 3:
+        print("gpu_check: the pipeline transport needs 3 GPUs (a stage host each): not run")
+        return 0
+    from alpa_comm.pipeline.generators import generate
+    from alpa_comm.testing.pipeline_transport import CHAIN3, run_pipeline_transport
+
+    failed = 0
+    for kind, split, delay in (("1f1b", False, None), ("eager-1f1b", True, 1), ("zb-h1", True, None)):
+        schedule = generate(kind, 3, 4, split_backward=split, delay_wgrad=delay)
+        try:
+            checked = sum(run_pipeline_transport(schedule, CHAIN3, dp=1, k=1, strategy="broadcast",
+                                                 timeout=timeout, device_of=lambda h: h % n))
+            print(f"OK   pipeline transport, {schedule.name} on 3 stage hosts: {checked} buffers bit-exact")
+        except AssertionError as e:
+            failed += 1
+            print(f"FAIL pipeline transport, {schedule.name}: {e}")
+    return failed
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--devices", type=int, default=None, help="GPUs to use (default: all; with --model: 4)")
@@ -221,6 +245,7 @@ def check(args) -> int:
     summed = all(got[r][1] for r in got)
     failed += not summed
     print(f"{'OK  ' if summed else 'FAIL'} ring all-reduce over {n} ranks")
+    failed += pipeline_transport(n, args.timeout)
     print(f"gpu_check: {exact}/{len(plans)} plans bit-exact{' (on the model)' if args.model else ''}")
     return 1 if failed else 0
 
