@@ -382,9 +382,11 @@ class NcclBackend(Backend):
     middle host that waits for chunk c+1 after issuing the forward of chunk c launches
     both together, so the broadcast stays pipelined; later receives are launched only
     when waited for, so an early group never waits on a peer that needs our later work.
-    Per peer, launches keep the issue order, so matching is as issued. A wait polls the
-    group's event (never a blocking synchronize) and, past its timeout, aborts the
-    communicator and names the peer."""
+    Per peer, launches keep the issue order, so matching is as issued. The concurrent
+    executor (``issue_ordered``) issues transfers in plan order and launches what it
+    posted as one group before it blocks (``launch_posted``). A wait polls the group's
+    event (never a blocking synchronize) and, past its timeout, aborts the communicator
+    and names the peer."""
 
     name = "nccl"
     concurrent = False  # one thread at a time on a communicator
@@ -480,8 +482,9 @@ class NcclSubgroupBackend(_Subgroup, NcclBackend):
     """NCCL among some hosts only (``hosts``, this process being ``host``) on this process's
     one GPU, for ``alpa_comm.jax``: the lowest member makes the NCCL id and shares it
     through the subgroup's rendezvous ``store`` (as ``GlooSubgroupBackend`` shares its
-    group); peers are host ids. Written against CuPy's NCCL API and not run here: one GPU
-    cannot hold NCCL ranks of two processes."""
+    group); peers are host ids. Runs here on the NCCL model, in threads and in processes
+    (``testing.nccl_model_remote``); not on GPUs yet: one GPU cannot hold NCCL ranks of two
+    processes."""
 
     def __init__(self, host: int, hosts, store, device_ordinal: int, timeout: float = DEFAULT_TIMEOUT_S):
         import json  # noqa: PLC0415
