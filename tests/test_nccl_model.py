@@ -70,6 +70,25 @@ def test_the_same_ring_in_one_group_completes():
         assert np.array_equal(got[r], np.full(4, (r - 1) % 3, np.float32))
 
 
+@pytest.mark.parametrize("limit", [M.MAX_GROUP_OPS, None])
+def test_a_group_holds_at_most_2048_operations(limit):
+    """Rule 3's limit (NCCL 2.9-2.11 API docs): 2,049 sends in one group fail on the model;
+    ``max_group_ops=None`` lifts it."""
+    def rank(r, comm, s, cupy, nccl):
+        bufs = cupy.zeros(2049, np.uint8)
+        nccl.groupStart()
+        for i in range(2049):
+            fn = comm.send if r == 0 else comm.recv
+            fn(bufs[i:i + 1].data.ptr, 1, nccl.NCCL_UINT8, 1 - r, s.ptr)
+        nccl.groupEnd()
+        s.synchronize()
+    errors = _on_model(2, rank, max_group_ops=limit)[0]
+    if limit is None:
+        assert errors == [None, None]
+    else:
+        assert all(isinstance(e, M.NcclMismatch) and "2049 operations" in str(e) for e in errors), errors
+
+
 def test_point_to_point_matches_in_issue_order_and_checks_sizes():
     """Rule 2: the first send meets the first receive, whatever the program meant."""
     def rank(r, comm, s, cupy, nccl):
@@ -235,6 +254,23 @@ def test_the_executor_keeps_several_transfers_in_one_nccl_group():
     assert sends == [("send", h) for h in (1, 2, 3, 4)], groups[0]  # the plan's order
     assert len(groups[0]) < 4 and max(map(len, groups[0])) >= 2, groups[0]  # (NIC windows may split them)
     assert all(groups[h] == [[("recv", 0)]] for h in range(1, 5)), groups
+
+
+def test_the_executor_keeps_nccl_groups_within_their_limit():
+    """One host sends eight slices of 300 chunks each (2,400 sends, past a group's 2,048):
+    the executor ends its groups between whole transfers, every group within the limit the
+    model enforces, and every byte arrives."""
+    n, chunks = 8, 300
+    plan = plan_resharding((n * chunks, 1), "float32", "1x1@0", "RR", f"{n}x1@" + ",".join(map(str, range(1, n + 1))),
+                           "S0R", cluster=ClusterSpec(n + 1, 1), strategy="broadcast", chunks=chunks,
+                           bucket_bytes=None)
+    assert sum(t.chunks for t in plan.transfers) > M.MAX_GROUP_OPS
+    x = np.arange(n * chunks, dtype=np.float32).reshape(n * chunks, 1)
+    groups: dict = {}
+    with M.install():
+        expect_exact(plan, x, run_plan_on_model(plan, [x], backend=launch_recording_backend(groups))[0])
+    assert sum(map(len, groups[0])) == n * chunks
+    assert max(map(len, groups[0])) <= M.MAX_GROUP_OPS and len(groups[0]) > 1, [len(g) for g in groups[0]]
 
 
 def test_on_nccl_the_executor_issues_each_pair_in_plan_order():

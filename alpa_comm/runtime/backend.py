@@ -80,8 +80,13 @@ class Backend:
 
     def launch_posted(self) -> None:
         """Start every operation posted so far now, together (a backend that starts them
-        only when waited for: NCCL). The executor calls it after posting each transfer
-        where it keeps several in flight on an ``issue_ordered`` backend."""
+        only when waited for: NCCL). The executor calls it before it blocks where it keeps
+        several transfers in flight on an ``issue_ordered`` backend."""
+
+    def transfer_posted(self) -> None:
+        """What was posted since the last call is one whole transfer: a backend that starts
+        posted operations as one group may end a group here (NCCL: before it grows past
+        the operations a group may hold)."""
 
     def barrier(self, timeout: float = DEFAULT_TIMEOUT_S) -> None:
         raise NotImplementedError
@@ -389,6 +394,8 @@ class NcclBackend(Backend):
     and names the peer."""
 
     name = "nccl"
+    MAX_GROUP_OPS = 2048
+    """NCCL 2.9-2.11 document at most 2048 operations between groupStart and groupEnd."""
     concurrent = False  # one thread at a time on a communicator
     issue_ordered = True  # matched per peer in issue order: the executor issues in plan order
 
@@ -430,6 +437,13 @@ class NcclBackend(Backend):
             if self._pending:
                 self._launch_through(self._pending[-1])
 
+    def transfer_posted(self) -> None:
+        """Past half a group's worth of pending operations, launch them, so that groups end
+        between whole transfers (``_launch_through`` cuts a larger one in issue order)."""
+        with self._lock:
+            if len(self._pending) >= self.MAX_GROUP_OPS // 2:
+                self.launch_posted()
+
     def _launch_through(self, awaited: list) -> None:
         """Launch, as one group, every pending send and the pending receives issued up to
         ``awaited`` (which is launched too)."""
@@ -441,13 +455,15 @@ class NcclBackend(Backend):
             chosen = [op[0] == "send" or i <= cut for i, op in enumerate(self._pending)]
             group = [op for op, c in zip(self._pending, chosen) if c]
             self._pending = [op for op, c in zip(self._pending, chosen) if not c]
-            nccl.groupStart()
-            try:
-                for kind, buf, peer, _ in group:
-                    fn = self.comm.send if kind == "send" else self.comm.recv
-                    fn(buf.data.ptr, buf.nbytes, nccl.NCCL_UINT8, self._nccl_peer(peer), self.stream.ptr)
-            finally:
-                nccl.groupEnd()
+            for at in range(0, len(group), self.MAX_GROUP_OPS):  # consecutive groups, in issue order
+                part = group[at:at + self.MAX_GROUP_OPS]
+                nccl.groupStart()
+                try:
+                    for kind, buf, peer, _ in part:
+                        fn = self.comm.send if kind == "send" else self.comm.recv
+                        fn(buf.data.ptr, buf.nbytes, nccl.NCCL_UINT8, self._nccl_peer(peer), self.stream.ptr)
+                finally:
+                    nccl.groupEnd()
             event = self.stream.record()
             for op in group:
                 op[3] = event

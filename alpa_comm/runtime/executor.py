@@ -645,7 +645,7 @@ class HostExecutor:
         ordered = not self.backend.concurrent and getattr(self.backend, "issue_ordered", False)
         limit = self.max_concurrent if self.backend.concurrent or ordered else 1
         try:
-            if limit > 1 and len(transfers) > 1:
+            if limit > 1 and (len(transfers) > 1 or ordered):  # ordered: a posted one launches whole
                 return self._run_concurrently(transfers, limit, alone_if_threaded=ordered)
             return self._run_in_order(transfers)
         finally:
@@ -790,6 +790,8 @@ class HostExecutor:
                     release(t, need)
                     break
                 if part is not None:
+                    if alone_if_threaded:
+                        self.backend.transfer_posted()
                     posted.append((t, ex, part, need, t0))
                     posted_ids.add(t.id)
                     continue

@@ -26,7 +26,7 @@ user-guide/docs/; section names in brackets):
 3. **Groups** [Group Calls]: operations issued between ``groupStart()`` and the
    outermost ``groupEnd()`` of a thread are launched together at ``groupEnd`` and
    progress concurrently; the group holds each stream it uses until all of its
-   operations are done.
+   operations are done. A group holds at most 2048 operations (``MAX_GROUP_OPS``).
 4. **Collectives** [Collective Operations]: every rank of a communicator calls the same
    collectives in the same order with the same count and type; the k-th collective of
    each rank matches the k-th of the others, and completes when all have started.
@@ -72,6 +72,13 @@ STALL_S = 1.0
 thread the model knows waiting, before a deadlock is named: a thread that has not called
 into the model yet (still starting, importing) is unknown to it, so this guards against
 naming a deadlock before it has arrived."""
+
+
+MAX_GROUP_OPS = 2048
+"""Operations one group may hold (rule 3): "There is a maximum of 2048 NCCL operations that
+can be inserted between the ncclGroupStart and ncclGroupEnd calls" (NCCL 2.9.9 and 2.11.4
+API docs, Group Calls; later guides no longer state it). Code within it works with every
+version; ``max_group_ops=None`` lifts it."""
 
 
 class NcclDeadlock(RuntimeError):
@@ -175,6 +182,7 @@ class _Op:
     event: "Event | None" = None
     where: str = ""
     done: bool = False
+    tried: bool = False  # offered for matching once started: its match completes it from then on
     space: "object | None" = None  # whose memory ``ptr``/``ptr2`` address: None is this process's
 
 
@@ -197,6 +205,8 @@ class _Op:
 class _Group:
     ops: list = field(default_factory=list)
     launch: int = 0
+    streams: list = field(default_factory=list)  # the streams its operations use, once each
+    left: int = 0  # operations not done yet
 
 
 class _Comm:
@@ -217,9 +227,11 @@ class NcclModel:
     """All communicators, streams and pending operations of one model world; every entry
     point takes ``lock``, applies what it issued, then progresses everything it can."""
 
-    def __init__(self, stall_s: float = STALL_S, concurrent_streams: bool = False):
+    def __init__(self, stall_s: float = STALL_S, concurrent_streams: bool = False,
+                 max_group_ops: int | None = MAX_GROUP_OPS):
         self.lock = threading.RLock()
         self.stall_s, self.concurrent_streams = stall_s, concurrent_streams
+        self.max_group_ops = max_group_ops
         self._launches = itertools.count(1)
         self._active: dict[threading.Thread, object] = {}  # device -> its running NCCL launch
         self.streams: list[_Stream] = []
@@ -302,10 +314,13 @@ class NcclModel:
             for uid, world, what in joins:
                 self.wait_until(lambda uid=uid, world=world: len(self._joining[uid]) >= world, what)
             ops, g.ops = g.ops, []
+            if self.max_group_ops is not None and len(ops) > self.max_group_ops:
+                raise NcclMismatch(f"a group of {len(ops)} operations: NCCL allows at most {self.max_group_ops} "
+                                   f"between groupStart and groupEnd (first issued at {ops[0].where})")
             if ops:
                 with self.lock:
-                    grp = _Group(ops, next(self._launches))
-                    for s in dict.fromkeys(op.stream for op in ops):
+                    grp = _Group(ops, next(self._launches), list(dict.fromkeys(op.stream for op in ops)), len(ops))
+                    for s in grp.streams:
                         s.queue.append(grp)
                         self._busy[s] = None
                     for op in ops:
@@ -350,7 +365,7 @@ class NcclModel:
     # ------------------------------------------------------------- progress
     @staticmethod
     def _streams_of(unit) -> list:
-        return list(dict.fromkeys(o.stream for o in unit.ops)) if isinstance(unit, _Group) else [unit.stream]
+        return unit.streams if isinstance(unit, _Group) else [unit.stream]
 
     def _at_heads(self, unit) -> bool:
         return all(s.queue and s.queue[0] is unit for s in self._streams_of(unit))
@@ -387,11 +402,12 @@ class NcclModel:
                 while s.queue:
                     head = s.queue[0]
                     ops = head.ops if isinstance(head, _Group) else [head]
-                    for op in ops:
-                        if not op.done and self._started(op):
-                            self._try(op)
-                    if all(op.done for op in ops):
-                        for st in dict.fromkeys(o.stream for o in ops):
+                    if self._started(ops[0]):  # a group starts as one (rule 3)
+                        for op in ops:
+                            if not op.done and not op.tried:
+                                self._try(op)
+                    if (head.left == 0) if isinstance(head, _Group) else head.done:
+                        for st in self._streams_of(head):
                             if st.queue and st.queue[0] is head:
                                 st.queue.pop(0)
                             if self._active.get(st.device) is head:
@@ -404,10 +420,12 @@ class NcclModel:
     def _try(self, op: _Op) -> None:
         c = op.comm
         if op.kind == "event":
-            op.done = True
+            self._complete(op)
         elif op.kind == "wait_event":
-            op.done = op.event._op is None or op.event._op.done
+            if op.event._op is None or op.event._op.done:
+                self._complete(op)
         elif op.kind in ("send", "recv"):
+            op.tried = True
             src, dst = (c.rank, op.peer) if op.kind == "send" else (op.peer, c.rank)
             key = (c.uid, src, dst, op.seq)
             mine, other = (self._sends, self._recvs) if op.kind == "send" else (self._recvs, self._sends)
@@ -420,12 +438,13 @@ class NcclModel:
                         f"communicator {c.name}: {send.describe()} matched {recv.describe()}: "
                         f"{send.nbytes} B sent, {recv.nbytes} B expected")
                 _move(send, recv)
-                send.done = recv.done = True
                 for o in (send, recv):
+                    self._complete(o)
                     self.completed.append((o.kind, c.name, o.comm.rank, o.peer, o.seq))
                 del self._sends[key], self._recvs[key]
                 self.operations += 1
         else:
+            op.tried = True
             key = (c.uid, op.seq)
             ranks = self._colls.setdefault(key, {})
             ranks[c.rank] = op
@@ -452,8 +471,14 @@ class NcclModel:
             for o in ops:
                 _store(o, o.ptr2, data)
         for o in ops:
-            o.done = True
+            self._complete(o)
         self.operations += 1
+
+    @staticmethod
+    def _complete(op: _Op) -> None:
+        op.done = True
+        if op.group is not None:
+            op.group.left -= 1
 
     # ---------------------------------------------------------------- waits
     def wait_until(self, ready, what: str, timeout: float | None = None) -> bool:
@@ -825,12 +850,12 @@ def _cupy_module(nccl: types.ModuleType) -> types.ModuleType:
 
 
 @contextmanager
-def install(stall_s: float = STALL_S, concurrent_streams: bool = False):
+def install(stall_s: float = STALL_S, concurrent_streams: bool = False, max_group_ops: int | None = MAX_GROUP_OPS):
     """Run the block with the model standing in for CuPy (``sys.modules['cupy']``,
     ``cupy.cuda``, ``cupy.cuda.nccl``); yields the ``NcclModel``. What was there before
     (nothing, on a machine without CuPy) is put back after."""
     global _ACTIVE
-    model = NcclModel(stall_s, concurrent_streams)
+    model = NcclModel(stall_s, concurrent_streams, max_group_ops)
     nccl = _nccl_module()
     cp = _cupy_module(nccl)
     saved = {k: sys.modules.get(k) for k in ("cupy", "cupy.cuda", "cupy.cuda.nccl")}
