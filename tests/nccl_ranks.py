@@ -17,14 +17,15 @@ def nccl_backend_class(hosts, backend=None, timeout: float = 20):
     return lambda h, hub: cls(h, hosts, store, 0, timeout)
 
 
-def run_plan_on_model(plan, arrays, backend=None, timeout: float = 20):
+def run_plan_on_model(plan, arrays, backend=None, timeout: float = 20, **executor_options):
     """Run ``plan`` (leaves ``arrays``) with every buffer in model device memory; returns
-    per leaf every destination device's buffer as NumPy."""
+    per leaf every destination device's buffer as NumPy (``executor_options``: the
+    executor's limits)."""
     import cupy  # the model's, installed by the caller
 
     layouts = tree_layouts(plan)
     host_of = plan.cluster.host_of
     hosts = sorted(set(plan.host_operations) | {host_of(d) for lay in layouts for d in lay.dst_boxes})
     out = execute_tree_in_threads(plan, arrays, timeout=timeout, xp=cupy,
-                                  backend_class=nccl_backend_class(hosts, backend, timeout))
+                                  backend_class=nccl_backend_class(hosts, backend, timeout), **executor_options)
     return [{d: np.asarray(b).view(np.ndarray) for d, b in leaf.items()} for leaf in out]
