@@ -164,6 +164,7 @@ class OrderedMailbox(ReshardMailbox):
     def __init__(self, *args, order: list[tuple[str, int, str]], **kw):
         super().__init__(*args, **kw)
         self.order = list(order)
+        self._receives = {(name, mb) for name, mb, role in self.order if role == "recv"}
         self._handoff: dict[tuple, Future] = {}
         self._received: dict[tuple, Future] = {}
         self._step: Future | None = None
@@ -196,7 +197,7 @@ class OrderedMailbox(ReshardMailbox):
 
     def post(self, direction: str, src: int, dst: int, mb: int) -> None:
         name = f"{direction}:{src}->{dst}"
-        if (name, mb) not in {(n, m) for n, m, role in self.order if role == "recv"}:
+        if (name, mb) not in self._receives:
             raise CommunicationError(f"host {self.host}: no transfer {name} microbatch {mb} in this host's order")
         self._begin_step()
         self.pending[(name, mb)] = self._received[(name, mb)]
