@@ -120,8 +120,11 @@ def test_replicating_to_many_hosts_stays_near_the_bound_where_chains_do_not():
     assert ratio["rotated_chains"] < 1.25 < 2 < ratio["broadcast"], ratio
 
 
-def test_auto_keeps_the_fastest_predicted_plan_and_says_so():
+def test_auto_keeps_the_fastest_admitted_plan_and_says_so():
+    """``auto`` ranks kinds by their time as the executor admits transfers (many at once),
+    not one transfer at a time, and shows that estimate in ``explain()`` and the JSON."""
     from alpa_comm.resharding import ReshardingPlan
+    from alpa_comm.resharding.admission import admitted_seconds
     from alpa_comm.resharding.strategies import auto_candidates
 
     cluster = ClusterSpec(num_hosts=12, devices_per_host=2, nic_send_gbps=10)
@@ -129,10 +132,14 @@ def test_auto_keeps_the_fastest_predicted_plan_and_says_so():
     auto = plan_resharding(*args, cluster=cluster, strategy="auto", cache=False)
     each = {s: plan_resharding(*args, cluster=cluster, strategy=s, cache=False) for s in auto_candidates()}
     assert auto.strategy_asked == "auto" and auto.strategy in each
-    assert auto.predicted_seconds == min(p.predicted_seconds for p in each.values())
-    assert "auto -> " in auto.explain()
+    admitted = {s: admitted_seconds(p.transfers, cluster) for s, p in each.items()}
+    assert auto.admitted_seconds == admitted[auto.strategy] == min(admitted.values())
+    assert auto.predicted_seconds == each[auto.strategy].predicted_seconds
+    assert "auto -> " in auto.explain() and "admitted: " in auto.explain()
+    assert all(p.admitted_seconds is None for p in each.values())  # only auto estimates
     again = ReshardingPlan.from_json(auto.to_json())
-    assert again.strategy_asked == "auto" and again.to_json() == auto.to_json()
+    assert again.strategy_asked == "auto" and again.admitted_seconds == auto.admitted_seconds
+    assert again.to_json() == auto.to_json()
     verify_plan(auto)
 
 

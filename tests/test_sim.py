@@ -145,6 +145,64 @@ def test_long_transfers_keep_the_plans_order_two_at_a_time_on_a_nic():
     assert run.makespan == pytest.approx(cluster.latency_s * 2 + (3 << 26) / cluster.send_rate(0), rel=0.01)
 
 
+def _admitted_vs_simulated(plan):
+    from alpa_comm.resharding.admission import admitted_seconds
+    return admitted_seconds(plan.transfers, plan.cluster), simulate(plan).makespan
+
+
+@pytest.mark.parametrize("senders", [8, 33, 100])
+def test_admitted_estimate_overlaps_small_messages_as_admission_does(senders):
+    """``admission.admitted_seconds`` (what ``auto`` ranks kinds by) charges a host's
+    latency-bound messages one latency per ``MAX_CONCURRENT`` of them, as the simulator
+    plays them, where the one-at-a-time prediction charges one latency each."""
+    from alpa_comm.resharding.admission import MAX_CONCURRENT
+    plan, cluster = _gather_plan(senders, 1024)
+    admitted, played = _admitted_vs_simulated(plan)
+    assert admitted == pytest.approx(played, rel=0.02)
+    waves = math.ceil(senders / MAX_CONCURRENT)
+    assert waves * cluster.latency_s < admitted < (waves + 1) * cluster.latency_s < plan.predicted_seconds
+
+
+def test_admitted_estimate_runs_long_transfers_two_at_a_time():
+    """Three 64 MiB sends from one host: two start together, the third when one ends; the
+    bytes share the NIC, and the third's latency is not hidden."""
+    cluster = ClusterSpec(num_hosts=4, devices_per_host=1, nic_send_gbps=10, latency_s=20e-6)
+    plan = plan_resharding((3 << 24,), "float32", "1x1@0", "R", "3x1@1-3", "S0", cluster=cluster,
+                           strategy="send_recv", cache=False)
+    admitted, played = _admitted_vs_simulated(plan)
+    assert admitted == pytest.approx(played, rel=0.01)
+    assert admitted == pytest.approx(2 * cluster.latency_s + (3 << 26) / cluster.send_rate(0), rel=0.01)
+
+
+def test_admitted_estimate_holds_a_window_through_every_phase():
+    """A scatter then ring all-gather (``global_allgather``) keeps its place in the sending
+    NIC's window through its ring phase, two transfers at a time that share their
+    bottleneck: the sending NIC idles through every ring, which the estimate counts."""
+    cluster = ClusterSpec(num_hosts=4, devices_per_host=8, nic_send_gbps=100, latency_s=20e-6)
+    plan = plan_resharding((64, 256, 4096), "float32", "1x8@0", "S1RR", "2x8@2-3", "RS1R", cluster=cluster,
+                           strategy="global_allgather", cache=False)
+    admitted, played = _admitted_vs_simulated(plan)
+    sent, _ = plan.network_bytes()
+    assert admitted == pytest.approx(played, rel=0.02)
+    assert played > 1.3 * sent[0] / cluster.send_rate(0)  # more than the sender's own bytes
+
+
+def test_auto_ranks_kinds_as_the_executor_admits_them():
+    """64 hosts' 512 slices of 32 KiB to 8 hosts, each slice to every device of one host:
+    one at a time send/recv looks faster (each message pays a latency either way, and a
+    chain adds its fill), but send/recv crosses each NIC once per device, 8x the bytes,
+    while admission overlaps the chains' latencies 32 at a time. ``auto`` ranks by the
+    admitted time and takes the chain."""
+    cluster = ClusterSpec(num_hosts=72, devices_per_host=8, nic_send_gbps=100, latency_s=20e-6)
+    args = ((4096, 1024), "float32", "64x8@0-63", "S10R", "8x8@64-71", "S0R")
+    each = {s: plan_resharding(*args, cluster=cluster, strategy=s, cache=False) for s in ("send_recv", "broadcast")}
+    assert each["send_recv"].predicted_seconds < each["broadcast"].predicted_seconds
+    played = {s: simulate(p).makespan for s, p in each.items()}
+    assert played["broadcast"] * 3 < played["send_recv"]
+    auto = plan_resharding(*args, cluster=cluster, strategy="auto", cache=False)
+    assert auto.strategy == "broadcast" and auto.admitted_seconds == pytest.approx(played["broadcast"], rel=0.1)
+
+
 def _progressive_filling(flows, capacity):
     """The textbook form the simulator's water-filling must agree with: raise every
     unfrozen flow together, freeze at each saturated link or cap, repeat."""

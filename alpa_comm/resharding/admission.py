@@ -15,8 +15,20 @@ simulator (``sim.simulate``) plays plans by them, so both live here, once.
   host's ``MAX_CONCURRENT`` bounds it). A receiving host that takes a hundred small
   messages from a hundred senders therefore pays about one latency per
   ``MAX_CONCURRENT`` of them, not one per message.
+
+``admitted_seconds`` estimates a plan's time under these rules in one pass over its
+transfers; ``strategy="auto"`` ranks the kinds it plans by it.
 """
 from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Sequence
+
+from .kinds import transfer_kind
+from .resources import host_and_side, intra_link, nic_receive, nic_send
+
+if TYPE_CHECKING:
+    from ..topology import ClusterSpec
 
 MAX_INFLIGHT_BYTES = 256 * 2**20
 """Bytes of packing and unpacking buffers a host holds at once for the transfers in
@@ -38,3 +50,115 @@ def latency_bound(nbytes: int, latency_s: float, min_rate: float | None) -> bool
     """Whether a transfer of ``nbytes`` is latency-bound on NICs whose slowest rate is
     ``min_rate`` bytes/s with ``latency_s`` per message (no rate known: never)."""
     return bool(min_rate) and nbytes < ORDERED_LATENCIES * latency_s * min_rate
+
+
+def admitted_seconds(transfers: Sequence, cluster: "ClusterSpec", limit: float = math.inf) -> float:
+    """An estimate of how long ``transfers`` take played by these rules, cheap enough to
+    rank ``strategy="auto"``'s candidate plans by (the load balancer's prediction plays
+    every resource one transfer at a time, which charges a host that takes 256 small
+    messages 256 latencies where admission overlaps them 32 at a time).
+
+    Each transfer is read as its kind plays it in the simulator (``phases``: a fixed delay,
+    then flows, phase after phase); its *busy* time is, phase by phase, its bytes on its
+    most loaded resource at that resource's rate. On every resource (NIC side, intra-host
+    link) the estimate charges:
+
+    * long transfers (``MAX_PER_RESOURCE`` in flight, in plan order): each keeps its place
+      in the window until its last phase ends, and the transfers in flight together share
+      their bottleneck (a plan's transfers on a resource are alike: the same kind over
+      like slices), so the window passes them at their busy times one after another, while
+      their fixed delays (latencies, a chain's fill) overlap ``MAX_PER_RESOURCE`` at a
+      time (never less than the longest one). A scatter's sending NIC thus waits out the
+      ring all-gather that follows it, as in the simulator;
+    * latency-bound transfers (``MAX_CONCURRENT`` a host, outside the windows): their
+      bytes at the resource's rate, and their delays overlapped ``MAX_CONCURRENT`` at a
+      time on their host (a host taking 256 messages pays 8 latencies, not 256);
+    * never less than all the bytes that cross it at its rate.
+
+    The estimate is the most loaded resource, and at least the longest transfer alone.
+    It leaves out dependencies between transfers and head-of-line waits in plan order.
+    Where it would exceed ``limit`` (another plan's estimate) it may stop early and return
+    ``inf``."""
+    lat, min_rate = cluster.latency_s, cluster.slowest_nic_rate
+    rate = [0.0] * (3 * cluster.num_hosts)  # by resource key (``resources``: 3 x host + side)
+    for h in range(cluster.num_hosts):
+        rate[nic_send(h)], rate[nic_receive(h)], rate[intra_link(h)] = (
+            cluster.send_rate(h), cluster.recv_rate(h), cluster.intra_rate)
+    load = [0.0] * len(rate)  # seconds of all the bytes that cross each resource, at its rate
+    serial = [0.0] * len(rate)  # busy seconds of its long transfers + its latency-bound bytes
+    held: dict[int, list] = {}  # resource -> [sum, max, count] of its long transfers' delays
+    quick: dict[int, list] = {}  # host -> [sum, max, count] of its latency-bound transfers' delays
+    longest = 0.0
+    for t in transfers:
+        kind = transfer_kind(t.kind)
+        small = latency_bound(t.nbytes, lat, min_rate)
+        delay = busy = 0.0
+        for d, flows in kind.phases(t, cluster):
+            delay += d
+            top = 0.0
+            if len(flows) == 1:  # the common case: one flow, its bytes on every link it crosses
+                nbytes, links = flows[0]
+                for k in links:
+                    sec = nbytes / rate[k]
+                    load[k] += sec
+                    if sec > top:
+                        top = sec
+                    if small:
+                        serial[k] += sec
+                        if serial[k] > limit:
+                            return math.inf
+            elif flows:
+                phase: dict[int, float] = {}  # flows of one phase that share a link share its rate
+                for nbytes, links in flows:
+                    for k in links:
+                        phase[k] = phase.get(k, 0.0) + nbytes / rate[k]
+                for k, sec in phase.items():
+                    load[k] += sec
+                    if small:
+                        serial[k] += sec
+                top = max(phase.values())
+            busy += top
+        if delay + busy > longest:
+            longest = delay + busy
+            if longest > limit:
+                return math.inf
+        resources = kind.transfer_resources(t, cluster)
+        if small:
+            keys, into, at_once = {host_and_side(k)[0] for k in resources}, quick, MAX_CONCURRENT
+        else:
+            for k in resources:
+                serial[k] += busy
+                if serial[k] > limit:  # every term only grows: this plan cannot come under the limit
+                    return math.inf
+            keys, into, at_once = resources, held, MAX_PER_RESOURCE
+        if delay <= 0:
+            continue
+        for k in keys:
+            acc = into.get(k)
+            if acc is None:
+                into[k] = [delay, delay, 1]
+            else:
+                acc[0] += delay
+                if delay > acc[1]:
+                    acc[1] = delay
+                acc[2] += 1
+                if acc[0] > limit * at_once:  # at most its waves' delays (``_waves``)
+                    return math.inf
+    worst = longest
+    for k in range(len(rate)):
+        est = max(load[k], serial[k])
+        if k in held:
+            est += _waves(held[k], MAX_PER_RESOURCE)
+        h = host_and_side(k)[0]
+        if h in quick:
+            est += _waves(quick[h], MAX_CONCURRENT)
+        if est > worst:
+            worst = est
+    return worst
+
+
+def _waves(delays: list, at_once: int) -> float:
+    """Fixed delays ([sum, max, count]) of transfers admitted ``at_once`` at a time, in
+    waves that start together: ceil(count / at_once) mean delays, at least the longest."""
+    total, longest, n = delays
+    return max(-(-n // at_once) * total / n, longest)

@@ -46,6 +46,9 @@ def explain_plan(plan, max_transfers: int = 12) -> str:
     lines.append(f"  predicted: {fmt_seconds(plan.predicted_seconds)}   lower bound: "
                  f"{fmt_seconds(plan.lower_bound_seconds)} bandwidth ({plan.ratio_to_lower_bound:.2f}x), "
                  f"{fmt_seconds(plan.latency_bound_seconds)} latency-aware ({plan.ratio_to_latency_bound:.2f}x)")
+    if plan.admitted_seconds is not None:
+        lines.append(f"  admitted: {fmt_seconds(plan.admitted_seconds)} (transfers overlapped as the executor "
+                     "admits them; what auto ranked kinds by)")
     sent, recv = plan.network_bytes()
     hosts = sorted(set(sent) | set(recv))
     if hosts:

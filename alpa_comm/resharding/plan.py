@@ -129,7 +129,7 @@ class ReshardingPlan(ReshardingFields):
     host_operations: dict[int, tuple[int, ...]] = field(default_factory=dict)
     cache_hit: bool = False   # served from the plan cache (not part of the JSON form)
     strategy_asked: str | None = None  # "auto" when the planner chose ``strategy``
-
+    admitted_seconds: float | None = None  # auto's ranking: ``admission.admitted_seconds`` (auto plans only)
 
     @property
     def leaves(self) -> tuple[Leaf, ...]:
@@ -195,6 +195,7 @@ class ReshardingPlan(ReshardingFields):
             "predicted_seconds": self.predicted_seconds,
             "lower_bound_seconds": self.lower_bound_seconds,
             "latency_bound_seconds": self.latency_bound_seconds,
+            **({"admitted_seconds": self.admitted_seconds} if self.admitted_seconds is not None else {}),
             "unit_tasks": self.entries(),
             "tasks": [{"id": u.id, "index": [list(p) for p in u.index], "src_devices": list(u.src_devices),
                        "dst_devices": list(u.dst_devices), "nbytes": u.nbytes} for u in self.unit_tasks],
@@ -223,7 +224,7 @@ class ReshardingPlan(ReshardingFields):
             latency_bound_seconds=d.get("latency_bound_seconds", d["lower_bound_seconds"]),
             search_complete=d["search_complete"],
             host_operations={int(h): tuple(v) for h, v in d["host_operations"].items()},
-            strategy_asked=d.get("strategy_asked"))
+            strategy_asked=d.get("strategy_asked"), admitted_seconds=d.get("admitted_seconds"))
 
     @classmethod
     def from_json(cls, text: str) -> "ReshardingPlan":

@@ -18,7 +18,7 @@ from ..placement import Placement, Resharding
 from ..spec import ShardingSpec
 from ..topology import ClusterSpec
 from . import loadbalance as balancing
-from .admission import MAX_CONCURRENT
+from .admission import MAX_CONCURRENT, admitted_seconds
 from .cache import PlanCache, cache_for, cluster_key, move_key, raw_key
 from .coalesce import bucket_option, pack_jobs
 from .kinds import transfer_kind
@@ -152,7 +152,8 @@ def _plan(shape: Sequence[int], dtype, src_mesh, src_spec, dst_mesh, dst_spec, *
 
 AUTO_GOOD_ENOUGH = 1.15
 """``auto`` stops trying kinds at the first plan predicted within this factor of its
-bandwidth bound: no other kind can win more than that."""
+latency-aware bound even one transfer at a time (``predicted_seconds``, which overlaps
+nothing): no other kind can win more than that."""
 AUTO_MAX_JOBS = 250_000
 """``auto`` skips a kind that would make more jobs than this (send/recv of a large
 all-to-replicated: millions of messages, slow to plan and never the fastest there)."""
@@ -177,25 +178,29 @@ def auto_order(tasks: Sequence[UnitTask], cluster: ClusterSpec) -> list[tuple[st
 
 
 def plan_for(strategy: str, plan_with: Callable[[str], Plan], bounds: "LowerBounds") -> Plan:
-    """``plan_with(strategy)``, or for ``auto`` the plan with the smallest predicted time
-    over the kinds that move data, labelled ``strategy_asked="auto"``.
+    """``plan_with(strategy)``, or for ``auto`` the plan with the smallest admitted time
+    (``admission.admitted_seconds``: as the executor and the simulator admit transfers,
+    many at once) over the kinds that move data, labelled ``strategy_asked="auto"``; ties
+    go to the smaller one-at-a-time prediction (``predicted_seconds``).
 
-    ``auto`` plans kinds cheapest first (``auto_order``), stops at the first plan within
-    ``AUTO_GOOD_ENOUGH`` of its latency-aware bound, and skips kinds that would make more than
-    ``AUTO_MAX_JOBS`` jobs once it has a plan: at 1,024 hosts that keeps it to a few
-    seconds where planning every kind would take minutes."""
+    ``auto`` plans kinds cheapest first (``auto_order``), stops once a plan is predicted
+    within ``AUTO_GOOD_ENOUGH`` of its latency-aware bound even one transfer at a time, and
+    skips kinds that would make more than ``AUTO_MAX_JOBS`` jobs once it has a plan: at
+    1,024 hosts that keeps it to a few seconds where planning every kind would take minutes."""
     if strategy != AUTO:
         return plan_with(strategy)
-    best = None
+    best, best_key = None, None
     for s, jobs in auto_order(bounds.tasks, bounds.cluster):
         if best is not None and jobs > AUTO_MAX_JOBS:
             continue
         plan = plan_with(s)
-        if best is None or plan.predicted_seconds < best.predicted_seconds:
-            best = plan
-        if best.predicted_seconds <= AUTO_GOOD_ENOUGH * best.latency_bound_seconds:
+        key = (admitted_seconds(plan.transfers, plan.cluster, best_key[0] if best else math.inf),
+               plan.predicted_seconds)
+        if best is None or key < best_key:
+            best, best_key = plan, key
+        if plan.predicted_seconds <= AUTO_GOOD_ENOUGH * plan.latency_bound_seconds:
             break
-    return dataclasses.replace(best, strategy_asked=AUTO)
+    return dataclasses.replace(best, strategy_asked=AUTO, admitted_seconds=best_key[0])
 
 
 def rounds_to_reach(n: float, fan: int = MAX_CONCURRENT) -> int:

@@ -66,6 +66,7 @@ class TreePlan:
     host_operations: dict[int, tuple[int, ...]] = field(default_factory=dict)
     cache_hit: bool = False   # served from the plan cache
     strategy_asked: str | None = None  # "auto" when the planner chose ``strategy``
+    admitted_seconds: float | None = None  # auto's ranking: ``admission.admitted_seconds`` (auto plans only)
 
     @property
     def nbytes(self) -> int:
