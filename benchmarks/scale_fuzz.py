@@ -16,7 +16,8 @@ skipped and counted (planning it is the problem, not timing it).
 
 Every row: the case, the plan's strategy (``auto -> kind``), unit tasks, transfers
 (network messages), plan and simulate seconds, the simulated makespan, the bandwidth
-bound, the latency-aware bound, and the ratio to the latency-aware bound; every plan is
+bound, the latency-aware bound, and the ratio to the latency-aware bound; a repeated plan
+(served from the cache) is timed as the median of 25 calls; every plan is
 checked with ``verify_plan`` (every destination byte delivered exactly). Writes
 fuzz.md (the table, the distribution, the command), fuzz.json and fuzz.png (the ratio's
 distribution and planning time against hosts).
@@ -38,6 +39,8 @@ from alpa_comm.resharding.verify import verify_plan
 from alpa_comm.sim import simulate
 
 DEVICES = 8
+REPEATS = 25
+"""Calls of a repeated (cached) plan timed per case; the row keeps their median."""
 NIC_GBPS = 100.0
 LATENCY_S = 20e-6
 TARGETS = (1.25, 1.6)
@@ -118,19 +121,21 @@ def run_case(case: dict, strategy: str) -> dict:
     res = simulate(plan)
     t2 = time.perf_counter()
     verify_plan(plan)
-    plan_resharding(tuple(case["shape"]), "float32", case["src"]["mesh"], case["src"]["spec"], case["dst"]["mesh"],
-                    case["dst"]["spec"], cluster=cluster, strategy=strategy)  # fills the cache
-    t1c = time.perf_counter()
-    plan_resharding(tuple(case["shape"]), "float32", case["src"]["mesh"], case["src"]["spec"], case["dst"]["mesh"],
-                    case["dst"]["spec"], cluster=cluster, strategy=strategy)  # served from it
-    t2c = time.perf_counter()
+    again = (tuple(case["shape"]), "float32", case["src"]["mesh"], case["src"]["spec"], case["dst"]["mesh"],
+             case["dst"]["spec"])
+    plan_resharding(*again, cluster=cluster, strategy=strategy)  # fills the cache
+    hits = []
+    for _ in range(REPEATS):  # served from it: the median of several calls, not one call's scheduling noise
+        t1c = time.perf_counter()
+        plan_resharding(*again, cluster=cluster, strategy=strategy)
+        hits.append(time.perf_counter() - t1c)
     label = f"{plan.strategy_asked} -> {plan.strategy}" if plan.strategy_asked else plan.strategy
     # nothing crosses a NIC (overlapping meshes: local copies only): the NIC bound says
     # nothing about it, so it is reported, not judged
     bound = plan.latency_bound_seconds
     return {**case, "strategy": label, "unit_tasks": len(plan.unit_tasks),
             "transfers": sum(1 for t in plan.transfers if t.kind != "local_copy"),
-            "plan_seconds": t1 - t0, "simulate_seconds": t2 - t1, "repeat_plan_seconds": t2c - t1c,
+            "plan_seconds": t1 - t0, "simulate_seconds": t2 - t1, "repeat_plan_seconds": sorted(hits)[len(hits) // 2],
             "makespan_seconds": res.makespan, "lower_bound_seconds": plan.lower_bound_seconds,
             "latency_bound_seconds": plan.latency_bound_seconds, "ratio": res.makespan / bound if bound > 0 else None}
 
@@ -153,7 +158,8 @@ def summary(rows: list[dict], skipped: int) -> list[str]:
     out.append(f"ratio: median {q(ratios, 0.5):.2f}x, 90th percentile {q(ratios, 0.9):.2f}x, worst {ratios[-1]:.2f}x")
     out.append(f"plan + simulate: median {q(plans, 0.5):.2f} s, worst {plans[-1]:.2f} s, "
                f"over 10 s: {sum(p > 10 for p in plans)}")
-    out.append(f"a repeated plan: median {q(repeats, 0.5) * 1e3:.3f} ms, worst {repeats[-1] * 1e3:.3f} ms")
+    out.append(f"a repeated plan (each case's median of {REPEATS} calls): median {q(repeats, 0.5) * 1e3:.3f} ms, "
+               f"worst {repeats[-1] * 1e3:.3f} ms")
     return out
 
 
