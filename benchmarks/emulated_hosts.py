@@ -1,7 +1,7 @@
 """Every transfer kind on many emulated hosts, bit-exact, beside the simulator's prediction.
 
-    sudo python benchmarks/emulated_hosts.py [--hosts 16] [--devices 2] [--nic 200mbit]
-                                             [--size-mb 16] [--repeat 3]
+    sudo python benchmarks/emulated_hosts.py [--hosts 16] [--devices 2] [--nic 50mbit]
+                                             [--size-mb 8] [--repeat 3]
                                              [--out benchmarks/results/emulated/hosts16]
 
 Ray nodes are too heavy for 16 hosts on this machine (a node is several processes), so each
@@ -51,6 +51,15 @@ def cases(hosts: int, devices: int) -> list[tuple[str, str, str, str, str, str]]
     out += [(f"{k} 1 -> {hosts - 1} hosts", k, f"1x{devices}@0", "RR", rest, "RR")
             for k in ("broadcast", "double_tree", "rotated_chains")]
     return out
+
+
+def tcp_retransmits() -> int:
+    """TCP segments this host's network namespace has retransmitted (``/proc/net/snmp``)."""
+    try:
+        lines = [ln.split() for ln in Path("/proc/net/snmp").read_text().splitlines() if ln.startswith("Tcp:")]
+        return int(lines[1][lines[0].index("RetransSegs")])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def rows_of(size_mb: float, devices: int) -> int:
@@ -128,19 +137,24 @@ def worker(cfg_path: str) -> int:
         job = HostJob.for_host(plan, rank)
         lay = Layout.of(plan.leaves[0])
         src = lay.source_shards(x, job.is_local)
-        runs, exact = [], True
+        runs, exact, timings = [], True, []
+        retransmits = 0
         for r in range(cfg["repeat"] + 1):
             dst = lay.empty_destinations(job.is_local, zeros=True)
             backend.barrier(timeout)
+            before = tcp_retransmits()
             t0 = time.perf_counter()
-            HostExecutor(rank, [lay], [src], [dst], backend, job.host_of, timeout, job.min_rate,
-                         latency_s=job.latency_s).run(job.transfers)
+            ends = HostExecutor(rank, [lay], [src], [dst], backend, job.host_of, timeout, job.min_rate,
+                                latency_s=job.latency_s).run(job.transfers)
             if r:
                 runs.append(time.perf_counter() - t0)
+                retransmits += tcp_retransmits() - before
+                timings.append([(t.transfer, t.start - t0, t.end - t0) for t in ends])
             for d, b in dst.items():
                 exact &= bool(np.array_equal(b, x[tuple(slice(lo, hi) for lo, hi in lay.dst_boxes[d])]))
         say(f"{label}: {max(runs):.3f} s here, {'bit-exact' if exact else 'WRONG'}")
-        out.append({"label": label, "seconds": runs, "exact": exact})
+        out.append({"label": label, "seconds": runs, "exact": exact, "transfers": timings,
+                    "retransmits": retransmits / max(1, len(runs))})
     backend.barrier(timeout)
     print("RESULT " + json.dumps({"rank": rank, "calibration": calibration, "cases": out,
                                   "plans": [p.to_json() for p in plans] if rank == 0 else None}), flush=True)
@@ -154,13 +168,15 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--hosts", type=int, default=16, help="emulated hosts (default 16)")
     p.add_argument("--devices", type=int, default=2, help="devices per host (default 2)")
-    p.add_argument("--nic", default="200mbit", help="each host's NIC rate, tc notation (default 200mbit)")
-    p.add_argument("--size-mb", type=float, default=16, help="the tensor's size in MiB (default 16)")
+    p.add_argument("--nic", default="50mbit", help="each host's NIC rate, tc notation (default 50mbit: 16 hosts' "
+                   "traffic stays well within 2 cores)")
+    p.add_argument("--size-mb", type=float, default=8, help="the tensor's size in MiB (default 8)")
     p.add_argument("--repeat", type=int, default=3, help="timed runs per case after a warm-up (default 3)")
     p.add_argument("--timeout", type=float, default=120, help="seconds any one wait may take (default 120)")
     p.add_argument("--out", default="benchmarks/results/emulated/hosts16", help="where to write results.*")
     p.add_argument("--local", action="store_true",
                    help="every host a process on loopback, no namespaces or shaping (a check of the script, no root)")
+    p.add_argument("--only", default="", help="run only the cases whose label contains this text")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.argv = list(argv if argv is not None else sys.argv[1:])
@@ -172,7 +188,9 @@ def main(argv=None) -> int:
     from alpa_comm.jax.launch import launch
     from alpa_comm.runtime.emulated import netns
 
-    todo = cases(args.hosts, args.devices)
+    todo = [c for c in cases(args.hosts, args.devices) if args.only in c[0]]
+    if not todo:
+        raise SystemExit(f"error: no case label contains {args.only!r}")
     cfg = {"devices": args.devices, "size_mb": args.size_mb, "repeat": args.repeat, "timeout": args.timeout,
            "nic_gbps": netns.rate_gbps(args.nic), "cases": todo}
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
@@ -213,14 +231,18 @@ def report(args, todo, results: list[dict], wall: float) -> None:
         per_run = [max(r["cases"][i]["seconds"][k] for r in results) for k in range(args.repeat)]
         measured = statistics.median(per_run)
         exact = all(r["cases"][i]["exact"] for r in results)
+        retransmits = sum(r["cases"][i]["retransmits"] for r in results)  # per run, all hosts
         simulated = simulate(plans[i]).makespan
         error = simulated / measured - 1
         records.append({"case": label, "strategy": strategy, "src": f"{ss}@{sm}", "dst": f"{ds}@{dm}",
                         "transfers": len(plans[i].transfers), "measured_seconds": measured, "runs": per_run,
-                        "simulated_seconds": simulated, "error": error, "exact": exact})
+                        "simulated_seconds": simulated, "error": error, "exact": exact,
+                        "tcp_retransmits_per_run": retransmits,
+                        "last_run_transfers": {r["rank"]: r["cases"][i]["transfers"][-1] for r in results}})
         rows.append([label, len(plans[i].transfers), f"{measured:.3f}", f"{min(per_run):.3f}-{max(per_run):.3f}",
-                     f"{simulated:.3f}", f"{100 * error:+.1f} %", "yes" if exact else "NO"])
-    text = table(["case", "transfers", "measured (s)", "runs (s)", "simulated (s)", "error", "bit-exact"], rows)
+                     f"{simulated:.3f}", f"{100 * error:+.1f} %", f"{retransmits:.0f}", "yes" if exact else "NO"])
+    text = table(["case", "transfers", "measured (s)", "runs (s)", "simulated (s)", "error", "TCP retransmits a run",
+                  "bit-exact"], rows)
     errs = [abs(r["error"]) for r in records]
     command = " ".join([("" if args.local else "sudo ") + "python benchmarks/emulated_hosts.py", *args.argv])
     where = "local processes on loopback (unshaped)" if args.local else f"emulated hosts ({args.nic} NICs)"
