@@ -402,7 +402,8 @@ class NcclModel:
                 while s.queue:
                     head = s.queue[0]
                     ops = head.ops if isinstance(head, _Group) else [head]
-                    if self._started(ops[0]):  # a group starts as one (rule 3)
+                    lead = next((o for o in ops if o.comm is not None), ops[0])  # an NCCL op, if any (rule 6)
+                    if self._started(lead):  # a group starts as one (rule 3)
                         for op in ops:
                             if not op.done and not op.tried:
                                 self._try(op)

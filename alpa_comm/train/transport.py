@@ -135,11 +135,16 @@ class ReshardMailbox:
         return out
 
     def _result(self, fut: Future, what: str):
+        bound = self._wait_bound()
         try:
-            return fut.result(timeout=2 * self.timeout + 10)
+            return fut.result(timeout=bound)
         except FutureTimeout:
-            raise CommunicationError(f"host {self.host}: {what} did not finish within {2 * self.timeout + 10:g} s") \
-                from None
+            raise CommunicationError(f"host {self.host}: {what} did not finish within {bound:g} s") from None
+
+    def _wait_bound(self) -> float:
+        """How long a RECV (or the step's sends) may take: one transfer's bound here, where
+        every transfer runs on a thread of its own."""
+        return 2 * self.timeout + 10
 
     def flush(self) -> None:
         """Wait for every send of the step (before the step counts as done)."""
@@ -177,7 +182,7 @@ class OrderedMailbox(ReshardMailbox):
         self._step = self.pool.submit(self._run_in_order)
 
     def _run_in_order(self) -> None:
-        wait_s = 2 * self.timeout + 10
+        wait_s = self._wait_bound()  # a SEND comes after the compute before it: as generous as a RECV
         try:
             for name, mb, role in self.order:
                 if role == "recv":
@@ -210,6 +215,11 @@ class OrderedMailbox(ReshardMailbox):
             raise CommunicationError(f"host {self.host}: SEND {name} microbatch {mb} is not in this host's order "
                                      "or came twice")
         slot.set_result(arrays)
+
+    def _wait_bound(self) -> float:
+        """A RECV waits behind every earlier transfer of the step on the one thread, each
+        bounded on its own (the executor's waits, a SEND's hand-over): their bounds added."""
+        return max(1, len(self.order)) * (2 * self.timeout + 10)
 
     def flush(self) -> None:
         step, self._step = self._step, None
