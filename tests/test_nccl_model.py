@@ -70,6 +70,12 @@ def test_the_same_ring_in_one_group_completes():
         assert np.array_equal(got[r], np.full(4, (r - 1) % 3, np.float32))
 
 
+def test_the_backend_and_the_model_agree_on_the_group_limit():
+    from alpa_comm.runtime.backend import NcclBackend
+
+    assert NcclBackend.MAX_GROUP_OPS == M.MAX_GROUP_OPS == 2048
+
+
 @pytest.mark.parametrize("limit", [M.MAX_GROUP_OPS, None])
 def test_a_group_holds_at_most_2048_operations(limit):
     """Rule 3's limit (NCCL 2.9-2.11 API docs): 2,049 sends in one group fail on the model;
@@ -271,6 +277,30 @@ def test_the_executor_keeps_nccl_groups_within_their_limit():
         expect_exact(plan, x, run_plan_on_model(plan, [x], backend=launch_recording_backend(groups))[0])
     assert sum(map(len, groups[0])) == n * chunks
     assert max(map(len, groups[0])) <= M.MAX_GROUP_OPS and len(groups[0]) > 1, [len(g) for g in groups[0]]
+
+
+def test_a_failure_on_nccl_surfaces_instead_of_hanging():
+    """A receive fails on host 1 while a transfer that reads what it delivers (Alpa's
+    follow-up all-gather, ``deps``) waits its turn: the error comes out, no thread hangs."""
+    from alpa_comm.runtime.backend import CommunicationError, Handle, NcclSubgroupBackend
+
+    plan = plan_resharding((64, 8), "float32", "1x2@0", "RR", "2x2@1,2", "S0R", cluster=ClusterSpec(3, 2),
+                           strategy="alpa")
+    assert any(t.deps for t in plan.transfers)
+
+    class FailingOnHost1(NcclSubgroupBackend):
+        def irecv(self, buf, peer, tag):
+            handle = super().irecv(buf, peer, tag)
+            if self.rank != 1:
+                return handle
+
+            def wait(timeout):
+                raise CommunicationError(f"host 1: injected failure receiving from host {peer}")
+            return Handle(wait, handle.what)
+    x = np.arange(64 * 8, dtype=np.float32).reshape(64, 8)
+    with M.install(), pytest.raises(CommunicationError) as caught:
+        run_plan_on_model(plan, [x], backend=FailingOnHost1, timeout=5)
+    assert "did not finish in time" not in str(caught.value), caught.value
 
 
 def test_on_nccl_the_executor_issues_each_pair_in_plan_order():

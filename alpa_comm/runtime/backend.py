@@ -398,6 +398,7 @@ class NcclBackend(Backend):
     """NCCL 2.9-2.11 document at most 2048 operations between groupStart and groupEnd."""
     concurrent = False  # one thread at a time on a communicator
     issue_ordered = True  # matched per peer in issue order: the executor issues in plan order
+    fresh_after_failure = True  # unmatched operations of a failed call would shift every later match
 
     def __init__(self, rank: int, world: int, unique_id, timeout: float = DEFAULT_TIMEOUT_S):
         import cupy  # noqa: PLC0415 - only where a GPU exists
@@ -439,7 +440,8 @@ class NcclBackend(Backend):
 
     def transfer_posted(self) -> None:
         """Past half a group's worth of pending operations, launch them, so that groups end
-        between whole transfers (``_launch_through`` cuts a larger one in issue order)."""
+        between whole transfers where a transfer has fewer than half a group's operations
+        (``_launch_through`` cuts a larger group in issue order)."""
         with self._lock:
             if len(self._pending) >= self.MAX_GROUP_OPS // 2:
                 self.launch_posted()
@@ -455,6 +457,9 @@ class NcclBackend(Backend):
             chosen = [op[0] == "send" or i <= cut for i, op in enumerate(self._pending)]
             group = [op for op, c in zip(self._pending, chosen) if c]
             self._pending = [op for op, c in zip(self._pending, chosen) if not c]
+            # the NCCL stream is non-blocking: it waits for what the caller's stream (packing,
+            # copies) enqueued before these buffers are read or written
+            self.stream.wait_event(self._cupy.cuda.get_current_stream().record())
             for at in range(0, len(group), self.MAX_GROUP_OPS):  # consecutive groups, in issue order
                 part = group[at:at + self.MAX_GROUP_OPS]
                 nccl.groupStart()

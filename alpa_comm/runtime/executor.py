@@ -680,7 +680,8 @@ class HostExecutor:
         ``alone_if_threaded`` (a backend that matches messages between two hosts in issue
         order, not by tag: NCCL) keeps that order on every pair of hosts: a posted transfer
         issues all its operations at once from this thread, in the plan's order, and one
-        that must react to arrivals runs on this thread while nothing later is admitted, so
+        that must react to arrivals (or reads what a transfer still in flight delivers)
+        runs on this thread while nothing later is admitted, so
         on every host each transfer's operations on a pair are issued before any later
         transfer's, and both ends of a pair issue them in one order (every kind issues a
         pair's messages in one order at both ends). The argument above holds with "issued
@@ -689,7 +690,9 @@ class HostExecutor:
         the sends of several transfers progress together): each step holds consecutive
         transfers, so the steps before the one holding the earliest unfinished transfer
         hold only earlier, finished ones, and a stream that runs one step at a time reaches
-        it on every host."""
+        it on every host. A step larger than a backend's group is cut in issue order; the
+        argument then needs a transfer's operations on a pair issued in one order at both
+        ends, which holds: a posted transfer's operations on a pair all go one way."""
         timings: list[TransferTiming] = []
         state = threading.Condition()
         inflight = {"count": 0, "bytes": 0}
@@ -710,8 +713,8 @@ class HostExecutor:
             t0 = time.perf_counter()
             try:
                 for d in t.deps:
-                    if d in ended:
-                        ended[d].wait()
+                    while d in ended and not ended[d].wait(0.05) and not failure:
+                        pass  # a failure elsewhere sets no dependency: stop waiting for it
                 if failure:
                     return
                 self._scoped(t)._run_one(t)
@@ -798,6 +801,9 @@ class HostExecutor:
                 if alone_if_threaded:  # on this thread; its waits launch what is posted before it
                     while posted and not failure and any(d in ended and not ended[d].is_set() for d in t.deps):
                         collect_oldest()  # what it reads arrives in a posted transfer
+                    if failure:
+                        release(t, need)
+                        break
                     launch()
                     one(t, need)
                     continue

@@ -33,7 +33,9 @@ from . import nccl_model as M
 
 ENV = "ALPA_COMM_NCCL_MODEL"
 """``ADDRESS,AUTHKEY_HEX``: where ranks started by a test find the served model."""
-_ERRORS = {"NcclDeadlock": M.NcclDeadlock, "NcclMismatch": M.NcclMismatch}
+_ERRORS = {e.__name__: e for e in (M.NcclDeadlock, M.NcclMismatch, AttributeError, TypeError, ValueError, KeyError,
+                                    IndexError)}
+"""Errors raised again in the client as what they were (others as ``RuntimeError``)."""
 
 
 # ------------------------------------------------------------------- server
@@ -91,7 +93,7 @@ class ModelServer:
             try:
                 conn = self._listener.accept()
                 kind, pid, thread = conn.recv()
-            except (OSError, EOFError):
+            except Exception:  # noqa: BLE001 - a stranger (wrong key, no hello) must not stop the others
                 if self._closed:
                     return
                 continue
@@ -120,6 +122,10 @@ class ModelServer:
     def _serve(self, conn, pid: int) -> None:
         """One client thread's calls, on this thread (which the model takes for it)."""
         M._TLS.space = self._memories.get(pid)
+        if M._TLS.space is None:  # its addresses are not ours: refuse rather than write to them here
+            conn.send(("err", "RuntimeError", f"process {pid} has no memory connection to the NCCL model"))
+            conn.close()
+            return
         functions = {"get_unique_id": lambda: M._ACTIVE.new_uid(), "groupStart": lambda: M._ACTIVE.group_start(),
                      "groupEnd": lambda: M._ACTIVE.group_end(), "get_current_stream": M.get_current_stream,
                      "null_stream": lambda: M.Stream.null}

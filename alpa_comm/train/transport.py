@@ -23,11 +23,12 @@ from __future__ import annotations
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
-from ..pipeline.ir import Schedule
+from ..pipeline.ir import Schedule, ScheduleError
 from ..pipeline.transfer_order import edge_name, transfer_order
 from ..resharding.host_job import HostJob
 from ..runtime.backend import Backend, CommunicationError
@@ -156,6 +157,12 @@ class ReshardMailbox:
             self.pending.clear()
             raise CommunicationError(f"host {self.host}: receives posted but never consumed: {left[:4]}")
 
+    def abandon(self) -> None:
+        """After a failed step (not flushed): forget its transfers, so the next starts afresh
+        (the backend is made anew after a failure where it must be: ``fresh_after_failure``)."""
+        self.pending.clear()
+        self.sends.clear()
+
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
@@ -170,47 +177,45 @@ class OrderedMailbox(ReshardMailbox):
         super().__init__(*args, **kw)
         self.order = list(order)
         self._receives = {(name, mb) for name, mb, role in self.order if role == "recv"}
-        self._handoff: dict[tuple, Future] = {}
-        self._received: dict[tuple, Future] = {}
-        self._step: Future | None = None
+        self._step: _OrderedStep | None = None
 
-    def _begin_step(self) -> None:
-        if self._step is not None:
-            return
-        self._handoff = {(name, mb): Future() for name, mb, role in self.order if role == "send"}
-        self._received = {(name, mb): Future() for name, mb, role in self.order if role == "recv"}
-        self._step = self.pool.submit(self._run_in_order)
+    def _current(self) -> "_OrderedStep":
+        """This step's hand-overs and receipts, its thread started on first use."""
+        if self._step is None:
+            step = _OrderedStep({(n, mb): Future() for n, mb, role in self.order if role == "send"},
+                                {(n, mb): Future() for n, mb, role in self.order if role == "recv"})
+            step.future = self.pool.submit(self._run_in_order, step)
+            self._step = step
+        return self._step
 
-    def _run_in_order(self) -> None:
+    def _run_in_order(self, step: "_OrderedStep") -> None:
+        """One step's transfers in the agreed order, on the step's own thread (it reads only
+        ``step``: a later step has its own)."""
         wait_s = self._wait_bound()  # a SEND comes after the compute before it: as generous as a RECV
         try:
             for name, mb, role in self.order:
                 if role == "recv":
-                    self._received[(name, mb)].set_result(self._run(name, mb, None))
+                    step.received[(name, mb)].set_result(self._run(name, mb, None))
                     continue
                 try:  # the stage hands the arrays over at its SEND action
-                    arrays = self._handoff[(name, mb)].result(timeout=wait_s)
+                    arrays = step.handoff[(name, mb)].result(timeout=wait_s)
                 except FutureTimeout:
                     raise CommunicationError(f"host {self.host}: the SEND of {name} microbatch {mb} did not come "
                                              f"within {wait_s:g} s") from None
                 self._send_task(name, mb, arrays)
         except BaseException as e:  # every RECV still waiting learns why
-            for fut in self._received.values():
-                if not fut.done():
-                    fut.set_exception(e)
+            step.fail(e)
             raise
 
     def post(self, direction: str, src: int, dst: int, mb: int) -> None:
         name = f"{direction}:{src}->{dst}"
         if (name, mb) not in self._receives:
             raise CommunicationError(f"host {self.host}: no transfer {name} microbatch {mb} in this host's order")
-        self._begin_step()
-        self.pending[(name, mb)] = self._received[(name, mb)]
+        self.pending[(name, mb)] = self._current().received[(name, mb)]
 
     def send(self, direction: str, src: int, dst: int, mb: int, arrays: dict) -> None:
         name = f"{direction}:{src}->{dst}"
-        self._begin_step()
-        slot = self._handoff.get((name, mb))
+        slot = self._current().handoff.get((name, mb))
         if slot is None or slot.done():
             raise CommunicationError(f"host {self.host}: SEND {name} microbatch {mb} is not in this host's order "
                                      "or came twice")
@@ -224,8 +229,37 @@ class OrderedMailbox(ReshardMailbox):
     def flush(self) -> None:
         step, self._step = self._step, None
         if step is not None:
-            self._result(step, "this step's transfers")
+            try:
+                self._result(step.future, "this step's transfers")
+            finally:  # a step given up on ends its thread, whatever it was waiting for
+                step.fail(CommunicationError(f"host {self.host}: the step ended before this transfer"))
         super().flush()
+
+    def abandon(self) -> None:
+        """After a failed step (not flushed): its thread stops at its next hand-over, and the
+        next step starts afresh."""
+        step, self._step = self._step, None
+        if step is not None:
+            step.fail(CommunicationError(f"host {self.host}: the step was abandoned"))
+        super().abandon()
+
+    def close(self) -> None:
+        self.abandon()
+        super().close()
+
+
+@dataclass
+class _OrderedStep:
+    """One step of an ``OrderedMailbox``: the SENDs' hand-overs and the RECVs' receipts."""
+
+    handoff: dict[tuple, Future]
+    received: dict[tuple, Future]
+    future: Future | None = None
+
+    def fail(self, error: BaseException) -> None:
+        for fut in (*self.handoff.values(), *self.received.values()):
+            if not fut.done():
+                fut.set_exception(error)
 
 
 def ordered_transfers(schedule: Schedule, stage: int, edges: set[str]) -> list[tuple[str, int, str]]:
@@ -233,7 +267,10 @@ def ordered_transfers(schedule: Schedule, stage: int, edges: set[str]) -> list[t
     "send" or "recv"), keeping the edges this host has a job for (``edges``)."""
     out = []
     for key in transfer_order(schedule):
-        name, mb, src, dst = edge_name(key), key[1], key[2], key[3]
+        name, mb, src, dst, boundary = edge_name(key), key[1], key[2], key[3], key[4]
+        if boundary is not None:
+            raise ScheduleError(f"{name}: the transport keys transfers by edge and microbatch; schedules over "
+                                "virtual stages are not supported")
         if name in edges and stage in (src, dst):
             out.append((name, mb, "send" if stage == src else "recv"))
     return out

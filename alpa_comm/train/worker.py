@@ -175,11 +175,15 @@ class PipelineWorker(HostWorker):
         self.runner.begin(self.params, mbs)
         self.mailbox.events = []
         peer = self.schedule.peer
-        for a in self.actions:
-            if a.kind.is_recv:
-                self.mailbox.post(a.kind[-1], peer(self.stage, a), self.stage, a.mb)
-        for a in self.actions:
-            self.runner.run(a, peer(self.stage, a), block=True)
+        try:
+            for a in self.actions:
+                if a.kind.is_recv:
+                    self.mailbox.post(a.kind[-1], peer(self.stage, a), self.stage, a.mb)
+            for a in self.actions:
+                self.runner.run(a, peer(self.stage, a), block=True)
+        except BaseException:
+            self.mailbox.abandon()  # the next step must not meet this one's transfers
+            raise
         self.mailbox.flush()
         record = self.runner.finish()
         t0 = time.time()
