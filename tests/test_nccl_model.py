@@ -164,19 +164,11 @@ def test_a_rank_that_never_joins_is_reported_not_hung():
 
 # ----------------------------------------------------------- today's backend, caught
 def ungrouped_backend():
-    """The NCCL backend as it was: every send and receive launched at once, in a group of
-    its own, on the one stream."""
-    from alpa_comm.runtime.backend import Handle, NcclSubgroupBackend
+    """The NCCL backend as it was (``alpa_comm.testing.ungrouped_nccl``), among some hosts."""
+    from alpa_comm.runtime.backend import NcclSubgroupBackend
+    from alpa_comm.testing.ungrouped_nccl import ungrouped
 
-    class Ungrouped(NcclSubgroupBackend):
-        def _post(self, kind, buf, peer, what):
-            op = [kind, buf, peer, None]
-            with self._lock:
-                self._pending.append(op)
-                self._launch_through(op)
-            return Handle(lambda timeout: self._wait_event(op[3], timeout, f"{what} host {peer}"),
-                          f"{what} host {peer}")
-    return Ungrouped
+    return ungrouped(NcclSubgroupBackend)
 
 
 def test_the_ungrouped_backend_deadlocks_on_the_ring_all_reduce():

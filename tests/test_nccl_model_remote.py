@@ -15,19 +15,11 @@ import numpy as np
 from alpa_comm.testing.nccl_model_remote import connect_from_env
 assert connect_from_env()
 import cupy
-from alpa_comm.runtime.backend import Handle, NcclBackend
-
-class Ungrouped(NcclBackend):
-    """The backend as it was: every send and receive launched at once, a group of its own."""
-    def _post(self, kind, buf, peer, what):
-        op = [kind, buf, peer, None]
-        with self._lock:
-            self._pending.append(op)
-            self._launch_through(op)
-        return Handle(lambda timeout: self._wait_event(op[3], timeout, f"{what} host {peer}"), f"{what} host {peer}")
+from alpa_comm.runtime.backend import NcclBackend
+from alpa_comm.testing.ungrouped_nccl import ungrouped
 
 rank, world, uid, kind = int(sys.argv[1]), int(sys.argv[2]), tuple(map(int, sys.argv[3].split(","))), sys.argv[4]
-backend = (Ungrouped if kind == "ungrouped" else NcclBackend)(rank, world, uid, timeout=20)
+backend = (ungrouped(NcclBackend) if kind == "ungrouped" else NcclBackend)(rank, world, uid, timeout=20)
 flat = cupy.asarray(np.arange(1001, dtype=np.float32) * (rank + 1))
 try:
     backend.allreduce_sum(flat, list(range(world)), 0)

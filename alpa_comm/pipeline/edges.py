@@ -37,6 +37,11 @@ def spec_text(layout: str, ndim: int) -> str:
     return ("S01" if layout == OUT else "S0") + "R" * (ndim - 1)
 
 
+def edge_name(direction: str, src: int, dst: int) -> str:
+    """The name of the edge ``direction`` ("F" or "B") from stage ``src`` to ``dst``: "F:0->1"."""
+    return f"{direction}:{src}->{dst}"
+
+
 def stage_hosts(stage: int, dp: int) -> list[int]:
     return list(range(stage * dp, stage * dp + dp))
 
@@ -57,7 +62,7 @@ class Edge:
 
     @property
     def name(self) -> str:
-        return f"{self.direction}:{self.src}->{self.dst}"
+        return edge_name(self.direction, self.src, self.dst)
 
 
 def model_edges(consumes: list[dict[str, int]]) -> list[Edge]:

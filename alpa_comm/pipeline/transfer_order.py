@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import heapq
 
+from .edges import edge_name
 from .ir import Schedule, ScheduleError
 
 TransferKey = tuple  # (direction "F"/"B", microbatch, source stage, destination stage, model-stage edge or None)
@@ -80,10 +81,5 @@ def _once(at: dict, key: TransferKey, pos: int, stage: int, a) -> None:
 
 
 def _name(key: TransferKey) -> str:
-    return f"{edge_name(key)} microbatch {key[1]}"
-
-
-def edge_name(key: TransferKey) -> str:
-    """The trainer's name of the edge a transfer rides ("F:0->1")."""
-    direction, _, src, dst, _ = key
-    return f"{direction}:{src}->{dst}"
+    direction, mb, src, dst, _ = key
+    return f"{edge_name(direction, src, dst)} microbatch {mb}"

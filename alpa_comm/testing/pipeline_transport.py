@@ -15,7 +15,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..pipeline.edges import edge_plans, model_edges, stage_hosts
+from ..pipeline.edges import edge_name, edge_plans, model_edges, stage_hosts
 from ..pipeline.ir import Schedule
 from ..resharding.host_job import HostJob
 from ..topology import ClusterSpec
@@ -102,7 +102,7 @@ def _step(schedule: Schedule, stage: int, box, jobs, edge_keys, arrays, cupy) ->
             continue
         p = peer(stage, a)
         src, dst = (stage, p) if a.kind.is_send else (p, stage)
-        name = f"{a.kind[-1]}:{src}->{dst}"
+        name = edge_name(a.kind[-1], src, dst)
         if a.kind.is_send:
             box.send(a.kind[-1], stage, p, a.mb,
                      {key: {d: cupy.asarray(b) for d, b in box.layouts[name][i][0].source_shards(

@@ -29,7 +29,8 @@ from typing import Callable
 import numpy as np
 
 from ..pipeline.ir import Schedule, ScheduleError
-from ..pipeline.transfer_order import edge_name, transfer_order
+from ..pipeline.edges import edge_name
+from ..pipeline.transfer_order import transfer_order
 from ..resharding.host_job import HostJob
 from ..runtime.backend import Backend, CommunicationError
 from ..runtime.executor import TAGS_PER_TRANSFER, HostExecutor, Layout
@@ -109,7 +110,7 @@ class ReshardMailbox:
     # ---------------------------------------------------------------- mailbox
     def post(self, direction: str, src: int, dst: int, mb: int) -> None:
         """Start receiving (called for every RECV of the step before it runs)."""
-        name = f"{direction}:{src}->{dst}"
+        name = edge_name(direction, src, dst)
         if name not in self.jobs:
             raise CommunicationError(f"host {self.host}: no plan for edge {name}")
         key = (name, mb)
@@ -117,13 +118,13 @@ class ReshardMailbox:
             self.pending[key] = self.pool.submit(self._run, name, mb, None)
 
     def send(self, direction: str, src: int, dst: int, mb: int, arrays: dict) -> None:
-        name = f"{direction}:{src}->{dst}"
+        name = edge_name(direction, src, dst)
         if name not in self.jobs:
             raise CommunicationError(f"host {self.host}: no plan for edge {name}")
         self.sends.append(self.pool.submit(self._send_task, name, mb, arrays))
 
     def recv(self, direction: str, src: int, dst: int, mb: int, block: bool = True) -> dict | None:
-        name = f"{direction}:{src}->{dst}"
+        name = edge_name(direction, src, dst)
         self.post(direction, src, dst, mb)
         fut = self.pending[(name, mb)]
         if not block and not fut.done():
@@ -208,13 +209,13 @@ class OrderedMailbox(ReshardMailbox):
             raise
 
     def post(self, direction: str, src: int, dst: int, mb: int) -> None:
-        name = f"{direction}:{src}->{dst}"
+        name = edge_name(direction, src, dst)
         if (name, mb) not in self._receives:
             raise CommunicationError(f"host {self.host}: no transfer {name} microbatch {mb} in this host's order")
         self.pending[(name, mb)] = self._current().received[(name, mb)]
 
     def send(self, direction: str, src: int, dst: int, mb: int, arrays: dict) -> None:
-        name = f"{direction}:{src}->{dst}"
+        name = edge_name(direction, src, dst)
         slot = self._current().handoff.get((name, mb))
         if slot is None or slot.done():
             raise CommunicationError(f"host {self.host}: SEND {name} microbatch {mb} is not in this host's order "
@@ -267,7 +268,8 @@ def ordered_transfers(schedule: Schedule, stage: int, edges: set[str]) -> list[t
     "send" or "recv"), keeping the edges this host has a job for (``edges``)."""
     out = []
     for key in transfer_order(schedule):
-        name, mb, src, dst, boundary = edge_name(key), key[1], key[2], key[3], key[4]
+        direction, mb, src, dst, boundary = key
+        name = edge_name(direction, src, dst)
         if boundary is not None:
             raise ScheduleError(f"{name}: the transport keys transfers by edge and microbatch; schedules over "
                                 "virtual stages are not supported")
