@@ -105,10 +105,10 @@ def models(draw):
     has_weight_matmul = any(k in WEIGHTED for k in kinds)
     # XLA counts 2*M*N*K per dot: each dense weight's x^T dy, which BI must not do
     rows = b * length
-    dw_flops = sum(2 * rows * lp["w"].shape[0] * lp["w"].shape[1] for (kind, _), lp in zip(plan, params["layers"])
-                   if kind in ("dense", "jit_dense", "remat_dense"))
-    dw_flops += sum(2 * rows * width * width for kind, _ in plan if kind == "tied")
-    return fn, params, (x, tokens), (has_weight_matmul, dw_flops)
+    products = [2 * rows * lp["w"].shape[0] * lp["w"].shape[1] for (kind, _), lp in zip(plan, params["layers"])
+                if kind in ("dense", "jit_dense", "remat_dense")]
+    products += [2 * rows * width * width for kind, _ in plan if kind == "tied"]
+    return fn, params, (x, tokens), (has_weight_matmul, products)
 
 
 def _cotangents(out, seed=1):
@@ -164,7 +164,8 @@ def test_the_input_half_skips_the_weight_gradient_work(model):
     """XLA's flop counts: BI + BW never exceed the whole backward (nothing is recomputed;
     on tiny element-wise programs XLA compiled alone may simplify more, so "at most"),
     and BI is cheaper wherever a weight gradient is a product (matmul or convolution)."""
-    fn, params, inputs, (has_weight_matmul, dw_flops) = model
+    fn, params, inputs, (has_weight_matmul, products) = model
+    dw_flops = sum(products)
     out, pullback = jax.vjp(fn, params, *inputs)
     ct = _cotangents(out)
     _, bi, bw = split_vjp(fn, params, *inputs)
@@ -175,7 +176,10 @@ def test_the_input_half_skips_the_weight_gradient_work(model):
     assert first + second <= 1.05 * full + 64
     if has_weight_matmul and dw_flops >= 512:  # XLA rewrites and counts tiny products its own way
         assert first < full
-        assert full - first >= 0.9 * dw_flops - 64  # the dense weights' x^T dy left BI
+        # the dense weights' x^T dy left BI: judged on the products of at least 512 flops each
+        # (CI once drew small products totalling 540 flops of which XLA counted 408 as moved)
+        big = sum(f for f in products if f >= 512)
+        assert full - first >= 0.9 * big - 64
 
 
 def test_a_deep_mlp_moves_exactly_its_weight_matmuls():
