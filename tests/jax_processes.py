@@ -7,7 +7,9 @@ ids in alpa_comm's numbering (process * devices + position); optional ``"tree"``
 list of cases moved by one ``reshard_tree``), ``"kill"`` (a rank that exits instead of
 taking part), ``"wire"``/``"out_dtype"`` (``wire_dtype``/``dtype`` of the call),
 ``"bucket"`` (a tree's ``bucket_bytes``), ``"strategy"`` (the transfer kind),
-``"buffers": "device"`` (a group that hands shards over by DLPack), ``"backend": "nccl"``
+``"buffers": "device"`` (a group that hands shards over by DLPack), ``"into": true``
+(received into previous arrays of the destination sharding, ``out=``: the results must be
+those very objects), ``"backend": "nccl"``
 (device buffers over ``NcclSubgroupBackend``: the test serves the NCCL model,
 ``alpa_comm.testing.nccl_model_remote``, and every process is its client)."""
 from __future__ import annotations
@@ -76,10 +78,17 @@ for c, case in enumerate(cases):
                 from alpa_comm.jax import ProcessGroup
                 groups["device"] = ProcessGroup.from_jax(buffers="device")
             extra["group"] = groups["device"]
+        olds = None
+        if case.get("into"):  # the previous weights: another value, same sharding; received into
+            olds = [jax.make_array_from_callback(tuple(p["shape"]), d, lambda idx, r=r: (r[idx] + 1).astype(r.dtype),
+                                                 dtype=r.dtype) for p, d, r in zip(parts, dsts, refs)]
+            extra["out"] = olds if "tree" in case else olds[0]
         if "tree" in case:
             ys = reshard_tree(xs, given, **extra)
         else:
             ys = [reshard(xs[0], given[0], **extra)]
+        if olds is not None and any(y is not o for y, o in zip(ys, olds)):
+            raise AssertionError("out= returned other arrays than it was given")
     except CommunicationError as e:
         out.append({"error": str(e), "seconds": time.monotonic() - t0})
         continue

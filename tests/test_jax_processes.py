@@ -58,7 +58,7 @@ def cases(draw):
         lcm = a * b // __import__("math").gcd(a, b)
         shape.append(lcm * draw(st.integers(1, 3)))
     return {"shape": shape, "dtype": draw(st.sampled_from(["float32", "int32", "float64", "int8"])),
-            "src": src, "dst": dst, "buffers": draw(st.sampled_from(["host", "device"]))}
+            "src": src, "dst": dst, "buffers": draw(st.sampled_from(["host", "device"])), "into": draw(st.booleans())}
 
 
 def _check(results, cases_):
@@ -87,10 +87,11 @@ def trees(draw):
     (``ProgressivePlacer``). On CPU devices the result aliases the received buffer, so
     bytes written after an early placement would still show; bfloat16 on the wire makes
     placement a cast (a copy), where a leaf placed too early shows as wrong bytes."""
-    leaves = [{k: v for k, v in c.items() if k != "buffers"}
+    leaves = [{k: v for k, v in c.items() if k not in ("buffers", "into")}
               for c in draw(st.lists(cases(), min_size=2, max_size=6))]
-    return {"tree": leaves, "bucket": draw(st.sampled_from([64, 256, 4096, "auto"])),
-            "wire": draw(st.sampled_from([None, "bfloat16"])), "out_dtype": None}
+    wire = draw(st.sampled_from([None, "bfloat16"]))
+    return {"tree": leaves, "bucket": draw(st.sampled_from([64, 256, 4096, "auto"])), "wire": wire, "out_dtype": None,
+            "into": wire is None and draw(st.booleans())}
 
 
 GATHERED = [  # every destination shard gathers pieces from two senders: two writers a leaf
@@ -99,12 +100,13 @@ GATHERED = [  # every destination shard gathers pieces from two senders: two wri
               {"shape": [64], "dtype": "float32", "src": {"ids": [[0, 2], [1, 3]], "axes": ["a", "b"], "spec": "S01"},
                "dst": {"ids": [[4, 5]], "axes": ["a", "b"], "spec": "S1"}}],
      "bucket": None, "wire": "bfloat16", "out_dtype": None}]
+INTO = [{**GATHERED[0], "wire": None, "into": True}]  # the same, received into the previous arrays
 
 
 @settings(max_examples=2, deadline=None, phases=[Phase.explicit, Phase.generate],
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(st.lists(trees(), min_size=4, max_size=4))
-@example(GATHERED * 4)
+@example(GATHERED * 2 + INTO * 2)
 def test_random_trees_are_bit_exact_whatever_the_buckets(batch):
     _check(jax_processes.run(WORLD, DEVICES, batch), batch)
 

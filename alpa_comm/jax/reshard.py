@@ -28,29 +28,37 @@ from ..resharding import plan_resharding
 from ..resharding.host_job import HostJob
 from ..resharding.tree import plan_resharding_tree, tree_flatten, tree_unflatten
 from ..runtime.backend import CommunicationError
-from ..runtime.executor import HostExecutor, Layout, SlabLayout, numpy_dtype, slab_regions
+from ..resharding.admission import MAX_INFLIGHT_BYTES
+from ..resharding.coalesce import bucket_option
+from ..runtime.executor import HostExecutor, Layout, SlabLayout, check_positive, numpy_dtype, slab_regions
 from ..spec import ShardingSpec
 from ..topology import ClusterSpec
 from . import programs
 from .buffers import buffers_for
 from .group import ProcessGroup, default_group
+from .into import check_out, forget_host_copies, writable_shards
 from .placement import JaxHosts, named_sharding, placement
 
 
 def reshard(x, dst, *, group: ProcessGroup | None = None, strategy: str = "broadcast",
-            wire_dtype=None, dtype=None, timeout: float | None = None):
+            wire_dtype=None, dtype=None, timeout: float | None = None, out=None,
+            max_inflight_bytes: int | None = None):
     """``x`` (a global ``jax.Array`` with a ``NamedSharding``) on ``dst`` (a
-    ``NamedSharding``, or ``(mesh, "S01R")``), as this process sees it. ``wire_dtype``
-    and ``dtype``: as for ``reshard_tree``. Between separate JAX programs a process that
-    only sends passes ``dst=None`` (and gets None), one that only receives ``x=None``."""
-    out = reshard_tree(None if x is None else {"x": x}, None if dst is None else {"x": dst}, group=group,
-                       strategy=strategy, timeout=timeout, bucket_bytes=None, wire_dtype=wire_dtype, dtype=dtype)
-    return None if out is None else out["x"]
+    ``NamedSharding``, or ``(mesh, "S01R")``), as this process sees it. ``wire_dtype``,
+    ``dtype``, ``out`` and ``max_inflight_bytes``: as for ``reshard_tree``. Between
+    separate JAX programs a process that only sends passes ``dst=None`` (and gets None),
+    one that only receives ``x=None``."""
+    if dst is None and out is not None:
+        dst = out.sharding
+    got = reshard_tree(None if x is None else {"x": x}, None if dst is None else {"x": dst}, group=group,
+                       strategy=strategy, timeout=timeout, bucket_bytes=None, wire_dtype=wire_dtype, dtype=dtype,
+                       out=None if out is None else {"x": out}, max_inflight_bytes=max_inflight_bytes)
+    return None if got is None else got["x"]
 
 
 def reshard_tree(tree, dst_tree, *, group: ProcessGroup | None = None, strategy: str = "broadcast",
                  bucket_bytes: int | str | None = "auto", wire_dtype=None, dtype=None,
-                 timeout: float | None = None):
+                 timeout: float | None = None, out=None, max_inflight_bytes: int | None = None):
     """Every ``jax.Array`` leaf of ``tree`` onto the sharding at the same place in
     ``dst_tree`` (nested dicts/lists/tuples), in one jointly balanced plan (small arrays
     that travel the same way packed into one message up to ``bucket_bytes``).
@@ -64,17 +72,32 @@ def reshard_tree(tree, dst_tree, *, group: ProcessGroup | None = None, strategy:
     trainer and of inference engines; see ``programs``), a process passes what it has:
     ``tree`` where it holds the source arrays, ``dst_tree`` (shardings in its own program)
     where it receives, None for the side it is not on; every member of the group calls.
-    The sources' ``wire_dtype`` decides the wire type."""
+    The sources' ``wire_dtype`` decides the wire type.
+
+    ``out`` (a tree like ``dst_tree`` of ``jax.Array``s with the results' shapes, types
+    and shardings, e.g. the previous step's weights): received into their memory and
+    returned (the same objects, new values), so a receiver holds no second copy of the
+    model (``into``); ``dst_tree`` may then be None (``out``'s shardings). The caller
+    gives those arrays up, as with ``donate_argnums``.
+
+    ``max_inflight_bytes`` (default ``MAX_INFLIGHT_BYTES``, 256 MiB): beyond the source
+    arrays and the results, the buffers this process makes for the call (packed buckets,
+    receives that cannot land in place) stay within it; buckets are at most half of it,
+    so the next is packed while the previous is on the wire."""
+    budget = check_positive("max_inflight_bytes", max_inflight_bytes, MAX_INFLIGHT_BYTES)
+    if out is not None and dst_tree is None:
+        dst_tree = tree_unflatten(out, [y.sharding for _, y in tree_flatten(out)])
     with gc_paused():  # no collection pass stalls the wire mid-call (see gc_pause)
-        return _reshard_tree(tree, dst_tree, group, strategy, bucket_bytes, wire_dtype, dtype, timeout)
+        return _reshard_tree(tree, dst_tree, group, strategy, bucket_bytes, wire_dtype, dtype, timeout, out, budget)
 
 
-def _reshard_tree(tree, dst_tree, group, strategy, bucket_bytes, wire_dtype, dtype, timeout):
+def _reshard_tree(tree, dst_tree, group, strategy, bucket_bytes, wire_dtype, dtype, timeout, out, budget):
     import jax  # noqa: PLC0415
 
     group = group or default_group()
     if tree is None or dst_tree is None or group.world_size != jax.process_count():
-        return _reshard_between_programs(tree, dst_tree, group, strategy, bucket_bytes, wire_dtype, dtype, timeout)
+        return _reshard_between_programs(tree, dst_tree, group, strategy, bucket_bytes, wire_dtype, dtype, timeout,
+                                         out, budget)
     if group.rank != jax.process_index():
         raise InvalidOptionError(f"group rank {group.rank} is not this process's JAX process index "
                                  f"{jax.process_index()}: in one JAX program, rank p must be process p")
@@ -83,14 +106,23 @@ def _reshard_tree(tree, dst_tree, group, strategy, bucket_bytes, wire_dtype, dty
     if set(dsts) != {p for p, _ in leaves}:
         raise InvalidOptionError(f"the destination tree's leaves {sorted(dsts)} do not match the array tree's "
                                  f"{sorted(p for p, _ in leaves)}")
-    prep = _prepare(leaves, dsts, group, strategy, bucket_bytes, wire_dtype)
+    prep = _prepare(leaves, dsts, group, strategy, bucket_bytes, wire_dtype, budget)
     io = buffers_for(group.buffers, prep.hosts, group.pool)
+    layouts = io.layouts(prep.layouts)
+    into = None
+    if out is not None:
+        paths = [p for p, _ in leaves]
+        into = _into(out, paths, [(x.shape, _want(dtype) or x.dtype) for _, x in leaves], prep.shardings,
+                     prep.wires, layouts, prep.hosts, io)
     src = ([io.sources(x, prep.hosts, wire) for (_, x), wire in zip(leaves, prep.wires)] if prep.sends
            else [{}] * len(leaves))  # a process that only receives reads no shards
+    if into is not None:
+        _run(prep, layouts, src, group, timeout, io, dst=into.buffers, budget=budget)
+        return tree_unflatten(tree, into.results(io))
     placer = io.placer([(x.shape, x.dtype) for _, x in leaves], _want(dtype), prep.shardings, prep.hosts,
                        prep.wires, prep.writers)
     try:
-        _run(prep, io.layouts(prep.layouts), src, group, timeout, io, placer)
+        _run(prep, layouts, src, group, timeout, io, placer, budget=budget)
     except BaseException:
         placer.close()
         raise
@@ -101,19 +133,21 @@ def _want(dtype):
     return None if dtype is None else numpy_dtype(dtype) if isinstance(dtype, str) else np.dtype(dtype)
 
 
-def _run(share: "_Share", layouts, src, group: ProcessGroup, timeout, io, placer=None) -> list[dict]:
+def _run(share: "_Share", layouts, src, group: ProcessGroup, timeout, io, placer=None, dst=None,
+         budget: int | None = None) -> list[dict]:
     """This host's share of a plan over the group's subgroup of its participants, in the
-    memory ``io`` keeps buffers in; returns the received buffers per leaf (``placer``, if
-    given, sees them first and each transfer as it ends). A failure names the peer and
-    the group's first failure."""
+    memory ``io`` keeps buffers in (or into ``dst``, per leaf: device -> buffer, e.g. the
+    previous weights); returns the received buffers per leaf (``placer``, if given, sees
+    them first and each transfer as it ends). ``budget``: the executor's
+    ``max_inflight_bytes``. A failure names the peer and the group's first failure."""
     job = share.job
-    dst, in_place = io.destinations(layouts, share)
+    dst, in_place = io.destinations(layouts, share) if dst is None else (dst, {})
     if placer is not None:
         placer.start(dst)
     backend = group.backend(share.participants)
     try:
         HostExecutor(group.rank, layouts, src, dst, backend, job.host_of, timeout or group.timeout,
-                     job.min_rate, xp=io.xp, latency_s=job.latency_s, in_place=in_place,
+                     job.min_rate, xp=io.xp, latency_s=job.latency_s, in_place=in_place, max_inflight_bytes=budget,
                      on_done=None if placer is None else placer.done).run(job.transfers)
     except CommunicationError as e:
         first = backend.report_failure(str(e))
@@ -126,7 +160,7 @@ def _run(share: "_Share", layouts, src, group: ProcessGroup, timeout, io, placer
 
 
 def _reshard_between_programs(tree, dst_tree, group: ProcessGroup, strategy, bucket_bytes, wire_dtype, dtype,
-                              timeout):
+                              timeout, out=None, budget: int = MAX_INFLIGHT_BYTES):
     """``reshard_tree`` where the two sides are different JAX programs (``programs``):
     exchange descriptions, plan the merged picture, run this process's share, and return
     the destination tree as this program sees it (None for a process that only sends)."""
@@ -142,22 +176,58 @@ def _reshard_between_programs(tree, dst_tree, group: ProcessGroup, strategy, buc
     mine = {"first": hosts.first_host, "devices_per_host": hosts.devices_per_host, "src": src_desc,
             "dst": None if dst_tree is None else {path: programs.describe_sharding(d, hosts) for path, d in dst_leaves}}
     picture = programs.merge(group.exchange(programs.TOPIC, json.dumps(mine, sort_keys=True)))
-    key = (_group_key(group), strategy, bucket_bytes, json.dumps(picture, sort_keys=True))
-    prep = _cached(key, lambda: _prepare_programs(picture, group, strategy, bucket_bytes))
+    key = (_group_key(group), strategy, bucket_bytes, budget, json.dumps(picture, sort_keys=True))
+    prep = _cached(key, lambda: _prepare_programs(picture, group, strategy, bucket_bytes, budget))
     xs = dict(leaves)
     io = buffers_for(group.buffers, hosts, group.pool)
-    src = [io.sources(xs[path], hosts, numpy_dtype(wire)) if path in xs else {} for path, _, wire in prep.moves]
-    dst = _run(prep, io.layouts(prep.layouts), src, group, timeout, io)
-    if dst_tree is None:
-        return None
+    layouts = io.layouts(prep.layouts)
     shapes = {path: (tuple(d["shape"]), numpy_dtype(d["dtype"])) for path, d in picture["src"]}
     wires = {path: numpy_dtype(d["wire"]) for path, d in picture["src"]}
     ours = {path: i for i, (path, first, _) in enumerate(prep.moves) if first == hosts.first_host}
     paths = [path for path, _ in dst_leaves]
     shardings = [named_sharding(d, len(shapes[path][0])) for path, d in dst_leaves]
-    out = io.place([shapes[p] for p in paths], _want(dtype), shardings, [dst[ours[p]] for p in paths], hosts,
+    into, given = None, None
+    if out is not None and dst_tree is not None:
+        into = _into(out, paths, [(shapes[p][0], _want(dtype) or shapes[p][1]) for p in paths], shardings,
+                     [wires[p] for p in paths], [layouts[ours[p]] for p in paths], hosts, io)
+        given = [{} for _ in prep.moves]
+        for p, bufs in zip(paths, into.buffers):
+            given[ours[p]] = bufs
+    src = [io.sources(xs[path], hosts, numpy_dtype(wire)) if path in xs else {} for path, _, wire in prep.moves]
+    dst = _run(prep, layouts, src, group, timeout, io, dst=given, budget=budget)
+    if dst_tree is None:
+        return None
+    if into is not None:
+        return tree_unflatten(dst_tree, into.results(io), is_leaf=_is_notation_pair)
+    got = io.place([shapes[p] for p in paths], _want(dtype), shardings, [dst[ours[p]] for p in paths], hosts,
                    [wires[p] for p in paths])
-    return tree_unflatten(dst_tree, out, is_leaf=_is_notation_pair)
+    return tree_unflatten(dst_tree, got, is_leaf=_is_notation_pair)
+
+
+class _Into:
+    """The previous arrays a call receives into (``into``): per leaf, device -> a writable
+    view of the shard's memory; ``results`` gives the arrays back once the bytes are in."""
+
+    def __init__(self, arrays: list, buffers: list):
+        self.arrays, self.buffers = arrays, buffers
+
+    def results(self, io) -> list:
+        if io.xp is not np and hasattr(io.xp, "cuda"):  # the executor's streams wrote them: wait for them
+            io.xp.cuda.runtime.deviceSynchronize()
+        for y in self.arrays:
+            forget_host_copies(y)
+        return self.arrays
+
+
+def _into(out, paths: list, results: list, shardings: list, wires: list, layouts: list, hosts, io) -> _Into:
+    """``out``'s leaves checked against the results they take in place (``into.check_out``,
+    each refusal naming the leaf) and their shards as writable destination buffers."""
+    given = dict(tree_flatten(out))
+    if set(given) != set(paths):
+        raise InvalidOptionError(f"out's leaves {sorted(given)} do not match the destination tree's {sorted(paths)}")
+    arrays = [given[p] for p in paths]
+    check_out(arrays, paths, [s for s, _ in results], [t for _, t in results], shardings, wires)
+    return _Into(arrays, [writable_shards(y, hosts, lay.dtype, io.xp) for y, lay in zip(arrays, layouts)])
 
 
 @dataclass
@@ -235,7 +305,13 @@ def _cached(key, make):
     return hit
 
 
-def _prepare_programs(picture: dict, group: ProcessGroup, strategy, bucket_bytes) -> _ProgramsPrepared:
+def _within(bucket_bytes, cluster: ClusterSpec, budget: int):
+    """The bucket size asked for, at most half the memory budget (double-buffered)."""
+    bucket = bucket_option(bucket_bytes, cluster)
+    return None if bucket is None else max(1, min(bucket, budget // 2))
+
+
+def _prepare_programs(picture: dict, group: ProcessGroup, strategy, bucket_bytes, budget: int) -> _ProgramsPrepared:
     dph = picture["devices_per_host"]
     moves, reshardings = [], []
     for path, s in picture["src"]:
@@ -246,8 +322,9 @@ def _prepare_programs(picture: dict, group: ProcessGroup, strategy, bucket_bytes
             moves.append((path, int(first), s["wire"]))
             reshardings.append(Resharding.between(tuple(s["shape"]), s["wire"], src_mesh, src_spec, dst_mesh,
                                                   dst_spec))
-    plan = plan_resharding_tree(reshardings, cluster=_cluster(group, dph), strategy=strategy,
-                                bucket_bytes=bucket_bytes)
+    cluster = _cluster(group, dph)
+    plan = plan_resharding_tree(reshardings, cluster=cluster, strategy=strategy,
+                                bucket_bytes=_within(bucket_bytes, cluster, budget))
     return _ProgramsPrepared(**vars(_Share.of(plan, group.rank)), moves=moves)
 
 
@@ -266,13 +343,15 @@ _PREPARED: OrderedDict = OrderedDict()
 PREPARED_CACHE_SIZE = 64
 
 
-def _prepare(leaves, dsts: dict, group: ProcessGroup, strategy: str, bucket_bytes, wire_dtype) -> _Prepared:
-    key = (_group_key(group), strategy, bucket_bytes, str(wire_dtype),
+def _prepare(leaves, dsts: dict, group: ProcessGroup, strategy: str, bucket_bytes, wire_dtype,
+             budget: int) -> _Prepared:
+    key = (_group_key(group), strategy, bucket_bytes, str(wire_dtype), budget,
            tuple((path, x.shape, x.dtype, x.sharding, _hashable(dsts[path])) for path, x in leaves))
-    return _cached(key, lambda: _prepare_afresh(leaves, dsts, group, strategy, bucket_bytes, wire_dtype))
+    return _cached(key, lambda: _prepare_afresh(leaves, dsts, group, strategy, bucket_bytes, wire_dtype, budget))
 
 
-def _prepare_afresh(leaves, dsts: dict, group: ProcessGroup, strategy: str, bucket_bytes, wire_dtype) -> _Prepared:
+def _prepare_afresh(leaves, dsts: dict, group: ProcessGroup, strategy: str, bucket_bytes, wire_dtype,
+                    budget: int) -> _Prepared:
     import jax  # noqa: PLC0415
 
     hosts = JaxHosts(jax.devices())
@@ -294,7 +373,8 @@ def _prepare_afresh(leaves, dsts: dict, group: ProcessGroup, strategy: str, buck
         plan = plan_resharding(m.shape, m.dtype, m.src_mesh, m.src_spec, m.dst_mesh, m.dst_spec, cluster=cluster,
                                strategy=strategy)
     else:  # a list keeps the leaves in order: plan leaf i is leaves[i]
-        plan = plan_resharding_tree(moves, cluster=cluster, strategy=strategy, bucket_bytes=bucket_bytes)
+        plan = plan_resharding_tree(moves, cluster=cluster, strategy=strategy,
+                                    bucket_bytes=_within(bucket_bytes, cluster, budget))
     return _Prepared(**vars(_Share.of(plan, group.rank)), hosts=hosts, shardings=shardings, wires=wires)
 
 
