@@ -324,7 +324,7 @@ def _prepare_programs(picture: dict, group: ProcessGroup, strategy, bucket_bytes
                                                   dst_spec))
     cluster = _cluster(group, dph)
     plan = plan_resharding_tree(reshardings, cluster=cluster, strategy=strategy,
-                                bucket_bytes=_within(bucket_bytes, cluster, budget))
+                                bucket_bytes=_within(bucket_bytes, cluster, budget), max_inflight_bytes=budget)
     return _ProgramsPrepared(**vars(_Share.of(plan, group.rank)), moves=moves)
 
 
@@ -374,7 +374,7 @@ def _prepare_afresh(leaves, dsts: dict, group: ProcessGroup, strategy: str, buck
                                strategy=strategy)
     else:  # a list keeps the leaves in order: plan leaf i is leaves[i]
         plan = plan_resharding_tree(moves, cluster=cluster, strategy=strategy,
-                                    bucket_bytes=_within(bucket_bytes, cluster, budget))
+                                    bucket_bytes=_within(bucket_bytes, cluster, budget), max_inflight_bytes=budget)
     return _Prepared(**vars(_Share.of(plan, group.rank)), hosts=hosts, shardings=shardings, wires=wires)
 
 

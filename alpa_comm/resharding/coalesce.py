@@ -50,8 +50,10 @@ def bucket_option(bucket_bytes, cluster: ClusterSpec) -> int | None:
     raise InvalidOptionError(f"bucket_bytes must be 'auto', a positive integer or None, got {bucket_bytes!r}")
 
 
-def pack_jobs(jobs: list[Job], job_leaf: list[int], bucket: int, cluster: ClusterSpec, chunks):
-    """First-fit-decreasing packing of small jobs that travel the same way; returns (jobs,
+def pack_jobs(jobs: list[Job], job_leaf: list[int], bucket: int, cluster: ClusterSpec, chunks,
+              stream_bytes: int = MAX_INFLIGHT_BYTES):
+    """First-fit-decreasing packing of small jobs that travel the same way, then the
+    streams of large ones (``stream_jobs``, at most ``stream_bytes`` each); returns (jobs,
     job_leaf, members) where ``members[packed job]`` lists (job, leaf, None) of the jobs
     it carries as parts (their sender is the packed job's host)."""
     groups: dict[tuple, list[int]] = {}
@@ -93,7 +95,7 @@ def pack_jobs(jobs: list[Job], job_leaf: list[int], bucket: int, cluster: Cluste
             members[len(new_jobs)] = [(jobs[i], job_leaf[i], None) for i in b]
             new_jobs.append(_packed_job(kind, [jobs[i] for i in b], hosts, cluster, chunks))
             new_leaf.append(-1)
-    return stream_jobs(new_jobs, new_leaf, members, cluster, chunks)
+    return stream_jobs(new_jobs, new_leaf, members, cluster, chunks, stream_bytes)
 
 
 def _packed_job(kind: str, parts: list[Job], hosts: tuple[int, ...], cluster: ClusterSpec, chunks) -> Job:

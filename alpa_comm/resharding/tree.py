@@ -27,6 +27,7 @@ from ..gc_pause import gc_paused
 from ..placement import Placement, Resharding
 from ..topology import ClusterSpec
 from . import loadbalance as balancing
+from .admission import MAX_INFLIGHT_BYTES
 from .cache import PlanCache, cache_for, cluster_key, move_key, raw_key
 from .coalesce import AUTO_BUCKET_MAX, AUTO_BUCKET_MIN, auto_bucket_bytes, bucket_option, pack_jobs
 from .kinds import PER_TASK_STRATEGIES
@@ -130,20 +131,23 @@ def _build(node, it, is_leaf):
 def plan_resharding_tree(tree, *, cluster: ClusterSpec, strategy: str = "broadcast", loadbalance: str = "auto",
                          bucket_bytes: int | str | None = "auto", chunks: int | None = None, seed: int = 0,
                          dfs_budget_s: float = balancing.DEFAULT_DFS_BUDGET_S,
-                         cache: bool | PlanCache = True) -> TreePlan:
+                         cache: bool | PlanCache = True, max_inflight_bytes: int | None = None) -> TreePlan:
     """One plan for a pytree whose leaves are ``Resharding`` records.
 
     ``bucket_bytes``: ``"auto"`` (from latency and bandwidth), a byte count, or
     None/0 to plan jointly without packing. ``cache``: as for ``plan_resharding``
-    (a weight sync that runs every step plans once).
+    (a weight sync that runs every step plans once). ``max_inflight_bytes``: the memory
+    budget the executor will run the plan under; a stream of large slices is then at
+    most half of it (default: streams of up to ``MAX_INFLIGHT_BYTES``).
     """
+    stream = MAX_INFLIGHT_BYTES if max_inflight_bytes is None else max(1, int(max_inflight_bytes) // 2)
     if strategy not in TREE_STRATEGIES:
         raise InvalidOptionError(f"strategy {strategy!r} is not available for trees; choose one of "
                                  f"{', '.join(TREE_STRATEGIES)}")
     bucket = bucket_option(bucket_bytes, cluster)
     flat = tree_flatten(tree)
     store = cache_for(cache)
-    raw = (raw_key("tree", tuple(flat), cluster, strategy, loadbalance, bucket, chunks, seed, dfs_budget_s)
+    raw = (raw_key("tree", tuple(flat), cluster, strategy, loadbalance, bucket, chunks, seed, dfs_budget_s, stream)
            if store is not None else None)
     hit = store.get_alias(raw) if store is not None else None
     if hit is not None:  # the same call as before: no leaf parsed or resolved
@@ -152,7 +156,7 @@ def plan_resharding_tree(tree, *, cluster: ClusterSpec, strategy: str = "broadca
     if not leaves:
         raise InvalidOptionError("the tree has no leaves")
     key = ("tree", tuple((leaf.path, move_key(leaf.resharding)) for leaf in leaves), cluster_key(cluster), strategy,
-           loadbalance, bucket, chunks, seed, dfs_budget_s)
+           loadbalance, bucket, chunks, seed, dfs_budget_s, stream)
     if store is not None:
         hit = store.get(key)
         if hit is not None:
@@ -163,7 +167,7 @@ def plan_resharding_tree(tree, *, cluster: ClusterSpec, strategy: str = "broadca
                                          leaf.dst_mesh, leaf.dst_spec)) for leaf in leaves)
         bounds = LowerBounds([t for tasks in per_leaf for t in tasks], cluster)
         plan = plan_for(strategy, lambda s: _plan_tree(leaves, per_leaf, bounds, cluster, s, loadbalance, bucket,
-                                                       chunks, seed, dfs_budget_s), bounds)
+                                                       chunks, seed, dfs_budget_s, stream), bounds)
     if store is not None:
         store.put(key, plan)
         store.alias(raw, key)
@@ -178,7 +182,8 @@ def _leaf(path: str, move, cluster: ClusterSpec) -> Leaf:
 
 
 def _plan_tree(leaves: tuple[Leaf, ...], per_leaf: tuple[tuple[UnitTask, ...], ...], bounds: LowerBounds,
-               cluster, strategy, loadbalance, bucket, chunks, seed, dfs_budget_s) -> TreePlan:
+               cluster, strategy, loadbalance, bucket, chunks, seed, dfs_budget_s,
+               stream: int = MAX_INFLIGHT_BYTES) -> TreePlan:
     """One strategy's plan of the leaves, whose unit tasks ``per_leaf`` are already known."""
     jobs: list[Job] = []
     job_leaf: list[int] = []
@@ -190,7 +195,7 @@ def _plan_tree(leaves: tuple[Leaf, ...], per_leaf: tuple[tuple[UnitTask, ...], .
                 job_leaf.append(i)
     members: dict[int, list[tuple[Job, int, int | None]]] = {}
     if bucket:
-        jobs, job_leaf, members = pack_jobs(jobs, job_leaf, bucket, cluster, chunks)
+        jobs, job_leaf, members = pack_jobs(jobs, job_leaf, bucket, cluster, chunks, stream)
     jobs, job_leaf, members = group_jobs(jobs, job_leaf, members, cluster)
     sched = balancing.balance(jobs, loadbalance, seed=seed, dfs_budget_s=dfs_budget_s)
     transfers = ramp_down(ramp_up(build_transfers(jobs, job_leaf, members, per_leaf, sched, cluster), cluster),

@@ -506,8 +506,21 @@ class HostExecutor:
             return
         for t in transfers:
             if (self._gathers(t) and t.sender is not None and self.host_of(t.sender) == self.host
-                    and all(self.host_of(p.sender) == self.host for p in t.parts)):
+                    and all(self.host_of(p.sender) == self.host for p in t.parts) and not self._strided_parts(t)):
                 self._gathered[t.id] = self._gather(t)
+
+    def _strided_parts(self, t: Transfer) -> int:
+        """Bytes of ``t``'s parts sent from here that are not contiguous in their source
+        shard: gathering copies them (``slice_bytes``), so they are gathered at their turn,
+        within ``max_inflight_bytes``, not all before the first byte leaves."""
+        out = 0
+        for p in t.parts:
+            if self.host_of(p.sender) != self.host:
+                continue
+            lay, src = self.layouts[p.leaf], self.srcs[p.leaf]
+            if p.sender in src and not view(src[p.sender], lay.src_boxes[p.sender], p.index).flags.c_contiguous:
+                out += p.nbytes
+        return out
 
     def _pack(self, t: Transfer, progress: _Packing | None = None) -> np.ndarray:
         if not t.parts:
@@ -649,7 +662,7 @@ class HostExecutor:
                 return self._run_concurrently(transfers, limit, alone_if_threaded=ordered)
             return self._run_in_order(transfers)
         finally:
-            SCRATCH.trim()
+            SCRATCH.trim(self.max_inflight_bytes)  # kept for the next call: at most its budget
 
     def _run_concurrently(self, transfers: Sequence[Transfer], limit: int,
                           alone_if_threaded: bool = False) -> list[TransferTiming]:
@@ -862,12 +875,29 @@ class HostExecutor:
     def _buffer_bytes(self, t: Transfer, packs: bool) -> int:
         """Bytes of buffers this host makes for ``t`` beyond source and destination memory:
         a coalesced transfer is packed (sender) or received (receiver) through one unless it
-        lands in place, and a strided slice is packed (``packs``) before it is sent."""
+        lands in place, a strided slice is packed (``packs``) before it is sent, and one
+        whose region here is strided (a column block of a row-major shard) is received
+        into one (``kinds.base.receive_buffer``)."""
         if t.parts:
             receives = any(self.host_of(r) == self.host for r in t.receivers)
-            sends = self.host_of(t.sender) == self.host and not self._gathers(t)
-            return t.nbytes if receives or sends else 0
-        return t.nbytes if packs else 0
+            sends = self.host_of(t.sender) == self.host
+            if receives or (sends and not self._gathers(t)):
+                return t.nbytes
+            return self._strided_parts(t) if sends else 0
+        return t.nbytes if packs or self._receives_into_scratch(t) else 0
+
+    def _receives_into_scratch(self, t: Transfer) -> bool:
+        """Whether this host takes a slice ``t`` into scratch memory: its first receiving
+        device here has a strided region for it."""
+        if t.sender is None or self.host_of(t.sender) == self.host:
+            return False
+        mine = [r for r in t.receivers if self.host_of(r) == self.host]
+        if not mine:
+            return False
+        dst = self.dsts[t.leaf]
+        if mine[0] not in dst:
+            return False
+        return not view(dst[mine[0]], self.layouts[t.leaf].dst_boxes[mine[0]], t.index).flags.c_contiguous
 
     def _run_in_order(self, transfers: Sequence[Transfer]) -> list[TransferTiming]:
         """One transfer at a time in plan order, packing the next coalesced buffer on a

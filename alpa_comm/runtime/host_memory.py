@@ -15,6 +15,7 @@ device buffer aliases it), and it keeps at most ``max_free_bytes`` of unused mem
 """
 from __future__ import annotations
 
+import mmap
 import sys
 import threading
 from collections import deque
@@ -23,6 +24,20 @@ import numpy as np
 
 HOST_ALIGNMENT = 64
 """Bytes a host buffer is aligned to (XLA's CPU client adopts such arrays as they are)."""
+MAPPED_MIN_BYTES = 1 << 20
+"""Buffers at least this large get pages of their own (``raw_bytes``)."""
+
+
+def raw_bytes(nbytes: int) -> np.ndarray:
+    """``nbytes`` of uninitialised host memory. At least ``MAPPED_MIN_BYTES`` are mapped
+    pages of their own, returned to the system when the last view is dropped: through
+    malloc, glibc serves them from per-thread arenas once its mmap threshold has risen
+    (it follows the largest block freed, up to 32 MiB) and keeps freed arena memory
+    resident, so a sync's scratch would stay in the process's resident size after the
+    sync and a memory budget would hold only on paper."""
+    if nbytes < MAPPED_MIN_BYTES:
+        return np.empty(nbytes, np.uint8)
+    return np.frombuffer(mmap.mmap(-1, nbytes), np.uint8)
 
 DEFAULT_MAX_FREE_BYTES = 1 << 30
 
@@ -31,7 +46,9 @@ def aligned_empty(shape, dtype, zeros: bool = False) -> np.ndarray:
     """A C-contiguous host array starting on a ``HOST_ALIGNMENT`` boundary."""
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    raw = (np.zeros if zeros else np.empty)(nbytes + HOST_ALIGNMENT, np.uint8)
+    raw = raw_bytes(nbytes + HOST_ALIGNMENT)  # mapped pages are zero already
+    if zeros and raw.nbytes < MAPPED_MIN_BYTES:
+        raw[...] = 0
     return _aligned_view(raw, nbytes, dtype, shape)
 
 
@@ -76,7 +93,7 @@ class BufferPool:
                 raw = queue.popleft()
                 self.reused += 1
             else:
-                raw = np.empty(size, np.uint8)
+                raw = raw_bytes(size)
                 self.fresh += 1
             queue.append(raw)
             return _aligned_view(raw, nbytes, dtype, shape)
@@ -87,15 +104,17 @@ class BufferPool:
             return sum(queue[i].nbytes for queue in self._owned.values() for i in range(len(queue))
                        if self._unused(queue, i))
 
-    def trim(self) -> None:
-        """Let go of unused buffers, largest first, until at most ``max_free_bytes`` stay."""
+    def trim(self, keep: int | None = None) -> None:
+        """Let go of unused buffers, largest first, until at most ``max_free_bytes`` (or
+        ``keep``, if smaller) stay."""
+        limit = self.max_free_bytes if keep is None else min(keep, self.max_free_bytes)
         with self._lock:
             free = sorted(((queue[i].nbytes, id(queue[i])) for queue in self._owned.values()
                            for i in range(len(queue)) if self._unused(queue, i)), reverse=True)
             total = sum(n for n, _ in free)
             drop = set()
             for n, key in free:
-                if total <= self.max_free_bytes:
+                if total <= limit:
                     break
                 drop.add(key)
                 total -= n

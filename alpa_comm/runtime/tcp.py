@@ -42,6 +42,7 @@ import numpy as np
 
 from .backend import (DEFAULT_TIMEOUT_S, MAX_STREAMS, STRIPE_MIN_BYTES, Backend, CommunicationError, Handle,
                       _Subgroup, stream_of, striped_handle)
+from .host_memory import raw_bytes
 from .pieces import Pieces
 
 HEADER = struct.Struct("!qQ")  # tag, bytes that follow
@@ -214,7 +215,7 @@ class _Stream:
                 with self.lock:
                     op = self._take_posted(tag)
                 if op is None:
-                    data = np.empty(n, np.uint8)
+                    data = raw_bytes(n)  # freed pages go back to the system once it is copied out
                     recv_all(self.sock, [memoryview(data)])
                     with self.lock:
                         op = self._take_posted(tag)  # posted while the bytes came in
