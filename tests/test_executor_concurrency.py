@@ -97,6 +97,27 @@ def test_the_buffer_budget_bounds_the_buckets_in_flight():
             assert held <= budget + size.get(t.transfer, 0), (h, t.transfer, held, budget)
 
 
+def test_the_buffer_budget_bounds_strided_receives_in_flight():
+    """A column block of a row-major destination shard cannot be received in place: it
+    lands in scratch memory first, which counts against the budget like a packed bucket
+    (else a receiver of a column-split layout held all of them at once)."""
+    cluster = ClusterSpec(num_hosts=2, devices_per_host=4)
+    plan = plan_resharding((64, 32), "float32", "1x4@0", "RS1", "1x4@1", "S1R", cluster=cluster,
+                           strategy="send_recv", bucket_bytes=None)  # every block its own message, strided there
+    size = {t.id: t.nbytes for t in plan.transfers}
+    budget = 2 * max(size.values())
+    x = np.arange(64 * 32, dtype=np.float32).reshape(64, 32)
+    seen = {}
+    out = execute_in_threads(plan, x, timeout=10, backend_class=SlowWire, max_inflight_bytes=budget,
+                             max_per_resource=64, on_timings=lambda h, ts: seen.setdefault(h, ts))
+    expect_exact(plan, x, out)
+    timings = seen[1]
+    assert peak_overlap(timings) > 1  # the receives do overlap, up to the budget
+    for t in timings:
+        held = sum(size[o.transfer] for o in timings if o.start <= t.start < o.end)
+        assert held <= budget + size[t.transfer], (t.transfer, held, budget)
+
+
 @settings(max_examples=40, deadline=None)
 @given(resharding_cases(), st.sampled_from(DATA_STRATEGIES), st.integers(1, 4), st.sampled_from([1, 64, 1 << 20]),
        st.integers(1, 3))
