@@ -62,6 +62,7 @@ for c, case in enumerate(cases):
         time.sleep(0.5)
         os._exit(3)
     t0 = time.monotonic()
+    olds = None
     try:
         extra = {"timeout": case.get("timeout"), "wire_dtype": case.get("wire"), "dtype": case.get("out_dtype")}
         if "bucket" in case:
@@ -78,7 +79,6 @@ for c, case in enumerate(cases):
                 from alpa_comm.jax import ProcessGroup
                 groups["device"] = ProcessGroup.from_jax(buffers="device")
             extra["group"] = groups["device"]
-        olds = None
         if case.get("into"):  # the previous weights: another value, same sharding; received into
             olds = [jax.make_array_from_callback(tuple(p["shape"]), d, lambda idx, r=r: (r[idx] + 1).astype(r.dtype),
                                                  dtype=r.dtype) for p, d, r in zip(parts, dsts, refs)]
@@ -90,7 +90,8 @@ for c, case in enumerate(cases):
         if olds is not None and any(y is not o for y, o in zip(ys, olds)):
             raise AssertionError("out= returned other arrays than it was given")
     except CommunicationError as e:
-        out.append({"error": str(e), "seconds": time.monotonic() - t0})
+        out.append({"error": str(e), "seconds": time.monotonic() - t0,
+                    "deleted": None if olds is None else all(o.is_deleted() for o in olds)})
         continue
     if case.get("wire"):  # what the receivers should get: rounded to the wire type, then cast
         from alpa_comm.runtime.executor import numpy_dtype

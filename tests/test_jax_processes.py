@@ -191,13 +191,14 @@ def test_a_process_killed_mid_transfer_is_named_within_60_s(hosts, dead):
     """The group is up (one resharding done); then one process exits instead of taking
     part in the next: every surviving process of the resharding gets a CommunicationError
     naming it within 60 s (group timeout 10 s), also when the dead one hosted the
-    subgroup's store (the lowest member, host 1 of hosts 1 and 2). Not tested: killing
+    subgroup's store (the lowest member, host 1 of hosts 1 and 2); the previous arrays it
+    was receiving into (``out=``) are deleted, not left half-written. Not tested: killing
     process 0, which runs JAX's coordination service: JAX then ends every process."""
     ids = [[2 * h, 2 * h + 1] for h in hosts]
     src = {"ids": ids, "axes": ["x", "y"], "spec": "S0R"}
     dst = {"ids": ids, "axes": ["x", "y"], "spec": "RS0"}
     case = {"shape": [6, 6], "dtype": "float32", "src": src, "dst": dst, "timeout": 10}
-    results = jax_processes.run(WORLD, DEVICES, [case, {**case, "kill": dead}], timeout=120)
+    results = jax_processes.run(WORLD, DEVICES, [case, {**case, "kill": dead, "into": True}], timeout=120)
     assert results[dead][0] is None  # the killed rank printed nothing
     for rank in set(hosts) - {dead}:
         out, err = results[rank]
@@ -205,6 +206,7 @@ def test_a_process_killed_mid_transfer_is_named_within_60_s(hosts, dead):
         assert not out[0].get("error") and not out[0]["wrong"], out[0]
         r = out[1]
         assert "error" in r and f"host {dead}" in r["error"] and r["seconds"] < 60, r
+        assert r["deleted"] is True, r
 
 
 def test_the_weight_sync_processes_bench_verifies_every_method(tmp_path):

@@ -11,6 +11,8 @@ objects, now holding the new values: the caller donates ``out`` as it would to a
 function with ``donate_argnums``, and must not let another computation read those
 arrays during the call (pending computations that write them are waited for first);
 the host copy JAX caches once an array was read with ``np.asarray`` is refreshed after.
+A call that fails mid-transfer deletes them (``reshard._Into.discarded_on_failure``):
+never half-written arrays handed back or left readable.
 
 Refused by name, before anything moves: a leaf of another shape, type or sharding than
 the result would have, a deleted array, two leaves sharing memory, a shard whose memory

@@ -13,6 +13,7 @@ the group's timeout. Between separate JAX programs: ``programs``.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 from collections import OrderedDict
@@ -117,7 +118,8 @@ def _reshard_tree(tree, dst_tree, group, strategy, bucket_bytes, wire_dtype, dty
     src = ([io.sources(x, prep.hosts, wire) for (_, x), wire in zip(leaves, prep.wires)] if prep.sends
            else [{}] * len(leaves))  # a process that only receives reads no shards
     if into is not None:
-        _run(prep, layouts, src, group, timeout, io, dst=into.buffers, budget=budget)
+        with into.discarded_on_failure():
+            _run(prep, layouts, src, group, timeout, io, dst=into.buffers, budget=budget)
         return tree_unflatten(tree, into.results(io))
     placer = io.placer([(x.shape, x.dtype) for _, x in leaves], _want(dtype), prep.shardings, prep.hosts,
                        prep.wires, prep.writers)
@@ -194,7 +196,11 @@ def _reshard_between_programs(tree, dst_tree, group: ProcessGroup, strategy, buc
         for p, bufs in zip(paths, into.buffers):
             given[ours[p]] = bufs
     src = [io.sources(xs[path], hosts, numpy_dtype(wire)) if path in xs else {} for path, _, wire in prep.moves]
-    dst = _run(prep, layouts, src, group, timeout, io, dst=given, budget=budget)
+    if into is not None:
+        with into.discarded_on_failure():
+            dst = _run(prep, layouts, src, group, timeout, io, dst=given, budget=budget)
+    else:
+        dst = _run(prep, layouts, src, group, timeout, io, budget=budget)
     if dst_tree is None:
         return None
     if into is not None:
@@ -210,6 +216,18 @@ class _Into:
 
     def __init__(self, arrays: list, buffers: list):
         self.arrays, self.buffers = arrays, buffers
+
+    @contextlib.contextmanager
+    def discarded_on_failure(self):
+        """A call that fails mid-transfer leaves ``out`` half-written: its arrays are
+        deleted then (using one raises JAX's "Array has been deleted"), never returned
+        or left readable as a mix of two versions."""
+        try:
+            yield
+        except BaseException:
+            for y in self.arrays:
+                y.delete()
+            raise
 
     def results(self, io) -> list:
         if io.xp is not np and hasattr(io.xp, "cuda"):  # the executor's streams wrote them: wait for them
