@@ -47,7 +47,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -160,7 +159,8 @@ def _worker(config_path: str) -> int:
     from jax._src import distributed
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-    from alpa_comm.jax import ProcessGroup, reshard, reshard_tree
+    from alpa_comm.jax import ProcessGroup, reshard_tree
+    from alpa_comm.jax.sync_bench import copy_times
 
     method, arrays = cfg["method"], model_arrays(cfg["layers"], cfg["width"], cfg["vocab"])
     names = [n for n, _, _ in arrays]
@@ -248,21 +248,8 @@ def _worker(config_path: str) -> int:
             del got
         say(f"run {run + 1}/{cfg['repeat'] + 1}: {seconds:.2f} s")
 
-    if cfg.get("calibrate"):  # the rate one process sends another, two copy sizes (after the runs: its
-        # buffers would count as theirs)
-        src1 = NamedSharding(Mesh(np.array(of[0][:1]), ("x",)), P())
-        dst1 = NamedSharding(Mesh(np.array(of[2][:1]), ("x",)), P())
-        for n in (cfg["probe_bytes"] // 16, cfg["probe_bytes"] // 4):
-            probe = jax.make_array_from_callback((n,), src1, lambda idx, n=n: np.ones(n, np.float32)[idx],
-                                                 dtype=np.float32)
-            times = []
-            for _ in range(cfg["repeat"] + 1):
-                barrier()
-                t0 = time.perf_counter()
-                if rank in (0, 2):
-                    reshard(probe, dst1, group=group, strategy="send_recv")
-                times.append(time.perf_counter() - t0)
-            report["copies"][str(n * 4)] = times[1:]
+    if cfg.get("calibrate"):  # after the runs: its buffers would count as theirs
+        report["copies"] = copy_times(rank, of, group, barrier, (0, 2), cfg["probe_bytes"], cfg["repeat"])
         say("calibrated")
     print("RESULT " + json.dumps(report), flush=True)
     barrier()
@@ -343,14 +330,6 @@ def summarize(method: str, reports: list[dict], args, nic: str | None, rate: flo
             "hwm_reset": all(x["hwm_reset"] for r in reports for x in r["runs"])}
 
 
-def copy_rate(reports: list[dict], repeat: int) -> float:
-    """Bytes/s one process sends another: the slope between the two copy sizes."""
-    (small, t_small), (large, t_large) = [
-        (int(n), statistics.median(max(r["copies"][n][i] for r in reports if r["copies"]) for i in range(repeat)))
-        for n in sorted(reports[0]["copies"], key=int)]
-    return (large - small) / max(t_large - t_small, 1e-9)
-
-
 def _mib(n) -> str:
     return f"{n / 2**20:.0f} MiB" if n is not None else "-"
 
@@ -415,6 +394,8 @@ def main(argv=None) -> int:
         from alpa_comm.jax.launch import run_worker
 
         return run_worker(_worker, args.worker)
+    from alpa_comm.jax.sync_bench import copy_rate
+
     methods = [m for m in args.methods.split(",") if m]
     bad = [m for m in methods if m not in METHODS]
     if bad:
@@ -438,7 +419,7 @@ def main(argv=None) -> int:
 
             reports = run_method(method, args, nic, calibrate=k == 0, say=say)
             if rate is None:
-                rate = copy_rate(reports, args.repeat)
+                rate, _ = copy_rate(reports, args.repeat)
                 say(f"one process sends another at {rate * 8 / 1e9:.3f} Gbit/s")
             rows.append(summarize(method, reports, args, nic, rate))
             r = rows[-1]

@@ -122,22 +122,7 @@ def _worker(config_path: str) -> int:
     group = ProcessGroup.from_jax(nic_gbps=cfg["nic_gbps"], latency_s=cfg["latency_s"])
     # gloo's own broadcast is the gather_broadcast baseline's second half (torch's broadcast)
     gloo = ProcessGroup.from_jax(backend="gloo", nic_gbps=cfg["nic_gbps"], latency_s=cfg["latency_s"])
-    # the NIC rate as processes see it: copies of two sizes, process 0 -> process 1 (the
-    # slope between them leaves out what every call costs whatever its size)
-    src1 = NamedSharding(Mesh(np.array(of[0][:1]), ("x",)), P())
-    dst1 = NamedSharding(Mesh(np.array(of[1][:1]), ("x",)), P())
-    report["copies"] = {}
-    for n in (_elements(cfg["size_mb"]) // 4, _elements(cfg["size_mb"])):
-        probe = jax.make_array_from_callback((n,), src1, lambda idx, n=n: np.ones(n, np.float32)[idx],
-                                             dtype=np.float32)
-        copies = []
-        for i in range(cfg["repeat"] + 1):
-            barrier()
-            t0 = time.perf_counter()
-            if rank in (0, 1):
-                reshard(probe, dst1, group=group, strategy="send_recv")
-            copies.append(time.perf_counter() - t0)
-        report["copies"][str(n * 4)] = copies[1:]
+    report["copies"] = copy_times(rank, of, group, barrier, (0, 1), _elements(cfg["size_mb"]) * 4, cfg["repeat"])
 
     for layout, (replica, tp) in LAYOUTS.items():
         infer_ids = [d for p in INFER for d in of[p]]
@@ -199,6 +184,44 @@ def _worker(config_path: str) -> int:
     return 0
 
 
+def copy_times(rank: int, of: dict, group, barrier, pair: tuple[int, int], nbytes: int, repeat: int) -> dict:
+    """The NIC rate as processes see it, measured in the benchmark's own launch: copies
+    of ``nbytes / 4`` and ``nbytes`` from process ``pair[0]``'s first device to process
+    ``pair[1]``'s, every process at a common ``barrier`` each time; returns bytes ->
+    seconds of the ``repeat`` runs after a warm-up (``copy_rate`` turns them into a rate)."""
+    import jax  # noqa: PLC0415
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: PLC0415
+
+    from . import reshard  # noqa: PLC0415
+
+    src1 = NamedSharding(Mesh(np.array(of[pair[0]][:1]), ("x",)), P())
+    dst1 = NamedSharding(Mesh(np.array(of[pair[1]][:1]), ("x",)), P())
+    out = {}
+    for n in (nbytes // 16, nbytes // 4):  # float32 elements
+        probe = jax.make_array_from_callback((n,), src1, lambda idx, n=n: np.ones(n, np.float32)[idx],
+                                             dtype=np.float32)
+        times = []
+        for _ in range(repeat + 1):
+            barrier()
+            t0 = time.perf_counter()
+            if rank in pair:
+                reshard(probe, dst1, group=group, strategy="send_recv")
+            times.append(time.perf_counter() - t0)
+        out[str(n * 4)] = times[1:]
+    return out
+
+
+def copy_rate(reports: list[dict], repeat: int) -> tuple[float, float]:
+    """(bytes/s one process sends another, seconds every call costs whatever its size):
+    the slope between the two copy sizes of ``copy_times`` (slowest process of each run,
+    median over runs), which leaves out what every call costs."""
+    (small, t_small), (large, t_large) = [
+        (int(n), statistics.median(max(r["copies"][n][i] for r in reports if r.get("copies")) for i in range(repeat)))
+        for n in sorted(next(r["copies"] for r in reports if r.get("copies")), key=int)]
+    rate = (large - small) / max(t_large - t_small, 1e-9)
+    return rate, max(0.0, t_small - small / rate)
+
+
 def _elements(size_mb: float) -> int:
     return int(size_mb * 2**18)  # float32 elements in size_mb MiB
 
@@ -244,11 +267,7 @@ def run(nic: str | None, size_mb: float, repeat: int, timeout: float = 60.0, emu
             raise RuntimeError(f"process {o.rank} (host {o.rank}) ended without a result (exit code "
                                f"{o.returncode}):\n{o.stderr[-2000:]}")
         reports.append(json.loads(o.lines("RESULT ")[0]))
-    (small, t_small), (large, t_large) = [
-        (int(n), statistics.median(max(r["copies"][n][i] for r in reports[:2]) for i in range(repeat)))
-        for n in sorted(reports[0]["copies"], key=int)]
-    rate = (large - small) / max(t_large - t_small, 1e-9)  # bytes/s one process sends another
-    fixed = max(0.0, t_small - small / rate)
+    rate, fixed = copy_rate(reports, repeat)
     weights = model(size_mb)
     nbytes = sum(w.nbytes for w in weights.values())
     results = []
