@@ -203,8 +203,8 @@ def test_a_bucket_leaves_from_the_shards_without_packing(monkeypatch):
     packed, sent = [], []
     monkeypatch.setattr(executor.HostExecutor, "_pack", lambda self, t, progress=None: packed.append(t.id))
     real = TcpBackend.isend
-    monkeypatch.setattr(TcpBackend, "isend", lambda self, buf, peer, tag: sent.append(type(buf)) or real(
-        self, buf, peer, tag))
+    monkeypatch.setattr(TcpBackend, "isend", lambda self, buf, peer, tag, **kw: sent.append(type(buf)) or real(
+        self, buf, peer, tag, **kw))
     hosts = TcpHosts()
     try:
         run_tree(plan, backend_class=hosts)
@@ -338,12 +338,14 @@ def tcp_pair():
 @settings(max_examples=25, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 3 * STRIPE_MIN_BYTES // 2), st.integers(1, 4), st.integers(1, 4)),
                 min_size=1, max_size=8),
-       st.randoms(use_true_random=False), st.booleans())
-def test_any_posting_order_any_cut_delivers_every_message_bit_exact(tcp_pair, messages, rnd, receives_first):
+       st.randoms(use_true_random=False), st.booleans(), st.booleans())
+def test_any_posting_order_any_cut_delivers_every_message_bit_exact(tcp_pair, messages, rnd, receives_first,
+                                                                    rendezvous):
     """Messages of any size (some striped), each sent from and received into buffers cut
     at random places, with the sends and the receives posted in independent random orders
     (receives before or after the bytes come), all arrive whole and in the right place;
-    a tag used twice in one round matches in the order sent."""
+    a tag used twice in one round matches in the order sent; with ``rendezvous`` the large
+    ones wait for their receives, the rest go on meanwhile."""
     a, b = tcp_pair
     rng = np.random.default_rng(rnd.randrange(1 << 30))
     tags = [rnd.choice([7, 8, 9, 100 + i]) for i in range(len(messages))]  # some tags repeat
@@ -364,11 +366,11 @@ def test_any_posting_order_any_cut_delivers_every_message_bit_exact(tcp_pair, me
 
     def post_sends():
         for i in range(len(messages)):
-            sends.append(a.isend(cut(sent[i], messages[i][1]), 1, tags[i]))
+            sends.append(a.isend(cut(sent[i], messages[i][1]), 1, tags[i], rendezvous=rendezvous))
 
     def post_recvs():
         for i in recv_order:
-            recvs.append(b.irecv(cut(got[i], messages[i][2]), 0, tags[i]))
+            recvs.append(b.irecv(cut(got[i], messages[i][2]), 0, tags[i], rendezvous=rendezvous))
 
     if receives_first:
         post_recvs()
@@ -380,3 +382,38 @@ def test_any_posting_order_any_cut_delivers_every_message_bit_exact(tcp_pair, me
     for h in sends + recvs:
         h.wait(20)
     assert all(np.array_equal(s, g) for s, g in zip(sent, got))
+
+
+def test_a_rendezvous_message_waits_for_its_receive_and_lets_others_pass():
+    """A large rendezvous send posted before its receive is not read into a buffer of its
+    own on arrival (it does not leave before the clear-to-send); a small message posted
+    after it still goes at once; a receive that never comes ends in a timeout naming the
+    host, and a peer that closes fails the waiting send at once."""
+    from alpa_comm.runtime.tcp import RENDEZVOUS_MIN_BYTES
+
+    a, b = group(2)
+    try:
+        big = np.arange(RENDEZVOUS_MIN_BYTES * 2, dtype=np.int64).view(np.uint8)[: RENDEZVOUS_MIN_BYTES * 2]
+        sent = a.isend(big, 1, 5, rendezvous=True)
+        small = a.isend(np.full(16, 7, np.uint8), 1, 6, rendezvous=True)
+        got_small = np.zeros(16, np.uint8)
+        b.irecv(got_small, 0, 6, rendezvous=True).wait(5)  # passes the large one waiting ahead of it
+        small.wait(5)
+        assert (got_small == 7).all()
+        time.sleep(0.2)
+        stream = b._streams[(0, 0)]
+        assert not stream.early, "the large message came before its receive"
+        got = np.zeros_like(big)
+        b.irecv(got, 0, 5, rendezvous=True).wait(5)
+        sent.wait(5)
+        assert np.array_equal(got, big)
+        with pytest.raises(CommunicationError, match=r"host 0: sending to host 1 timed out after 0.3 s \(tag 9"):
+            a.isend(big, 1, 9, rendezvous=True).wait(0.3)
+        waiting = a.isend(big, 1, 10, rendezvous=True)
+        t0 = time.monotonic()
+        b.close()
+        with pytest.raises(CommunicationError, match="host 0: sending to host 1 failed"):
+            waiting.wait(10)
+        assert time.monotonic() - t0 < 5
+    finally:
+        close([a, b])

@@ -424,9 +424,13 @@ class HostExecutor:
 
     # ------------------------------------------------ primitives for the kinds
     def isend(self, buf: np.ndarray, host: int, tag: int):
+        if getattr(self.backend, "rendezvous", False) is True:  # see runtime.tcp: large ones wait for the receive
+            return self.backend.isend(buf, host, tag, rendezvous=True)
         return self.backend.isend(buf, host, tag)
 
     def irecv(self, buf: np.ndarray, host: int, tag: int):
+        if getattr(self.backend, "rendezvous", False) is True:
+            return self.backend.irecv(buf, host, tag, rendezvous=True)
         return self.backend.irecv(buf, host, tag)
 
     def wait(self, handles) -> None:

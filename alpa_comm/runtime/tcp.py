@@ -18,6 +18,16 @@ The protocol, per TCP stream (``streams`` per pair of hosts):
   has asked for yet is read into a buffer of its own and copied into the receive once
   it is posted (an eager protocol: the stream is never blocked behind a late receive,
   so no order of posting can deadlock it; the copy is the price of a late receive);
+* a send posted with ``rendezvous=True`` of at least ``RENDEZVOUS_MIN_BYTES`` waits for
+  its receiver's clear-to-send (a header with the ``CTS`` flag, which the receiving
+  side writes when that receive, also posted with ``rendezvous=True``, is posted), and
+  the sending thread meanwhile writes whatever else is ready, in posting order: a large
+  message never arrives before its receive (no buffer of its own: a memory budget
+  holds, and data crosses a link when its receiver has admitted it, as the simulator
+  models it). Both ends must choose alike; the resharding executor does (every
+  message of a plan), since every transfer's receives are posted once it is admitted on
+  the receiving host and the earliest unfinished transfer is admitted everywhere
+  (``HostExecutor._run_concurrently``), so a clear-to-send always comes;
 * a message of at least ``STRIPE_MIN_BYTES`` is cut into one part per stream, both
   ends cutting alike (``GlooSubgroupBackend`` does the same).
 
@@ -30,7 +40,6 @@ accepts every member below it; a member that does not appear is named.
 from __future__ import annotations
 
 import os
-import queue
 import socket
 import struct
 import threading
@@ -45,7 +54,11 @@ from .backend import (DEFAULT_TIMEOUT_S, MAX_STREAMS, STRIPE_MIN_BYTES, Backend,
 from .host_memory import raw_bytes
 from .pieces import Pieces
 
-HEADER = struct.Struct("!qQ")  # tag, bytes that follow
+HEADER = struct.Struct("!qQ")  # tag, bytes that follow (or CTS: a clear-to-send for that tag, no bytes)
+CTS = 1 << 63
+RENDEZVOUS_MIN_BYTES = 64 << 10
+"""Messages at least this large that are posted with ``rendezvous=True`` wait for their
+receiver's clear-to-send; smaller ones go eagerly (their early buffers are small)."""
 HELLO = struct.Struct("!qq")  # the connecting member's host id, its stream number
 try:
     IOV_BATCH = max(16, min(1024, os.sysconf("SC_IOV_MAX")))
@@ -105,15 +118,17 @@ def recv_all(sock: socket.socket, views: list, first: bool = False) -> bool:
 
 
 class _Op:
-    """One posted send or receive on one stream."""
+    """One posted send or receive on one stream (``waits``: a send that waits for its
+    receiver's clear-to-send; ``control``: a clear-to-send this side writes)."""
 
-    __slots__ = ("tag", "views", "nbytes", "done", "error", "cancelled")
+    __slots__ = ("tag", "views", "nbytes", "done", "error", "cancelled", "waits", "control")
 
-    def __init__(self, tag: int, views: list, nbytes: int):
+    def __init__(self, tag: int, views: list, nbytes: int, waits: bool = False, control: bool = False):
         self.tag, self.views, self.nbytes = tag, views, nbytes
         self.done = threading.Event()
         self.error: str | None = None
         self.cancelled = False
+        self.waits, self.control = waits, control
 
     def fail(self, error: str) -> None:
         self.error = error
@@ -127,7 +142,10 @@ class _Stream:
     def __init__(self, owner: int, peer: int, index: int, sock: socket.socket):
         self.owner, self.peer, self.index, self.sock = owner, peer, index, sock
         self.lock = threading.Lock()
-        self.sends: queue.SimpleQueue = queue.SimpleQueue()
+        self.sends: deque = deque()  # posted sends and clear-to-sends, oldest first
+        self.ready = threading.Condition()  # guards ``sends``, ``cleared`` and ``stopping``
+        self.cleared: dict[int, int] = {}  # tag -> clear-to-sends that came and no send took yet
+        self.stopping = False
         self.posted: dict[int, deque] = {}
         self.early: dict[int, deque] = {}  # tag -> messages that arrived before their receive
         self.error: str | None = None
@@ -138,17 +156,23 @@ class _Stream:
                              name=f"alpa-comm-tcp-{role}-{owner}-{peer}.{index}").start()
 
     # ----------------------------------------------------------------- posting
-    def send(self, tag: int, buf) -> _Op:
-        op = _Op(tag, _views(buf, writable=False), int(buf.nbytes))
+    def send(self, tag: int, buf, rendezvous: bool = False) -> _Op:
+        nbytes = int(buf.nbytes)
+        op = _Op(tag, _views(buf, writable=False), nbytes, waits=rendezvous and nbytes >= RENDEZVOUS_MIN_BYTES)
         if self.error is not None:
             op.fail(self.error)
             return op
-        self.sends.put(op)
+        self._queue(op)
         if self.error is not None:  # the stream failed while this was queued: fail it now
             self._fail_queued()
         return op
 
-    def recv(self, tag: int, buf) -> _Op:
+    def _queue(self, op: _Op) -> None:
+        with self.ready:
+            self.sends.append(op)
+            self.ready.notify()
+
+    def recv(self, tag: int, buf, rendezvous: bool = False) -> _Op:
         try:
             views = _views(buf, writable=True)
         except ValueError as e:
@@ -161,6 +185,8 @@ class _Stream:
                     op.fail(self.error)
                 else:
                     self.posted.setdefault(tag, deque()).append(op)
+                    if rendezvous and op.nbytes >= RENDEZVOUS_MIN_BYTES:  # its sender waits for this
+                        self._queue(_Op(tag, [], 0, control=True))
                 return op
             data = waiting.popleft()
             if not waiting:
@@ -186,9 +212,31 @@ class _Stream:
                 pass
 
     # ----------------------------------------------------------------- threads
+    def _next_send(self) -> _Op | None:
+        """The oldest queued send that may go now (a clear-to-send, an eager send, or a
+        rendezvous send whose clear-to-send came), waiting until there is one; None once
+        the stream stops."""
+        with self.ready:
+            while True:
+                if self.stopping:
+                    return None
+                for i, op in enumerate(self.sends):
+                    if op.cancelled or not op.waits:
+                        break
+                    if self.cleared.get(op.tag):
+                        self.cleared[op.tag] -= 1
+                        if not self.cleared[op.tag]:
+                            del self.cleared[op.tag]
+                        break
+                else:
+                    self.ready.wait()
+                    continue
+                del self.sends[i]
+                return op
+
     def _send_loop(self) -> None:
         while True:
-            op = self.sends.get()
+            op = self._next_send()
             if op is None:
                 return
             if op.cancelled:
@@ -197,7 +245,8 @@ class _Stream:
                 op.fail(self.error)
                 continue
             try:
-                send_all(self.sock, [memoryview(HEADER.pack(op.tag, op.nbytes))] + op.views)
+                header = HEADER.pack(op.tag, CTS if op.control else op.nbytes)
+                send_all(self.sock, [memoryview(header)] + op.views)
             except OSError as e:
                 self._fail(f"the connection to host {self.peer} broke while sending ({e})")
                 op.fail(self.error or str(e))
@@ -212,6 +261,11 @@ class _Stream:
                     self._fail(f"host {self.peer} closed its connection")
                     return
                 tag, n = HEADER.unpack(header)
+                if n & CTS:  # our rendezvous send with this tag may go
+                    with self.ready:
+                        self.cleared[tag] = self.cleared.get(tag, 0) + 1
+                        self.ready.notify()
+                    continue
                 with self.lock:
                     op = self._take_posted(tag)
                 if op is None:
@@ -272,19 +326,16 @@ class _Stream:
         self._fail_queued()
 
     def _fail_queued(self) -> None:
-        while True:
-            try:
-                op = self.sends.get_nowait()
-            except queue.Empty:
-                return
-            if op is None:
-                self.sends.put(None)  # the sending thread's stop stays queued
-                return
+        with self.ready:
+            queued, self.sends = list(self.sends), deque()
+        for op in queued:
             op.fail(self.error)
 
     def close(self) -> None:
         self.closing = True
-        self.sends.put(None)
+        with self.ready:
+            self.stopping = True
+            self.ready.notify()
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -438,18 +489,20 @@ class TcpBackend(_Subgroup, Backend):
                 raise CommunicationError(f"host {self.rank}: {what} host {peer} failed: {op.error}")
         return Handle(wait, f"{what} host {peer}")
 
-    def isend(self, buf, peer, tag):
-        return self._post(buf, peer, tag, is_recv=False)
+    rendezvous = True  # isend/irecv take ``rendezvous=`` (see the module's docstring)
 
-    def irecv(self, buf, peer, tag):
-        return self._post(buf, peer, tag, is_recv=True)
+    def isend(self, buf, peer, tag, rendezvous: bool = False):
+        return self._post(buf, peer, tag, is_recv=False, rendezvous=rendezvous)
 
-    def _post(self, buf, peer: int, tag: int, is_recv: bool) -> Handle:
+    def irecv(self, buf, peer, tag, rendezvous: bool = False):
+        return self._post(buf, peer, tag, is_recv=True, rendezvous=rendezvous)
+
+    def _post(self, buf, peer: int, tag: int, is_recv: bool, rendezvous: bool = False) -> Handle:
         """One operation per stripe of the message, waited for as one."""
         handles = []
         for part, index in self._stripes(buf, tag):
             stream = self._stream(peer, index)
-            op = stream.recv(tag, part) if is_recv else stream.send(tag, part)
+            op = stream.recv(tag, part, rendezvous) if is_recv else stream.send(tag, part, rendezvous)
             handles.append(self._handle(stream, op, "receiving from" if is_recv else "sending to", is_recv))
         return striped_handle(handles)
 
