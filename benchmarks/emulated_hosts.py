@@ -53,6 +53,15 @@ def cases(hosts: int, devices: int) -> list[tuple[str, str, str, str, str, str]]
     return out
 
 
+def machine_cpu() -> tuple[int, int]:
+    """(busy, total) jiffies of every core of the machine so far (``/proc/stat`` is not
+    per namespace): the share busy over a run says whether the emulation, 16 processes
+    and the links' packet shaping on this machine's cores, was limited by the CPU."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
 def tcp_retransmits() -> int:
     """TCP segments this host's network namespace has retransmitted (``/proc/net/snmp``)."""
     try:
@@ -137,12 +146,12 @@ def worker(cfg_path: str) -> int:
         job = HostJob.for_host(plan, rank)
         lay = Layout.of(plan.leaves[0])
         src = lay.source_shards(x, job.is_local)
-        runs, exact, timings = [], True, []
+        runs, exact, timings, cpu = [], True, [], []
         retransmits = 0
         for r in range(cfg["repeat"] + 1):
             dst = lay.empty_destinations(job.is_local, zeros=True)
             backend.barrier(timeout)
-            before = tcp_retransmits()
+            before, cpu0 = tcp_retransmits(), machine_cpu()
             t0 = time.perf_counter()
             ends = HostExecutor(rank, [lay], [src], [dst], backend, job.host_of, timeout, job.min_rate,
                                 latency_s=job.latency_s).run(job.transfers)
@@ -150,11 +159,15 @@ def worker(cfg_path: str) -> int:
                 runs.append(time.perf_counter() - t0)
                 retransmits += tcp_retransmits() - before
                 timings.append([(t.transfer, t.start - t0, t.end - t0) for t in ends])
+            backend.barrier(timeout)  # every host has ended the run: the machine's cores over it
+            cpu1 = machine_cpu()
+            if r and rank == 0:
+                cpu.append((cpu1[0] - cpu0[0]) / max(1, cpu1[1] - cpu0[1]))
             for d, b in dst.items():
                 exact &= bool(np.array_equal(b, x[tuple(slice(lo, hi) for lo, hi in lay.dst_boxes[d])]))
         say(f"{label}: {max(runs):.3f} s here, {'bit-exact' if exact else 'WRONG'}")
         out.append({"label": label, "seconds": runs, "exact": exact, "transfers": timings,
-                    "retransmits": retransmits / max(1, len(runs))})
+                    "retransmits": retransmits / max(1, len(runs)), "cpu_busy": cpu})
     backend.barrier(timeout)
     print("RESULT " + json.dumps({"rank": rank, "calibration": calibration, "cases": out,
                                   "plans": [p.to_json() for p in plans] if rank == 0 else None}), flush=True)
@@ -232,17 +245,19 @@ def report(args, todo, results: list[dict], wall: float) -> None:
         measured = statistics.median(per_run)
         exact = all(r["cases"][i]["exact"] for r in results)
         retransmits = sum(r["cases"][i]["retransmits"] for r in results)  # per run, all hosts
+        busy = statistics.median(results[0]["cases"][i]["cpu_busy"])  # the machine's cores, host 0's view
         simulated = simulate(plans[i]).makespan
         error = simulated / measured - 1
         records.append({"case": label, "strategy": strategy, "src": f"{ss}@{sm}", "dst": f"{ds}@{dm}",
                         "transfers": len(plans[i].transfers), "measured_seconds": measured, "runs": per_run,
                         "simulated_seconds": simulated, "error": error, "exact": exact,
-                        "tcp_retransmits_per_run": retransmits,
+                        "tcp_retransmits_per_run": retransmits, "cpu_busy": busy,
                         "last_run_transfers": {r["rank"]: r["cases"][i]["transfers"][-1] for r in results}})
         rows.append([label, len(plans[i].transfers), f"{measured:.3f}", f"{min(per_run):.3f}-{max(per_run):.3f}",
-                     f"{simulated:.3f}", f"{100 * error:+.1f} %", f"{retransmits:.0f}", "yes" if exact else "NO"])
-    text = table(["case", "transfers", "measured (s)", "runs (s)", "simulated (s)", "error", "TCP retransmits a run",
-                  "bit-exact"], rows)
+                     f"{simulated:.3f}", f"{100 * error:+.1f} %", f"{100 * busy:.0f} %", f"{retransmits:.0f}",
+                     "yes" if exact else "NO"])
+    text = table(["case", "transfers", "measured (s)", "runs (s)", "simulated (s)", "error", "CPU busy",
+                  "TCP retransmits a run", "bit-exact"], rows)
     errs = [abs(r["error"]) for r in records]
     command = " ".join([("" if args.local else "sudo ") + "python benchmarks/emulated_hosts.py", *args.argv])
     where = "local processes on loopback (unshaped)" if args.local else f"emulated hosts ({args.nic} NICs)"
@@ -256,6 +271,9 @@ def report(args, todo, results: list[dict], wall: float) -> None:
              "(half a one-byte round trip)",
              f"* simulated (admission rules) against measured: mean |error| {100 * statistics.mean(errs):.1f} %, "
              f"worst {100 * max(errs):.1f} %; within 15 %: {sum(e <= 0.15 for e in errs)} of {len(errs)}",
+             f"* CPU busy: the share of this machine's {os.cpu_count()} cores in use during a run (median; "
+             "/proc/stat): near 100 % the emulation itself (every host's Python process, the kernel's packet "
+             "shaping) sets the pace, which the simulator does not model",
              f"* bit-exact: {sum(r['exact'] for r in records)} of {len(records)}; wall time {wall:.0f} s", "", text]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
