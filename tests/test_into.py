@@ -65,6 +65,7 @@ refused(out={**{k: old(k) for k in w}, "x": old("x", sharding=rep)})
 refused(out={**{k: old(k) for k in w}, "y": gone})
 same = old("x")
 refused({"a": xs["x"], "b": xs["x"]}, out={"a": same, "b": same}, dst={"a": dst, "b": dst})
+refused({"x": same}, out={"x": same}, dst={"x": dst})  # the array being sent is no place to receive
 refused(out={k: old(k) for k in w}, wire_dtype="bfloat16")
 refused(out={"x": old("x")})
 refused(out={k: old(k) for k in w}, max_inflight_bytes=0)
@@ -82,7 +83,8 @@ def test_received_into_the_previous_arrays_and_refused_by_name():
                 "out leaf /x is int32[8, 8]; the result is float32[8, 8]",
                 "out leaf /x has sharding",
                 "out leaf /y is deleted",
-                "out leaves /a and /b share memory",
+                "out leaf /b and out leaf /a share memory",
+                "the source leaf /x and out leaf /x share memory",
                 "out leaf /x: it travels as bfloat16 and the result is float32",
                 "out's leaves ['/x'] do not match",
                 "max_inflight_bytes must be a positive integer, got 0"]

@@ -407,6 +407,17 @@ def test_a_rendezvous_message_waits_for_its_receive_and_lets_others_pass():
         b.irecv(got, 0, 5, rendezvous=True).wait(5)
         sent.wait(5)
         assert np.array_equal(got, big)
+        # a later small message of the same tag does not pass the large one waiting: a tag's
+        # messages match in the order sent
+        first = a.isend(big, 1, 8, rendezvous=True)
+        second = a.isend(np.full(16, 3, np.uint8), 1, 8, rendezvous=True)
+        got_first, got_second = np.zeros_like(big), np.zeros(16, np.uint8)
+        time.sleep(0.1)
+        b.irecv(got_first, 0, 8, rendezvous=True).wait(5)
+        b.irecv(got_second, 0, 8, rendezvous=True).wait(5)
+        first.wait(5)
+        second.wait(5)
+        assert np.array_equal(got_first, big) and (got_second == 3).all()
         with pytest.raises(CommunicationError, match=r"host 0: sending to host 1 timed out after 0.3 s \(tag 9"):
             a.isend(big, 1, 9, rendezvous=True).wait(0.3)
         waiting = a.isend(big, 1, 10, rendezvous=True)

@@ -28,9 +28,12 @@ import numpy as np
 from ..errors import InvalidOptionError
 
 
-def check_out(out_leaves: list, paths: list, shapes: list, types: list, shardings: list, wires: list) -> None:
-    """Refuse an ``out`` tree that cannot take the results in place, naming the leaf."""
-    seen: dict[int, str] = {}
+def check_out(out_leaves: list, paths: list, shapes: list, types: list, shardings: list, wires: list,
+              sources: list = ()) -> None:
+    """Refuse an ``out`` tree that cannot take the results in place, naming the leaf:
+    also where its memory overlaps another leaf's or that of a source the call reads
+    (``sources``: (path, jax.Array) pairs); replicas of one leaf may share memory."""
+    ranges: list[tuple[int, int, str, bool]] = []  # (start, end, path, is a source)
     for path, y, shape, want, sharding, wire in zip(paths, out_leaves, shapes, types, shardings, wires):
         if not hasattr(y, "is_deleted") or not hasattr(type(y), "addressable_shards"):
             raise InvalidOptionError(f"out leaf {path}: expected a jax.Array, got {type(y).__name__}")
@@ -47,9 +50,36 @@ def check_out(out_leaves: list, paths: list, shapes: list, types: list, sharding
             raise InvalidOptionError(f"out leaf {path} has sharding {y.sharding}, the destination is {sharding}")
         for s in y.addressable_shards:
             at = _pointer(s.data, path)
-            if at in seen and seen[at] != path:
-                raise InvalidOptionError(f"out leaves {seen[at]} and {path} share memory: each leaf needs its own")
-            seen[at] = path
+            ranges.append((at, at + _nbytes(s.data), path, False))
+    for path, x in sources:
+        for s in getattr(x, "addressable_shards", ()):
+            try:
+                at = int(s.data.unsafe_buffer_pointer())
+            except Exception:  # noqa: BLE001 - a source whose memory is not exposed cannot be out's
+                continue
+            ranges.append((at, at + _nbytes(s.data), path, True))
+    _refuse_overlaps(ranges)
+
+
+def _nbytes(data) -> int:
+    return int(np.prod(data.shape, dtype=np.int64)) * np.dtype(data.dtype).itemsize
+
+
+def _refuse_overlaps(ranges: list) -> None:
+    """Name the first two memory ranges that overlap, but for replicas of one out leaf
+    lying on the very same bytes (they receive the same values)."""
+    widest = None
+    for r in sorted(ranges):
+        start, end, path, source = r
+        if widest is not None and start < widest[1] and end > start and not (source and widest[3]):
+            same_replica = (not source and not widest[3] and path == widest[2] and (start, end) == widest[:2])
+            if not same_replica:
+                other = f"the source leaf {widest[2]}" if widest[3] else f"out leaf {widest[2]}"
+                mine = f"the source leaf {path}" if source else f"out leaf {path}"
+                raise InvalidOptionError(f"{mine} and {other} share memory: out needs memory of its own "
+                                         f"(each leaf its own, none of the arrays being sent)")
+        if widest is None or end > widest[1]:
+            widest = r
 
 
 def writable_shards(y, hosts, carrier: np.dtype, xp) -> dict:
@@ -61,11 +91,11 @@ def writable_shards(y, hosts, carrier: np.dtype, xp) -> dict:
         data = s.data
         if xp is np:
             nbytes = int(np.prod(data.shape, dtype=np.int64)) * np.dtype(data.dtype).itemsize
-            raw = (ctypes.c_char * nbytes).from_address(_pointer(data, "?")) if nbytes else bytearray(0)
+            raw = (ctypes.c_char * nbytes).from_address(_pointer(data, str(s.device))) if nbytes else bytearray(0)
             view = np.frombuffer(raw, np.uint8).view(carrier).reshape(data.shape)
         else:  # a GPU: the device buffer wrapped by CuPy as foreign memory, no copy
             nbytes = int(np.prod(data.shape, dtype=np.int64)) * np.dtype(data.dtype).itemsize
-            memory = xp.cuda.UnownedMemory(_pointer(data, "?"), nbytes, data, s.device.local_hardware_id)
+            memory = xp.cuda.UnownedMemory(_pointer(data, str(s.device)), nbytes, data, s.device.local_hardware_id)
             view = xp.ndarray(data.shape, carrier, xp.cuda.MemoryPointer(memory, 0))
         out[hosts.id_of(s.device)] = view
     return out

@@ -13,7 +13,6 @@ the group's timeout. Between separate JAX programs: ``programs``.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 from collections import OrderedDict
@@ -114,12 +113,11 @@ def _reshard_tree(tree, dst_tree, group, strategy, bucket_bytes, wire_dtype, dty
     if out is not None:
         paths = [p for p, _ in leaves]
         into = _into(out, paths, [(x.shape, _want(dtype) or x.dtype) for _, x in leaves], prep.shardings,
-                     prep.wires, layouts, prep.hosts, io)
+                     prep.wires, layouts, prep.hosts, io, leaves)
     src = ([io.sources(x, prep.hosts, wire) for (_, x), wire in zip(leaves, prep.wires)] if prep.sends
            else [{}] * len(leaves))  # a process that only receives reads no shards
     if into is not None:
-        with into.discarded_on_failure():
-            _run(prep, layouts, src, group, timeout, io, dst=into.buffers, budget=budget)
+        _run(prep, layouts, src, group, timeout, io, into=into, budget=budget)
         return tree_unflatten(tree, into.results(io))
     placer = io.placer([(x.shape, x.dtype) for _, x in leaves], _want(dtype), prep.shardings, prep.hosts,
                        prep.wires, prep.writers)
@@ -135,28 +133,38 @@ def _want(dtype):
     return None if dtype is None else numpy_dtype(dtype) if isinstance(dtype, str) else np.dtype(dtype)
 
 
-def _run(share: "_Share", layouts, src, group: ProcessGroup, timeout, io, placer=None, dst=None,
+def _run(share: "_Share", layouts, src, group: ProcessGroup, timeout, io, placer=None, into: "_Into | None" = None,
          budget: int | None = None) -> list[dict]:
     """This host's share of a plan over the group's subgroup of its participants, in the
-    memory ``io`` keeps buffers in (or into ``dst``, per leaf: device -> buffer, e.g. the
-    previous weights); returns the received buffers per leaf (``placer``, if given, sees
-    them first and each transfer as it ends). ``budget``: the executor's
-    ``max_inflight_bytes``. A failure names the peer and the group's first failure."""
+    memory ``io`` keeps buffers in (or into the previous arrays of ``into``); returns the
+    received buffers per leaf (``placer``, if given, sees them first and each transfer as
+    it ends). ``budget``: the executor's ``max_inflight_bytes``. A failure names the peer
+    and the group's first failure; receiving ``into`` previous arrays, it deletes them
+    once nothing writes there any more (the subgroup closed, the transfers' threads ended),
+    so they are never left half-written."""
     job = share.job
-    dst, in_place = io.destinations(layouts, share) if dst is None else (dst, {})
+    dst, in_place = io.destinations(layouts, share) if into is None else (into.buffers, {})
     if placer is not None:
         placer.start(dst)
     backend = group.backend(share.participants)
+    ex = HostExecutor(group.rank, layouts, src, dst, backend, job.host_of, timeout or group.timeout, job.min_rate,
+                      xp=io.xp, latency_s=job.latency_s, in_place=in_place, max_inflight_bytes=budget,
+                      on_done=None if placer is None else placer.done)
     try:
-        HostExecutor(group.rank, layouts, src, dst, backend, job.host_of, timeout or group.timeout,
-                     job.min_rate, xp=io.xp, latency_s=job.latency_s, in_place=in_place, max_inflight_bytes=budget,
-                     on_done=None if placer is None else placer.done).run(job.transfers)
+        ex.run(job.transfers)
     except CommunicationError as e:
         first = backend.report_failure(str(e))
-        if backend.fresh_after_failure:
+        if backend.fresh_after_failure or into is not None:
             group.discard(share.participants)
+        if into is not None:
+            into.discard(ex, io)
         if first != str(e):
             raise CommunicationError(f"{e}; the group's first failure: {first}") from e
+        raise
+    except BaseException:
+        if into is not None:
+            group.discard(share.participants)
+            into.discard(ex, io)
         raise
     return dst
 
@@ -191,16 +199,14 @@ def _reshard_between_programs(tree, dst_tree, group: ProcessGroup, strategy, buc
     into, given = None, None
     if out is not None and dst_tree is not None:
         into = _into(out, paths, [(shapes[p][0], _want(dtype) or shapes[p][1]) for p in paths], shardings,
-                     [wires[p] for p in paths], [layouts[ours[p]] for p in paths], hosts, io)
+                     [wires[p] for p in paths], [layouts[ours[p]] for p in paths], hosts, io, leaves)
         given = [{} for _ in prep.moves]
         for p, bufs in zip(paths, into.buffers):
             given[ours[p]] = bufs
     src = [io.sources(xs[path], hosts, numpy_dtype(wire)) if path in xs else {} for path, _, wire in prep.moves]
     if into is not None:
-        with into.discarded_on_failure():
-            dst = _run(prep, layouts, src, group, timeout, io, dst=given, budget=budget)
-    else:
-        dst = _run(prep, layouts, src, group, timeout, io, budget=budget)
+        into.buffers = given  # per plan leaf: the previous arrays' shards for ours, nothing for the rest
+    dst = _run(prep, layouts, src, group, timeout, io, into=into, budget=budget)
     if dst_tree is None:
         return None
     if into is not None:
@@ -210,6 +216,11 @@ def _reshard_between_programs(tree, dst_tree, group: ProcessGroup, strategy, buc
     return tree_unflatten(dst_tree, got, is_leaf=_is_notation_pair)
 
 
+_KEPT: list = []
+"""Previous arrays of failed calls whose writers did not end in time: kept alive, never
+returned (freeing them could let a late write land in reused memory)."""
+
+
 class _Into:
     """The previous arrays a call receives into (``into``): per leaf, device -> a writable
     view of the shard's memory; ``results`` gives the arrays back once the bytes are in."""
@@ -217,17 +228,19 @@ class _Into:
     def __init__(self, arrays: list, buffers: list):
         self.arrays, self.buffers = arrays, buffers
 
-    @contextlib.contextmanager
-    def discarded_on_failure(self):
-        """A call that fails mid-transfer leaves ``out`` half-written: its arrays are
-        deleted then (using one raises JAX's "Array has been deleted"), never returned
-        or left readable as a mix of two versions."""
-        try:
-            yield
-        except BaseException:
+    def discard(self, ex: HostExecutor, io) -> None:
+        """After a call failed mid-transfer (the subgroup already closed): ``out`` is
+        half-written, so its arrays are deleted (using one raises JAX's "Array has been
+        deleted"), never returned or left readable as a mix of two versions; first the
+        transfers still on their threads end, so nothing writes into freed memory."""
+        ended = ex.join_dropped_threads(ex.timeout)
+        if io.xp is not np and hasattr(io.xp, "cuda"):
+            io.xp.cuda.runtime.deviceSynchronize()
+        if ended:
             for y in self.arrays:
                 y.delete()
-            raise
+        else:  # a writer is still alive: keep the memory, unusable, rather than free it under it
+            _KEPT.extend(self.arrays)
 
     def results(self, io) -> list:
         if io.xp is not np and hasattr(io.xp, "cuda"):  # the executor's streams wrote them: wait for them
@@ -237,14 +250,16 @@ class _Into:
         return self.arrays
 
 
-def _into(out, paths: list, results: list, shardings: list, wires: list, layouts: list, hosts, io) -> _Into:
-    """``out``'s leaves checked against the results they take in place (``into.check_out``,
-    each refusal naming the leaf) and their shards as writable destination buffers."""
+def _into(out, paths: list, results: list, shardings: list, wires: list, layouts: list, hosts, io,
+          sources: list) -> _Into:
+    """``out``'s leaves checked against the results they take in place and the
+    ``sources`` ((path, array) pairs) the call reads (``into.check_out``, each refusal
+    naming the leaf) and their shards as writable destination buffers."""
     given = dict(tree_flatten(out))
     if set(given) != set(paths):
         raise InvalidOptionError(f"out's leaves {sorted(given)} do not match the destination tree's {sorted(paths)}")
     arrays = [given[p] for p in paths]
-    check_out(arrays, paths, [s for s, _ in results], [t for _, t in results], shardings, wires)
+    check_out(arrays, paths, [s for s, _ in results], [t for _, t in results], shardings, wires, sources)
     return _Into(arrays, [writable_shards(y, hosts, lay.dtype, io.xp) for y, lay in zip(arrays, layouts)])
 
 
@@ -389,7 +404,8 @@ def _prepare_afresh(leaves, dsts: dict, group: ProcessGroup, strategy: str, buck
     if len(moves) == 1 and bucket_bytes is None:
         m = moves[0]
         plan = plan_resharding(m.shape, m.dtype, m.src_mesh, m.src_spec, m.dst_mesh, m.dst_spec, cluster=cluster,
-                               strategy=strategy)
+                               strategy=strategy, bucket_bytes=_within("auto", cluster, budget),
+                               max_inflight_bytes=budget)
     else:  # a list keeps the leaves in order: plan leaf i is leaves[i]
         plan = plan_resharding_tree(moves, cluster=cluster, strategy=strategy,
                                     bucket_bytes=_within(bucket_bytes, cluster, budget), max_inflight_bytes=budget)

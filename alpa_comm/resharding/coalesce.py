@@ -31,6 +31,13 @@ STREAM_GAIN = 0.95
 predicts the stream at most this fraction of their time apart."""
 
 
+def stream_bytes_within(max_inflight_bytes: int | None) -> int:
+    """How large a stream of large slices may grow under a memory budget: half of it
+    (the next one is read while the one before is on the wire); ``MAX_INFLIGHT_BYTES``
+    without one. LPT balancing may add up to one slice beyond it."""
+    return MAX_INFLIGHT_BYTES if max_inflight_bytes is None else max(1, int(max_inflight_bytes) // 2)
+
+
 def auto_bucket_bytes(cluster: ClusterSpec) -> int:
     """Large enough that a message's latency costs at most 5 % of its transfer time on
     the slowest NIC, within [64 KiB, 64 MiB]."""

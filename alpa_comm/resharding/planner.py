@@ -18,9 +18,9 @@ from ..placement import Placement, Resharding
 from ..spec import ShardingSpec
 from ..topology import ClusterSpec
 from . import loadbalance as balancing
-from .admission import MAX_CONCURRENT, admitted_seconds
+from .admission import MAX_CONCURRENT, MAX_INFLIGHT_BYTES, admitted_seconds
 from .cache import PlanCache, cache_for, cluster_key, move_key, raw_key
-from .coalesce import bucket_option, pack_jobs
+from .coalesce import bucket_option, pack_jobs, stream_bytes_within
 from .kinds import transfer_kind
 from .plan import Part, ReshardingPlan, Transfer
 from .strategies import (ALLGATHER, ALPA, AUTO, LOCAL_COPY, STRATEGIES, Job, JobMemo, allgather_job, alpa_local_allgather_spec,
@@ -106,7 +106,9 @@ def plan_resharding(shape: Sequence[int], dtype, src_mesh, src_spec, dst_mesh, d
     ``bucket_bytes`` (default ``"auto"``: pieces smaller than a bucket that travel
     between the same hosts the same way go as one message of at most that many bytes,
     ``coalesce``; a byte count; None plans every piece as its own message; Alpa's
-    baselines never coalesce).
+    baselines never coalesce), ``max_inflight_bytes`` (the memory budget the executor
+    will run the plan under: streams of large slices then aim at half of it; default:
+    ``MAX_INFLIGHT_BYTES``).
     """
     with gc_paused():  # hundreds of thousands of small tuples, no cycles: see gc_pause
         return _plan(shape, dtype, src_mesh, src_spec, dst_mesh, dst_spec, **kwargs)
@@ -115,7 +117,8 @@ def plan_resharding(shape: Sequence[int], dtype, src_mesh, src_spec, dst_mesh, d
 def _plan(shape: Sequence[int], dtype, src_mesh, src_spec, dst_mesh, dst_spec, *,
           cluster: ClusterSpec | None = None, strategy: str = "broadcast", loadbalance: str = "auto",
           chunks: int | None = None, seed: int = 0, dfs_budget_s: float = balancing.DEFAULT_DFS_BUDGET_S,
-          cache: bool | PlanCache = True, bucket_bytes: int | str | None = "auto") -> ReshardingPlan:
+          cache: bool | PlanCache = True, bucket_bytes: int | str | None = "auto",
+          max_inflight_bytes: int | None = None) -> ReshardingPlan:
     if strategy not in STRATEGIES:
         raise InvalidOptionError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
     if loadbalance not in balancing.LOADBALANCE_MODES:
@@ -125,7 +128,7 @@ def _plan(shape: Sequence[int], dtype, src_mesh, src_spec, dst_mesh, dst_spec, *
         raise InvalidOptionError(f"chunks must be a positive integer or None (auto), got {chunks!r}")
     store = cache_for(cache)
     raw = (raw_key("plan", shape, str(dtype), src_mesh, src_spec, dst_mesh, dst_spec, cluster, strategy, loadbalance,
-                   chunks, seed, dfs_budget_s, bucket_bytes) if store is not None else None)
+                   chunks, seed, dfs_budget_s, bucket_bytes, max_inflight_bytes) if store is not None else None)
     hit = store.get_alias(raw) if store is not None else None
     if hit is not None:  # the same call as before: nothing parsed or resolved
         return hit
@@ -133,7 +136,9 @@ def _plan(shape: Sequence[int], dtype, src_mesh, src_spec, dst_mesh, dst_spec, *
         cluster = smallest_cluster(src_mesh, dst_mesh)
     bucket = None if strategy == ALPA else bucket_option(bucket_bytes, cluster)  # Alpa's messages as Alpa sends them
     move = Resharding.between(shape, dtype, src_mesh, src_spec, dst_mesh, dst_spec).resolve(cluster)
-    key = ("plan", move_key(move), cluster_key(cluster), strategy, loadbalance, chunks, seed, dfs_budget_s, bucket)
+    stream = stream_bytes_within(max_inflight_bytes)
+    key = ("plan", move_key(move), cluster_key(cluster), strategy, loadbalance, chunks, seed, dfs_budget_s, bucket,
+           stream)
     if store is not None:
         hit = store.get(key)
         if hit is not None:
@@ -143,7 +148,7 @@ def _plan(shape: Sequence[int], dtype, src_mesh, src_spec, dst_mesh, dst_spec, *
                             move.dst_spec)
     bounds = LowerBounds(final_tasks, cluster)
     plan = plan_for(strategy, lambda s: _plan_move(move, cluster, s, loadbalance, chunks, seed, dfs_budget_s,
-                                                   final_tasks, bounds, bucket), bounds)
+                                                   final_tasks, bounds, bucket, stream), bounds)
     if store is not None:
         store.put(key, plan)
         store.alias(raw, key)
@@ -295,7 +300,8 @@ class LowerBounds:
 
 def _plan_move(move: Resharding, cluster: ClusterSpec, strategy: str, loadbalance: str, chunks: int | None,
                seed: int, dfs_budget_s: float, final_tasks: Sequence[UnitTask],
-               bounds: LowerBounds, bucket: int | None = None) -> ReshardingPlan:
+               bounds: LowerBounds, bucket: int | None = None,
+               stream: int = MAX_INFLIGHT_BYTES) -> ReshardingPlan:
     """One strategy's plan of ``move``, whose unit tasks ``final_tasks`` are already known;
     pieces that travel between the same hosts the same way go as one message of at most
     ``bucket`` bytes (``coalesce``)."""
@@ -313,7 +319,7 @@ def _plan_move(move: Resharding, cluster: ClusterSpec, strategy: str, loadbalanc
         jobs += _alpa_allgathers(jobs, shape, size, dst, dspec, gather_dim, cluster)
     job_leaf, members = [0] * len(jobs), {}
     if bucket and gather_dim is None:
-        jobs, job_leaf, members = pack_jobs(jobs, job_leaf, bucket, cluster, chunks)
+        jobs, job_leaf, members = pack_jobs(jobs, job_leaf, bucket, cluster, chunks, stream)
     jobs, job_leaf, members = group_jobs(jobs, job_leaf, members, cluster)
     sched = balancing.balance(jobs, loadbalance, seed=seed, dfs_budget_s=dfs_budget_s)
     transfers = build_transfers(jobs, job_leaf, members, (tasks,), sched, cluster)

@@ -29,7 +29,8 @@ from ..topology import ClusterSpec
 from . import loadbalance as balancing
 from .admission import MAX_INFLIGHT_BYTES
 from .cache import PlanCache, cache_for, cluster_key, move_key, raw_key
-from .coalesce import AUTO_BUCKET_MAX, AUTO_BUCKET_MIN, auto_bucket_bytes, bucket_option, pack_jobs
+from .coalesce import (AUTO_BUCKET_MAX, AUTO_BUCKET_MIN, auto_bucket_bytes, bucket_option, pack_jobs,
+                       stream_bytes_within)
 from .kinds import PER_TASK_STRATEGIES
 from .plan import Leaf, Transfer
 from .planner import LowerBounds, build_transfers, group_jobs, host_operations, plan_for
@@ -138,9 +139,9 @@ def plan_resharding_tree(tree, *, cluster: ClusterSpec, strategy: str = "broadca
     None/0 to plan jointly without packing. ``cache``: as for ``plan_resharding``
     (a weight sync that runs every step plans once). ``max_inflight_bytes``: the memory
     budget the executor will run the plan under; a stream of large slices is then at
-    most half of it (default: streams of up to ``MAX_INFLIGHT_BYTES``).
+    aims at half of it (``coalesce.stream_bytes_within``).
     """
-    stream = MAX_INFLIGHT_BYTES if max_inflight_bytes is None else max(1, int(max_inflight_bytes) // 2)
+    stream = stream_bytes_within(max_inflight_bytes)
     if strategy not in TREE_STRATEGIES:
         raise InvalidOptionError(f"strategy {strategy!r} is not available for trees; choose one of "
                                  f"{', '.join(TREE_STRATEGIES)}")

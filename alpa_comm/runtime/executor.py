@@ -389,12 +389,17 @@ class HostExecutor:
                  timeout: float = DEFAULT_TIMEOUT_S, min_rate: float | None = None, tag_base: int = 0,
                  xp=None, max_concurrent: int | None = None, max_inflight_bytes: int | None = None,
                  max_per_resource: int | None = None, latency_s: float = 0.0,
-                 in_place: dict | None = None, on_done: Callable[[Transfer], None] | None = None):
+                 in_place: dict | None = None, on_done: Callable[[Transfer], None] | None = None,
+                 rendezvous: bool = True):
         many = isinstance(layout, (list, tuple))
         self.layouts = list(layout) if many else [layout]
         self.srcs = list(src) if many else [src]
         self.dsts = list(dst) if many else [dst]
         self.host, self.backend, self.host_of, self.timeout = host, backend, host_of, timeout
+        # a plan's large messages wait for their receives where the backend can (runtime.tcp:
+        # safe because every transfer's receives are posted once it is admitted); False for a
+        # caller that may wait for a send before its peer posts the receive
+        self.rendezvous = rendezvous and getattr(backend, "rendezvous", False) is True
         self.min_rate = min_rate  # bytes/s of the slowest NIC: lets big messages take their time
         self.wait_s = timeout
         self.tag_base = tag_base  # separates plans that run at the same time over one backend
@@ -424,12 +429,12 @@ class HostExecutor:
 
     # ------------------------------------------------ primitives for the kinds
     def isend(self, buf: np.ndarray, host: int, tag: int):
-        if getattr(self.backend, "rendezvous", False) is True:  # see runtime.tcp: large ones wait for the receive
+        if self.rendezvous:  # see runtime.tcp: a large one waits for its receive
             return self.backend.isend(buf, host, tag, rendezvous=True)
         return self.backend.isend(buf, host, tag)
 
     def irecv(self, buf: np.ndarray, host: int, tag: int):
-        if getattr(self.backend, "rendezvous", False) is True:
+        if self.rendezvous:
             return self.backend.irecv(buf, host, tag, rendezvous=True)
         return self.backend.irecv(buf, host, tag)
 
@@ -839,10 +844,23 @@ class HostExecutor:
                     event.set()
                 if pool is not None:
                     _drop_transfer_threads(pool)
+                    self._dropped = pool
         if failure:
             e = failure[0]
             raise e
         return sorted(timings, key=lambda x: x.start)
+
+    def join_dropped_threads(self, timeout: float) -> bool:
+        """After a failed run: wait (at most ``timeout`` s) until the transfers it left on
+        their threads have ended, e.g. before the memory they write into is freed (their
+        waits end at once once the backend is closed). True when they all have."""
+        pool = getattr(self, "_dropped", None)
+        if pool is None:
+            return True
+        waiter = threading.Thread(target=pool.shutdown, kwargs={"wait": True}, daemon=True)
+        waiter.start()
+        waiter.join(timeout)
+        return not waiter.is_alive()
 
     def _ended(self, t: Transfer) -> None:
         if self.on_done is not None:
@@ -891,12 +909,18 @@ class HostExecutor:
         return t.nbytes if packs or self._receives_into_scratch(t) else 0
 
     def _receives_into_scratch(self, t: Transfer) -> bool:
-        """Whether this host takes a slice ``t`` into scratch memory: its first receiving
-        device here has a strided region for it."""
-        if t.sender is None or self.host_of(t.sender) == self.host:
-            return False
+        """Whether this host takes a slice ``t`` into scratch memory: a kind that always
+        does (``TransferKind.receives_into_scratch``), or its first receiving device here
+        has a strided region for it."""
         mine = [r for r in t.receivers if self.host_of(r) == self.host]
         if not mine:
+            return False
+        try:
+            if transfer_kind(t.kind).receives_into_scratch:
+                return True
+        except InvalidOptionError:
+            return False  # _run_one names the unknown kind
+        if t.sender is None or self.host_of(t.sender) == self.host:
             return False
         dst = self.dsts[t.leaf]
         if mine[0] not in dst:

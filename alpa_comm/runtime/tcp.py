@@ -155,9 +155,10 @@ class _Stream:
         self.error: str | None = None
         self.closing = False
         self.current: _Op | None = None  # the receive whose bytes are being read right now
-        for target, role in ((self._send_loop, "send"), (self._recv_loop, "recv")):
-            threading.Thread(target=target, daemon=True,
-                             name=f"alpa-comm-tcp-{role}-{owner}-{peer}.{index}").start()
+        self.threads = [threading.Thread(target=target, daemon=True, name=f"alpa-comm-tcp-{role}-{owner}-{peer}.{index}")
+                        for target, role in ((self._send_loop, "send"), (self._recv_loop, "recv"))]
+        for t in self.threads:
+            t.start()
 
     # ----------------------------------------------------------------- posting
     def send(self, tag: int, buf, rendezvous: bool = False) -> _Op:
@@ -219,19 +220,26 @@ class _Stream:
     def _next_send(self) -> _Op | None:
         """The oldest queued send that may go now (a clear-to-send, an eager send, or a
         rendezvous send whose clear-to-send came), waiting until there is one; None once
-        the stream stops."""
+        the stream stops. A send never passes an older one with its own tag (messages of
+        a tag match in the order sent); clear-to-sends are never held back."""
         with self.ready:
             while True:
                 if self.stopping:
                     return None
+                held: set[int] = set()  # tags of the waiting sends passed over
                 for i, op in enumerate(self.sends):
-                    if op.cancelled or not op.waits:
+                    if op.cancelled or op.control:
+                        break
+                    if op.tag in held:
+                        continue
+                    if not op.waits:
                         break
                     if self.cleared.get(op.tag):
                         self.cleared[op.tag] -= 1
                         if not self.cleared[op.tag]:
                             del self.cleared[op.tag]
                         break
+                    held.add(op.tag)
                 else:
                     self.ready.wait()
                     continue
@@ -531,7 +539,17 @@ class TcpBackend(_Subgroup, Backend):
         except CommunicationError as e:
             raise CommunicationError(f"host {self.rank}: barrier with hosts {self.hosts} failed: {e}") from e
 
-    def close(self) -> None:
-        for stream in self._streams.values():
+    def close(self, join_s: float = 5.0) -> None:
+        """Close every stream, then wait (at most ``join_s`` s in all) for their threads
+        to end: once it returns, no byte lands in a posted receive's memory any more
+        (the kernel still hands over what it buffered before the close)."""
+        streams = list(self._streams.values())
+        for stream in streams:
             stream.close()
         self._streams.clear()
+        deadline = time.monotonic() + join_s
+        me = threading.current_thread()
+        for stream in streams:
+            for t in stream.threads:
+                if t is not me:
+                    t.join(max(0.0, deadline - time.monotonic()))

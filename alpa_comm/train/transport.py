@@ -87,8 +87,9 @@ class ReshardMailbox:
             dst = layouts[0].empty_destinations(job.is_local, zeros=self.zeros, alloc=self.alloc)
             src = [srcs[k]] if srcs is not None else [{}]
             tag = tag_slot(self.edge_index[name], k, mb, self.M) * TAG_STRIDE
+            # eager messages: a stage may wait for its send before it posts its next receive
             HostExecutor(self.host, layouts, src, [dst], self.backend, job.host_of, self.timeout,
-                         job.min_rate, tag_base=tag).run(job.transfers)
+                         job.min_rate, tag_base=tag, rendezvous=False).run(job.transfers)
             out.append(dst)
         if srcs is not None:  # the sender's view: from data ready to the last byte out
             self.events.append((name, mb, start, time.time()))

@@ -75,6 +75,11 @@ class TransferKind:
     """Jobs of this kind may be coalesced into one flat buffer (tree plans)."""
     carries_data: ClassVar[bool] = True
     """False for kinds that only time the protocol (``signal``)."""
+    receives_into_scratch: ClassVar[bool] = False
+    """Every receiving host takes the whole slice into scratch memory first (the
+    all-gathers, rotated chains); the others receive in place where the first local
+    receiver's region is contiguous (``receive_buffer``). The executor counts that
+    scratch against its memory budget."""
     groups_jobs: ClassVar[bool] = False
     """True for kinds that merge many unit tasks' jobs into one transfer (``combine``)."""
     auto_min_hosts: ClassVar[int] = 1

@@ -11,6 +11,7 @@ from .base import (TransferKind, groups_in_order, receiving_hosts, ring_allgathe
 
 class GlobalAllGather(TransferKind):
     name = "global_allgather"
+    receives_into_scratch = True
     order = 30
 
     def resources(self, sender_host, receiver_hosts):

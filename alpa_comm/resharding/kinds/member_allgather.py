@@ -15,6 +15,7 @@ from .base import (TransferKind, groups_in_order, receiving_hosts, ring_allgathe
 
 class MemberAllGather(TransferKind):
     name = "allgather"
+    receives_into_scratch = True
     order = 90
     per_task_strategy = False
 

@@ -103,6 +103,7 @@ def _side_bytes(messages, part_bytes: Sequence[int], side: int) -> dict[int, flo
 
 class RotatedChains(TransferKind):
     name = "rotated_chains"
+    receives_into_scratch = True
     order = 45
     auto_min_hosts = MIN_RING_HOSTS
     groups_jobs = True

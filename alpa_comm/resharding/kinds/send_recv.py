@@ -5,7 +5,7 @@ import numpy as np
 
 from .. import cost_model
 from ..resources import intra_link, nic_receive, nic_send
-from .base import Posted, TransferKind
+from .base import Posted, TransferKind, fan_out, receive_buffer, store_received
 
 
 class SendRecv(TransferKind):
@@ -47,11 +47,11 @@ class SendRecv(TransferKind):
         if src_host == ex.host:
             flat = ex.outgoing(t)
             handles += [ex.isend(flat[bounds[j]:bounds[j + 1]], dst_host, tag0 + j) for j in range(parts)]
-        if dst_host == ex.host:
-            in_place = ex.bucket_target(t)
-            into = in_place if in_place is not None else ex.empty_bytes(t.nbytes)
+        if dst_host == ex.host:  # straight into the first local receiver where it is contiguous
+            into, mine, targets = receive_buffer(ex, t, t.nbytes)
             handles += [ex.irecv(into[bounds[j]:bounds[j + 1]], src_host, tag0 + j) for j in range(parts)]
 
             def finish():
-                ex.deliver(t, into)
+                fan_out(into, targets, 0, t.nbytes)
+                store_received(ex, t, into, mine, targets)
         return Posted(handles, finish)
