@@ -21,7 +21,7 @@ from . import loadbalance as balancing
 from .admission import MAX_CONCURRENT, MAX_INFLIGHT_BYTES, admitted_seconds
 from .cache import PlanCache, cache_for, cluster_key, move_key, raw_key
 from .coalesce import bucket_option, pack_jobs, stream_bytes_within
-from .kinds import transfer_kind
+from .kinds import TRANSFER_KINDS, transfer_kind
 from .plan import Part, ReshardingPlan, Transfer
 from .strategies import (ALLGATHER, ALPA, AUTO, LOCAL_COPY, STRATEGIES, Job, JobMemo, allgather_job, alpa_local_allgather_spec,
                          auto_candidates, jobs_for_task, lower_bound_payload)
@@ -445,6 +445,38 @@ def build_transfers(jobs: Sequence[Job], job_leaf: Sequence[int], members: dict,
         sender = None if job.kind == ALLGATHER else pick(tasks_per_leaf[leaf][job.task], cand.host, job.nbytes)
         out.append(Transfer(len(out), job.task, job.kind, sender, job.receivers, job.index, job.nbytes, cand.chunks,
                             starts[j], cand.duration, deps, leaf))
+    return rotate_shared_chains(out, cluster)
+
+
+def rotate_shared_chains(transfers: list[Transfer], cluster: ClusterSpec) -> list[Transfer]:
+    """The k-th transfer (in plan order) of a kind that passes its receiving hosts in
+    order (``TransferKind.rotates_shared_receivers``) among those with the same receiving
+    hosts starts its chain k hosts further on. Otherwise every chain of, say, eight
+    slices to the same eight hosts enters at the same host: it takes all eight slices
+    first while the executor admits two at a time there, and the pairs pass the chain in a
+    convoy (measured on 16 emulated hosts: 1.48x slower than rotated). Homogeneous hosts
+    see the same cost either way; the sending host's own devices stay first."""
+    host_of = cluster.host_of
+    seen: dict[tuple, int] = {}
+    out = []
+    for t in transfers:
+        kind = TRANSFER_KINDS.get(t.kind)
+        if kind is None or not kind.rotates_shared_receivers or t.sender is None:
+            out.append(t)
+            continue
+        s = host_of(t.sender)
+        groups: dict[int, list[int]] = {}
+        for r in t.receivers:
+            groups.setdefault(host_of(r), []).append(r)
+        hosts = [h for h in groups if h != s]
+        key = (t.kind, s in groups, tuple(sorted(hosts)))
+        k = seen.get(key, 0)
+        seen[key] = k + 1
+        k %= max(1, len(hosts))
+        if k:
+            order = ([s] if s in groups else []) + hosts[k:] + hosts[:k]
+            t = t._replace(receivers=tuple(r for h in order for r in groups[h]))
+        out.append(t)
     return out
 
 

@@ -75,6 +75,10 @@ class TransferKind:
     """Jobs of this kind may be coalesced into one flat buffer (tree plans)."""
     carries_data: ClassVar[bool] = True
     """False for kinds that only time the protocol (``signal``)."""
+    rotates_shared_receivers: ClassVar[bool] = False
+    """Its transfers pass the receiving hosts in the order ``receivers`` lists them (a
+    chain, trees over that order): transfers with the same receiving hosts then start at
+    different ones (``planner.rotate_shared_chains``), so no host heads all of them."""
     receives_into_scratch: ClassVar[bool] = False
     """Every receiving host takes the whole slice into scratch memory first (the
     all-gathers, rotated chains); the others receive in place where the first local

@@ -15,6 +15,7 @@ from .base import (Posted, TransferKind, chain_rates, chunk_bounds, fan_out, fin
 
 class Broadcast(TransferKind):
     name = "broadcast"
+    rotates_shared_receivers = True
     order = 40
     packable = True
 

@@ -58,6 +58,7 @@ def chunk_bounds(lo: int, hi: int, chunks: int) -> np.ndarray:
 
 class DoubleTree(TransferKind):
     name = "double_tree"
+    rotates_shared_receivers = True
     order = 42
     auto_min_hosts = 3
     packable = True
