@@ -54,16 +54,22 @@ def _models(width: int):
     yield "flax-cnn", (lambda p, x: {"y": cnn.apply(p, x)}), params, x
 
 
-def _time(f, repeat: int) -> float:
+def _time_interleaved(programs: dict, repeat: int) -> dict:
+    """Median seconds of every program (key -> callable), timed in rounds that run each
+    once after a warm-up: timing one program's repeats back to back let the machine's
+    state at that moment decide (the same BW program measured 10.7 and 17.3 ms for two
+    models whose BW compiles to the same HLO)."""
     import jax
 
-    jax.block_until_ready(f())
-    xs = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
+    for f in programs.values():
         jax.block_until_ready(f())
-        xs.append(time.perf_counter() - t0)
-    return statistics.median(xs)
+    xs: dict = {k: [] for k in programs}
+    for _ in range(repeat):
+        for k, f in programs.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(f())
+            xs[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in xs.items()}
 
 
 def _flops(fn, *args) -> float:
@@ -79,7 +85,7 @@ def measure(width: int, repeat: int, progress=print) -> list[dict]:
 
     from alpa_comm.train import split_vjp
 
-    rows = []
+    rows, programs = [], {}
     for name, fn, params, inputs in _models(width):
         out, pullback = jax.jit(lambda p, x: jax.vjp(fn, p, x))(params, inputs)
         _, bi, bw = jax.jit(lambda p, x: split_vjp(fn, p, x))(params, inputs)
@@ -89,15 +95,21 @@ def measure(width: int, repeat: int, progress=print) -> list[dict]:
         run_bw = jax.jit(lambda h, r: h(r))
         run_b = jax.jit(lambda h, w, c: w(h(c)[1]))
         _, residuals = run_bi(bi, ct)
-        t = {"jax.vjp": _time(lambda: run_vjp(pullback, ct), repeat), "B": _time(lambda: run_b(bi, bw, ct), repeat),
-             "BI": _time(lambda: run_bi(bi, ct), repeat), "BW": _time(lambda: run_bw(bw, residuals), repeat)}
+        programs.update({(name, "jax.vjp"): lambda g=run_vjp, a=pullback, c=ct: g(a, c),
+                         (name, "B"): lambda g=run_b, a=bi, w=bw, c=ct: g(a, w, c),
+                         (name, "BI"): lambda g=run_bi, a=bi, c=ct: g(a, c),
+                         (name, "BW"): lambda g=run_bw, w=bw, r=residuals: g(w, r)})
         f = {"jax.vjp": _flops(lambda g, c: g(c), pullback, ct), "BI": _flops(lambda h, c: h(c), bi, ct),
              "BW": _flops(lambda h, r: h(r), bw, residuals)}
-        rows.append({"model": name, "vjp_ms": t["jax.vjp"] * 1e3, "b_ms": t["B"] * 1e3, "bi_ms": t["BI"] * 1e3,
-                     "bw_ms": t["BW"] * 1e3, "bi_plus_bw_ms": (t["BI"] + t["BW"]) * 1e3,
-                     "vjp_gflop": f["jax.vjp"] / 1e9, "bi_gflop": f["BI"] / 1e9, "bw_gflop": f["BW"] / 1e9,
-                     "residual_mib": sum(np.asarray(r).nbytes for r in residuals) / 2 ** 20})
-        progress(f"{name}: jax.vjp {t['jax.vjp'] * 1e3:.1f} ms, BI {t['BI'] * 1e3:.1f} + BW {t['BW'] * 1e3:.1f} ms")
+        rows.append({"model": name, "vjp_gflop": f["jax.vjp"] / 1e9, "bi_gflop": f["BI"] / 1e9, "bw_gflop": f["BW"] / 1e9,
+                     "residual_mib": sum(np.asarray(r).nbytes for r in jax.tree_util.tree_leaves(residuals)) / 2 ** 20})
+        progress(f"{name}: compiled")
+    times = _time_interleaved(programs, repeat)  # every model's programs in the same rounds
+    for row in rows:
+        t = {k: times[(row["model"], k)] for k in ("jax.vjp", "B", "BI", "BW")}
+        row.update({"vjp_ms": t["jax.vjp"] * 1e3, "b_ms": t["B"] * 1e3, "bi_ms": t["BI"] * 1e3, "bw_ms": t["BW"] * 1e3,
+                    "bi_plus_bw_ms": (t["BI"] + t["BW"]) * 1e3})
+        progress(f"{row['model']}: jax.vjp {row['vjp_ms']:.1f} ms, BI {row['bi_ms']:.1f} + BW {row['bw_ms']:.1f} ms")
     return rows
 
 
