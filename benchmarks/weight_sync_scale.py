@@ -49,7 +49,6 @@ import gc
 import json
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -266,7 +265,7 @@ def _placeholder(shape, root):
 
 # ------------------------------------------------------------------ the driver
 def run_method(method: str, args, nic: str | None, calibrate: bool, say) -> list[dict]:
-    from alpa_comm.jax.launch import launch
+    from alpa_comm.jax.launch import config_file, launch, reports_of
     from alpa_comm.runtime.emulated import netns
     from alpa_comm.runtime.emulated.launch import teardown_emulated
 
@@ -275,26 +274,17 @@ def run_method(method: str, args, nic: str | None, calibrate: bool, say) -> list
     cfg = {"method": method, "layers": args.layers, "width": args.width, "vocab": args.vocab,
            "repeat": args.repeat, "budget": int(args.budget_mb * 2**20), "nic_gbps": nic_gbps,
            "calibrate": calibrate, "probe_bytes": int(min(256, max(16, model_mb / 4)) * 2**20)}
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump(cfg, f)
-    Path(f.name).chmod(0o644)
     network = None if args.local else netns.EmulatedNetwork(WORLD, nic).up()
     try:
         per_run = model_mb * 8 / 1024 / min(nic_gbps, 2.0)  # seconds a run may take at worst
-        outs = launch(WORLD, DEVICES, [sys.executable, str(Path(__file__).resolve()), "--worker", f.name],
-                      network=network, timeout=120 + 6 * (args.repeat + 1) * per_run, fail_fast=True,
-                      progress=say, cross_host_transfers=method == "jax_device_put")
+        with config_file(cfg) as path:
+            outs = launch(WORLD, DEVICES, [sys.executable, str(Path(__file__).resolve()), "--worker", path],
+                          network=network, timeout=120 + 6 * (args.repeat + 1) * per_run, fail_fast=True,
+                          progress=say, cross_host_transfers=method == "jax_device_put")
     finally:
         if network is not None:
             teardown_emulated(network)
-        Path(f.name).unlink(missing_ok=True)
-    reports = []
-    for o in outs:
-        if not o.lines("RESULT "):
-            raise RuntimeError(f"{method}: process {o.rank} ended without a result (exit code {o.returncode}):\n"
-                               f"{o.stderr[-3000:]}")
-        reports.append(json.loads(o.lines("RESULT ")[0]))
-    return reports
+    return reports_of(outs, f"{method}: ")
 
 
 def planned_gbps(args, nic: str | None) -> float:
@@ -311,12 +301,12 @@ def summarize(method: str, reports: list[dict], args, nic: str | None, rate: flo
     runs = [max(r["runs"][i]["seconds"] for r in reports) for i in range(1, args.repeat + 1)]
     seconds = statistics.median(runs)
     extra = {r["rank"]: max(x["extra"] for x in r["runs"][1:]) for r in reports}
-    from alpa_comm.resharding.coalesce import auto_bucket_bytes
+    from alpa_comm.resharding.coalesce import auto_bucket_bytes, bucket_within
     from alpa_comm.topology import ClusterSpec
 
     told = ClusterSpec(num_hosts=WORLD, devices_per_host=DEVICES, nic_send_gbps=planned_gbps(args, nic),
                        latency_s=LATENCY_S)  # what the planner was told
-    bucket = min(auto_bucket_bytes(told), int(args.budget_mb * 2**20) // 2)
+    bucket = bucket_within(auto_bucket_bytes(told), int(args.budget_mb * 2**20))
     wrong = sum(r["wrong"] for r in reports)
     checked = sum(r["checked"] for r in reports)
     return {"method": method, "model_bytes": model_bytes, "leaves": len(arrays), "replicas": len(REPLICAS),

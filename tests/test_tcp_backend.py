@@ -32,6 +32,16 @@ def close(backends):
         b.close()
 
 
+def fails_at_once(handle, end, match: str) -> None:
+    """``end()`` (closing a peer) fails ``handle`` with ``match`` at once, not after the
+    wait's timeout."""
+    t0 = time.monotonic()
+    end()
+    with pytest.raises(CommunicationError, match=match):
+        handle.wait(10)
+    assert time.monotonic() - t0 < 5
+
+
 # ------------------------------------------------------------------ Pieces
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.integers(0, 40), min_size=0, max_size=8), st.data())
@@ -119,12 +129,7 @@ def test_a_timeout_and_a_closed_peer_name_the_host():
     a, b = group(2)
     with pytest.raises(CommunicationError, match=r"host 1: receiving from host 0 timed out after 0.2 s \(tag 99"):
         b.irecv(np.zeros(5, np.uint8), 0, 99).wait(0.2)
-    h = b.irecv(np.zeros(5, np.uint8), 0, 100)
-    t0 = time.monotonic()
-    a.close()
-    with pytest.raises(CommunicationError, match="host 1: receiving from host 0 failed: host 0 closed"):
-        h.wait(10)
-    assert time.monotonic() - t0 < 5  # at once, not after the timeout
+    fails_at_once(b.irecv(np.zeros(5, np.uint8), 0, 100), a.close, "host 1: receiving from host 0 failed: host 0 closed")
     with pytest.raises(CommunicationError, match="host 0"):
         b.isend(np.zeros(5, np.uint8), 0, 101).wait(5)
     b.close()
@@ -263,11 +268,7 @@ def test_a_peer_that_dies_mid_message_fails_the_receive_at_once():
         h = b.irecv(np.zeros(1000, np.uint8), 0, 5)
         peer.sendall(HEADER.pack(5, 1000) + bytes(10))
         time.sleep(0.05)
-        t0 = time.monotonic()
-        peer.close()
-        with pytest.raises(CommunicationError, match="host 1: receiving from host 0 failed"):
-            h.wait(10)
-        assert time.monotonic() - t0 < 5
+        fails_at_once(h, peer.close, "host 1: receiving from host 0 failed")
     finally:
         b.close()
 
@@ -420,11 +421,6 @@ def test_a_rendezvous_message_waits_for_its_receive_and_lets_others_pass():
         assert np.array_equal(got_first, big) and (got_second == 3).all()
         with pytest.raises(CommunicationError, match=r"host 0: sending to host 1 timed out after 0.3 s \(tag 9"):
             a.isend(big, 1, 9, rendezvous=True).wait(0.3)
-        waiting = a.isend(big, 1, 10, rendezvous=True)
-        t0 = time.monotonic()
-        b.close()
-        with pytest.raises(CommunicationError, match="host 0: sending to host 1 failed"):
-            waiting.wait(10)
-        assert time.monotonic() - t0 < 5
+        fails_at_once(a.isend(big, 1, 10, rendezvous=True), b.close, "host 0: sending to host 1 failed")
     finally:
         close([a, b])

@@ -13,9 +13,12 @@ The launched command reads its place from the environment (``worker_init`` does 
 """
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +36,32 @@ class ProcessOutput:
     def lines(self, prefix: str) -> list[str]:
         """The stdout lines that start with ``prefix``, without it."""
         return [ln[len(prefix):] for ln in self.stdout.splitlines() if ln.startswith(prefix)]
+
+
+@contextlib.contextmanager
+def config_file(cfg: dict):
+    """``cfg`` as a JSON file every launched process can read (a process in a network
+    namespace may not share the caller's umask), yielding its path; removed after."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(cfg, f)
+    path = Path(f.name)
+    try:
+        path.chmod(0o644)
+        yield str(path)
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def reports_of(outs: list["ProcessOutput"], what: str = "") -> list[dict]:
+    """Every process's ``RESULT`` line as JSON, by rank; where one is missing, an error
+    with the stderr of the process that failed first (not one the launcher ended after
+    it), ``what`` saying which run."""
+    missing = [o for o in outs if not o.lines("RESULT ")]
+    if missing:
+        o = min(missing, key=lambda o: (o.returncode in (None, -9), o.rank))
+        raise RuntimeError(f"{what}process {o.rank} ended without a result (exit code {o.returncode}):\n"
+                           f"{o.stderr[-3000:]}")
+    return [json.loads(o.lines("RESULT ")[0]) for o in outs]
 
 
 def launch(world: int, devices: int, command: list[str], *, network=None, timeout: float = 240,

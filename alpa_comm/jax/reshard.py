@@ -29,7 +29,6 @@ from ..resharding.host_job import HostJob
 from ..resharding.tree import plan_resharding_tree, tree_flatten, tree_unflatten
 from ..runtime.backend import CommunicationError
 from ..resharding.admission import MAX_INFLIGHT_BYTES
-from ..resharding.coalesce import bucket_option
 from ..runtime.executor import HostExecutor, Layout, SlabLayout, check_positive, numpy_dtype, slab_regions
 from ..spec import ShardingSpec
 from ..topology import ClusterSpec
@@ -338,12 +337,6 @@ def _cached(key, make):
     return hit
 
 
-def _within(bucket_bytes, cluster: ClusterSpec, budget: int):
-    """The bucket size asked for, at most half the memory budget (double-buffered)."""
-    bucket = bucket_option(bucket_bytes, cluster)
-    return None if bucket is None else max(1, min(bucket, budget // 2))
-
-
 def _prepare_programs(picture: dict, group: ProcessGroup, strategy, bucket_bytes, budget: int) -> _ProgramsPrepared:
     dph = picture["devices_per_host"]
     moves, reshardings = [], []
@@ -357,7 +350,7 @@ def _prepare_programs(picture: dict, group: ProcessGroup, strategy, bucket_bytes
                                                   dst_spec))
     cluster = _cluster(group, dph)
     plan = plan_resharding_tree(reshardings, cluster=cluster, strategy=strategy,
-                                bucket_bytes=_within(bucket_bytes, cluster, budget), max_inflight_bytes=budget)
+                                bucket_bytes=bucket_bytes, max_inflight_bytes=budget)
     return _ProgramsPrepared(**vars(_Share.of(plan, group.rank)), moves=moves)
 
 
@@ -404,11 +397,10 @@ def _prepare_afresh(leaves, dsts: dict, group: ProcessGroup, strategy: str, buck
     if len(moves) == 1 and bucket_bytes is None:
         m = moves[0]
         plan = plan_resharding(m.shape, m.dtype, m.src_mesh, m.src_spec, m.dst_mesh, m.dst_spec, cluster=cluster,
-                               strategy=strategy, bucket_bytes=_within("auto", cluster, budget),
-                               max_inflight_bytes=budget)
+                               strategy=strategy, max_inflight_bytes=budget)
     else:  # a list keeps the leaves in order: plan leaf i is leaves[i]
         plan = plan_resharding_tree(moves, cluster=cluster, strategy=strategy,
-                                    bucket_bytes=_within(bucket_bytes, cluster, budget), max_inflight_bytes=budget)
+                                    bucket_bytes=bucket_bytes, max_inflight_bytes=budget)
     return _Prepared(**vars(_Share.of(plan, group.rank)), hosts=hosts, shardings=shardings, wires=wires)
 
 

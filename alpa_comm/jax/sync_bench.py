@@ -38,7 +38,6 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -242,31 +241,24 @@ def run(nic: str | None, size_mb: float, repeat: int, timeout: float = 60.0, emu
     from ..bench import Result, VerificationError
     from ..runtime.emulated import netns
     from ..runtime.emulated.launch import teardown_emulated
-    from .launch import launch, python_command
+    from .launch import config_file, launch, python_command, reports_of
 
     say = progress or (lambda msg: None)
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump({"size_mb": size_mb, "repeat": repeat, "timeout": timeout, "latency_s": LATENCY_S,
-                   "nic_gbps": netns.rate_gbps(nic) if emulated and nic else 10.0}, f)
-    Path(f.name).chmod(0o644)
+    cfg = {"size_mb": size_mb, "repeat": repeat, "timeout": timeout, "latency_s": LATENCY_S,
+           "nic_gbps": netns.rate_gbps(nic) if emulated and nic else 10.0}
     network = netns.EmulatedNetwork(WORLD, nic).up() if emulated else None
     try:
         say(f"{WORLD} JAX processes ({'emulated hosts, NIC ' + str(nic) if emulated else 'loopback'}), "
             f"{size_mb:g} MiB of weights, {len(LAYOUTS)} layouts x {len(METHODS)} methods x {repeat + 1} runs")
         t0 = time.monotonic()
-        outs = launch(WORLD, DEVICES, python_command(__name__, "--worker", f.name), network=network,
-                      timeout=max(300.0, 40 * (repeat + 1) * size_mb / 8), fail_fast=True, progress=say)
+        with config_file(cfg) as path:
+            outs = launch(WORLD, DEVICES, python_command(__name__, "--worker", path), network=network,
+                          timeout=max(300.0, 40 * (repeat + 1) * size_mb / 8), fail_fast=True, progress=say)
         say(f"processes done in {time.monotonic() - t0:.0f} s")
     finally:
         if network is not None:
             teardown_emulated(network)
-        Path(f.name).unlink(missing_ok=True)
-    reports = []
-    for o in outs:
-        if not o.lines("RESULT "):
-            raise RuntimeError(f"process {o.rank} (host {o.rank}) ended without a result (exit code "
-                               f"{o.returncode}):\n{o.stderr[-2000:]}")
-        reports.append(json.loads(o.lines("RESULT ")[0]))
+    reports = reports_of(outs)
     rate, fixed = copy_rate(reports, repeat)
     weights = model(size_mb)
     nbytes = sum(w.nbytes for w in weights.values())

@@ -43,7 +43,6 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -260,19 +259,14 @@ def _probe_worker(config_path: str) -> int:
 def probe_jax(size_mb: float, network=None, progress=None) -> list[dict]:
     """What JAX's own ``device_put`` does on every layout-change case: one launch each,
     ended after ``PROBE_DEADLINE_S``; per process: its error, a result, or no return."""
-    from .launch import launch, python_command
+    from .launch import config_file, launch, python_command
 
     say = progress or (lambda msg: None)
     out = []
     for case in cases("layout-change", min(size_mb, 1.0)):
-        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-            json.dump({"case": case}, f)
-        Path(f.name).chmod(0o644)
-        try:
-            outs = launch(WORLD, DEVICES, python_command(__name__, "--probe", f.name), network=network,
+        with config_file({"case": case}) as path:
+            outs = launch(WORLD, DEVICES, python_command(__name__, "--probe", path), network=network,
                           timeout=PROBE_DEADLINE_S, cross_host_transfers=True)
-        finally:
-            Path(f.name).unlink(missing_ok=True)
         seen = {}
         for o in outs:
             lines = o.lines("PROBE ")
@@ -303,37 +297,29 @@ def run(suites, nic: str | None, size_mb: float, repeat: int, timeout: float = 6
     from ..runtime.emulated.launch import teardown_emulated
     from ..runtime.launch import EMULATED_LATENCY_S
     from .group import DEFAULT_STREAM_GBPS, streams_for
-    from .launch import launch, python_command
+    from .launch import config_file, launch, python_command, reports_of
 
     say = progress or (lambda msg: None)
     nic_gbps = netns.rate_gbps(nic) if emulated and nic else LOOPBACK_GBPS
     n_streams = streams_for(streams, nic_gbps, stream_gbps or DEFAULT_STREAM_GBPS)
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump({"suites": list(suites), "size_mb": size_mb, "repeat": repeat, "timeout": timeout,
-                   "nic_gbps": nic_gbps, "streams": n_streams,
-                   "latency_s": EMULATED_LATENCY_S if emulated else LOOPBACK_LATENCY_S}, f)
-    Path(f.name).chmod(0o644)
+    cfg = {"suites": list(suites), "size_mb": size_mb, "repeat": repeat, "timeout": timeout, "nic_gbps": nic_gbps,
+           "streams": n_streams, "latency_s": EMULATED_LATENCY_S if emulated else LOOPBACK_LATENCY_S}
     network = netns.EmulatedNetwork(WORLD, nic).up() if emulated else None
     try:
         where = f"emulated hosts, NIC {nic}" if emulated else "loopback, no tc"
         say(f"{WORLD} JAX processes x {DEVICES} CPU devices ({where}), {n_streams} TCP stream(s) a pair (tcp and gloo alike); suites "
             f"{', '.join(suites)}; {len(METHODS)} methods interleaved, {repeat} timed rounds after a warm-up")
         t0 = time.monotonic()
-        outs = launch(WORLD, DEVICES, python_command(__name__, "--worker", f.name), network=network,
-                      timeout=max(300.0, 30 * (repeat + 1) * max(size_mb, 1) / 16), fail_fast=True, progress=say,
-                      cross_host_transfers=True)
+        with config_file(cfg) as path:
+            outs = launch(WORLD, DEVICES, python_command(__name__, "--worker", path), network=network,
+                          timeout=max(300.0, 30 * (repeat + 1) * max(size_mb, 1) / 16), fail_fast=True,
+                          progress=say, cross_host_transfers=True)
         say(f"processes done in {time.monotonic() - t0:.0f} s")
         refusals = probe_jax(size_mb, network, say) if probe and "layout-change" in suites else []
     finally:
         if network is not None:
             teardown_emulated(network)
-        Path(f.name).unlink(missing_ok=True)
-    missing = [o for o in outs if not o.lines("RESULT ")]
-    if missing:  # the one that failed first (not ended by the launcher) says why
-        o = min(missing, key=lambda o: (o.returncode in (None, -9), o.rank))
-        raise RuntimeError(f"process {o.rank} ended without a result (exit code {o.returncode}):\n"
-                           f"{o.stderr[-3000:]}")
-    reports = [json.loads(o.lines("RESULT ")[0]) for o in outs]
+    reports = reports_of(outs)
     results = []
     for suite in suites:
         for case in cases(suite, size_mb):

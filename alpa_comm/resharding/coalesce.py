@@ -31,6 +31,14 @@ STREAM_GAIN = 0.95
 predicts the stream at most this fraction of their time apart."""
 
 
+def bucket_within(bucket: int | None, max_inflight_bytes: int | None) -> int | None:
+    """A bucket of at most half the memory budget (the next one is packed while the one
+    before is on the wire); as asked without a budget, or without packing."""
+    if bucket is None or max_inflight_bytes is None:
+        return bucket
+    return max(1, min(bucket, int(max_inflight_bytes) // 2))
+
+
 def stream_bytes_within(max_inflight_bytes: int | None) -> int:
     """How large a stream of large slices may grow under a memory budget: half of it
     (the next one is read while the one before is on the wire); ``MAX_INFLIGHT_BYTES``

@@ -20,7 +20,7 @@ from ..topology import ClusterSpec
 from . import loadbalance as balancing
 from .admission import MAX_CONCURRENT, MAX_INFLIGHT_BYTES, admitted_seconds
 from .cache import PlanCache, cache_for, cluster_key, move_key, raw_key
-from .coalesce import bucket_option, pack_jobs, stream_bytes_within
+from .coalesce import bucket_option, bucket_within, pack_jobs, stream_bytes_within
 from .kinds import TRANSFER_KINDS, transfer_kind
 from .plan import Part, ReshardingPlan, Transfer
 from .strategies import (ALLGATHER, ALPA, AUTO, LOCAL_COPY, STRATEGIES, Job, JobMemo, allgather_job, alpa_local_allgather_spec,
@@ -107,8 +107,8 @@ def plan_resharding(shape: Sequence[int], dtype, src_mesh, src_spec, dst_mesh, d
     between the same hosts the same way go as one message of at most that many bytes,
     ``coalesce``; a byte count; None plans every piece as its own message; Alpa's
     baselines never coalesce), ``max_inflight_bytes`` (the memory budget the executor
-    will run the plan under: streams of large slices then aim at half of it; default:
-    ``MAX_INFLIGHT_BYTES``).
+    will run the plan under: buckets are then at most half of it and streams of large
+    slices aim at half of it; default: ``MAX_INFLIGHT_BYTES``).
     """
     with gc_paused():  # hundreds of thousands of small tuples, no cycles: see gc_pause
         return _plan(shape, dtype, src_mesh, src_spec, dst_mesh, dst_spec, **kwargs)
@@ -134,7 +134,8 @@ def _plan(shape: Sequence[int], dtype, src_mesh, src_spec, dst_mesh, dst_spec, *
         return hit
     if cluster is None:
         cluster = smallest_cluster(src_mesh, dst_mesh)
-    bucket = None if strategy == ALPA else bucket_option(bucket_bytes, cluster)  # Alpa's messages as Alpa sends them
+    # Alpa's messages as Alpa sends them; else buckets of at most half the budget
+    bucket = None if strategy == ALPA else bucket_within(bucket_option(bucket_bytes, cluster), max_inflight_bytes)
     move = Resharding.between(shape, dtype, src_mesh, src_spec, dst_mesh, dst_spec).resolve(cluster)
     stream = stream_bytes_within(max_inflight_bytes)
     key = ("plan", move_key(move), cluster_key(cluster), strategy, loadbalance, chunks, seed, dfs_budget_s, bucket,

@@ -29,7 +29,7 @@ from ..topology import ClusterSpec
 from . import loadbalance as balancing
 from .admission import MAX_INFLIGHT_BYTES
 from .cache import PlanCache, cache_for, cluster_key, move_key, raw_key
-from .coalesce import (AUTO_BUCKET_MAX, AUTO_BUCKET_MIN, auto_bucket_bytes, bucket_option, pack_jobs,
+from .coalesce import (AUTO_BUCKET_MAX, AUTO_BUCKET_MIN, auto_bucket_bytes, bucket_option, bucket_within, pack_jobs,
                        stream_bytes_within)
 from .kinds import PER_TASK_STRATEGIES
 from .plan import Leaf, Transfer
@@ -138,14 +138,15 @@ def plan_resharding_tree(tree, *, cluster: ClusterSpec, strategy: str = "broadca
     ``bucket_bytes``: ``"auto"`` (from latency and bandwidth), a byte count, or
     None/0 to plan jointly without packing. ``cache``: as for ``plan_resharding``
     (a weight sync that runs every step plans once). ``max_inflight_bytes``: the memory
-    budget the executor will run the plan under; a stream of large slices is then at
-    aims at half of it (``coalesce.stream_bytes_within``).
+    budget the executor will run the plan under; buckets are then at most half of it and a
+    stream of large slices aims at half of it (``coalesce.bucket_within``,
+    ``stream_bytes_within``).
     """
     stream = stream_bytes_within(max_inflight_bytes)
     if strategy not in TREE_STRATEGIES:
         raise InvalidOptionError(f"strategy {strategy!r} is not available for trees; choose one of "
                                  f"{', '.join(TREE_STRATEGIES)}")
-    bucket = bucket_option(bucket_bytes, cluster)
+    bucket = bucket_within(bucket_option(bucket_bytes, cluster), max_inflight_bytes)
     flat = tree_flatten(tree)
     store = cache_for(cache)
     raw = (raw_key("tree", tuple(flat), cluster, strategy, loadbalance, bucket, chunks, seed, dfs_budget_s, stream)

@@ -406,6 +406,7 @@ class HostExecutor:
         self._packed: dict[int, Future] = {}  # transfer id -> its buffer, being packed ahead
         self._packing: dict[int, _Packing] = {}  # transfer id -> how far its packing has come
         self._gathered: dict[int, Pieces] = {}  # transfer id -> its bucket's parts, cut before the run
+        self._strided: dict[int, int] = {}  # transfer id -> bytes of its parts sent strided from here
         # transfer id -> where its bucket lands (given: ``Destinations.in_place``, else found)
         self._in_place: dict[int, np.ndarray | None] = dict(in_place) if in_place is not None else {}
         self._in_place_known = in_place is not None
@@ -521,7 +522,11 @@ class HostExecutor:
     def _strided_parts(self, t: Transfer) -> int:
         """Bytes of ``t``'s parts sent from here that are not contiguous in their source
         shard: gathering copies them (``slice_bytes``), so they are gathered at their turn,
-        within ``max_inflight_bytes``, not all before the first byte leaves."""
+        within ``max_inflight_bytes``, not all before the first byte leaves. Worked out
+        once per transfer (``gather_all`` and the admission both ask)."""
+        known = self._strided.get(t.id)
+        if known is not None:
+            return known
         out = 0
         for p in t.parts:
             if self.host_of(p.sender) != self.host:
@@ -529,6 +534,7 @@ class HostExecutor:
             lay, src = self.layouts[p.leaf], self.srcs[p.leaf]
             if p.sender in src and not view(src[p.sender], lay.src_boxes[p.sender], p.index).flags.c_contiguous:
                 out += p.nbytes
+        self._strided[t.id] = out
         return out
 
     def _pack(self, t: Transfer, progress: _Packing | None = None) -> np.ndarray:
