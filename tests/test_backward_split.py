@@ -197,6 +197,29 @@ def test_a_deep_mlp_moves_exactly_its_weight_matmuls():
     assert _flops(lambda h, c: h(c), bi, ct) == _flops(lambda f, c: f(c), pullback, ct) - dw
 
 
+def test_without_input_cotangents_the_chain_still_runs_in_bi():
+    """A first stage (its input is the batch, no cotangent wanted): the cotangent chain
+    that feeds the weight products runs in BI, BW does only the products, as on every
+    other stage (in one program XLA on CPU had stored a product's operand transposed)."""
+    x = jnp.ones((32, 64))
+
+    def first_stage(p):
+        h = x
+        for w in p:
+            h = jnp.tanh(h @ w)
+        return h
+    p = [jnp.full((64, 64), 0.01 * (i + 1)) for i in range(4)]
+    ct = jnp.ones((32, 64))
+    _, pullback = jax.vjp(first_stage, p)
+    out, bi, bw = split_vjp(first_stage, p)
+    input_cts, residuals = bi(ct)
+    assert input_cts == ()
+    dw = 4 * 2 * 32 * 64 * 64
+    assert _flops(lambda h, r: h(r), bw, residuals) == dw
+    assert _flops(lambda h, c: h(c), bi, ct) == _flops(lambda f, c: f(c), pullback, ct) - dw
+    _assert_trees_equal(bw(residuals), pullback(ct)[0], exact=False)
+
+
 def test_the_halves_compile_once_across_steps():
     def f(p, x):
         return jnp.sin(x @ p["w"]) * p["s"]
