@@ -1,6 +1,6 @@
 """Pipeline schedules: IR, generators, validator, memory model, simulator, weight delaying (pure)."""
-from .generators import (SCHEDULE_KINDS, SCHEDULES, VIRTUAL_SCHEDULES, compute_order, generate, interleaved_order,
-                         schedule_kind, warmup)
+from .generators import (SCHEDULE_KINDS, SCHEDULES, V_SCHEDULES, VIRTUAL_SCHEDULES, compute_order, dualpipev_order,
+                         generate, interleaved_order, schedule_kind, warmup, zbv_order)
 from .ir import Action, ActionKind, Schedule, ScheduleError
 from .memory import memory
 from .simulate import Costs, PipelineResult, simulate_schedule
@@ -8,5 +8,6 @@ from .validate import validate
 from .weight_delay import auto_backward, auto_delay, auto_delay_schedule
 
 __all__ = ["Action", "ActionKind", "Costs", "PipelineResult", "SCHEDULE_KINDS", "SCHEDULES", "Schedule",
-           "ScheduleError", "VIRTUAL_SCHEDULES", "auto_backward", "auto_delay", "auto_delay_schedule", "compute_order", "generate", "interleaved_order", "memory",
-           "schedule_kind", "simulate_schedule", "validate", "warmup"]
+           "ScheduleError", "V_SCHEDULES", "VIRTUAL_SCHEDULES", "auto_backward", "auto_delay", "auto_delay_schedule",
+           "compute_order", "dualpipev_order", "generate", "interleaved_order", "memory", "schedule_kind",
+           "simulate_schedule", "validate", "warmup", "zbv_order"]
