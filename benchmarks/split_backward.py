@@ -2,8 +2,9 @@
 
     python benchmarks/split_backward.py [--repeat 15] [--width 256] [--out benchmarks/results/split_backward]
 
-For one pipeline stage of each model (GPT and U-Transformer from ``alpa_comm.models``, a
-flax CNN the project did not write), the stage's backward four ways, each compiled once
+For one pipeline stage of each model (GPT and U-Transformer from ``alpa_comm.models``, GPT's
+first stage, whose input is the batch, and a flax CNN the project did not write), the
+stage's backward four ways, each compiled once
 and timed (median of ``--repeat`` after a warm-up), and XLA's flop count of each:
 
 * ``jax.vjp``: JAX's own pullback, the whole backward in one program;
@@ -36,6 +37,8 @@ def _models(width: int):
         m = build_model(name, 2, layers=4, d=width, heads=4, seq=seq)
         inputs = {k: jnp.full((b, seq, width), 0.1) for k in m.consumes[1]}
         yield name, (lambda p, x, f=m.stages[1]: f(p, x, batch)), m.params[1], inputs
+        if name == "gpt":  # a first stage: its input is the batch, no input cotangent is wanted
+            yield "gpt-first", (lambda p, x, f=m.stages[0]: f(p, x, batch)), m.params[0], {}
     try:
         from flax import linen as nn
     except ImportError:  # flax is in the dev extras; without it the row is left out
