@@ -137,7 +137,8 @@ def worker(cfg_path: str) -> int:
     shape = (rows_of(cfg["size_mb"], cfg["devices"]), 64)
     if rank == 0:
         for i, (_, strategy, sm, ss, dm, ds) in enumerate(cfg["cases"]):
-            plan = plan_resharding(shape, "float32", sm, ss, dm, ds, cluster=cluster, strategy=strategy)
+            plan = plan_resharding(shape, "float32", sm, ss, dm, ds, cluster=cluster, strategy=strategy,
+                                   chunks=cfg.get("chunks"))
             group.kv.set(f"bench/plan/{i}", plan.to_json())
     plans = [ReshardingPlan.from_json(group.kv.get(f"bench/plan/{i}", timeout)) for i in range(len(cfg["cases"]))]
     x = (np.arange(shape[0] * shape[1]) % 65_521).astype(np.float32).reshape(shape)
@@ -190,6 +191,8 @@ def main(argv=None) -> int:
     p.add_argument("--local", action="store_true",
                    help="every host a process on loopback, no namespaces or shaping (a check of the script, no root)")
     p.add_argument("--only", default="", help="run only the cases whose label contains this text")
+    p.add_argument("--chunks", type=int, default=None,
+                   help="chunks per chain or tree slice in every plan (default: the cost model's choice)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.argv = list(argv if argv is not None else sys.argv[1:])
@@ -204,8 +207,10 @@ def main(argv=None) -> int:
     todo = [c for c in cases(args.hosts, args.devices) if args.only in c[0]]
     if not todo:
         raise SystemExit(f"error: no case label contains {args.only!r}")
+    if args.chunks is not None and args.chunks < 1:
+        raise SystemExit(f"error: --chunks must be >= 1, got {args.chunks}")
     cfg = {"devices": args.devices, "size_mb": args.size_mb, "repeat": args.repeat, "timeout": args.timeout,
-           "nic_gbps": netns.rate_gbps(args.nic), "cases": todo}
+           "nic_gbps": netns.rate_gbps(args.nic), "cases": todo, "chunks": args.chunks}
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(cfg, f)
     os.chmod(f.name, 0o644)

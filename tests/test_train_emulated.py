@@ -71,6 +71,26 @@ def test_every_schedule_and_strategy_matches_the_single_device_step(cluster, mod
     assert np.isfinite(pipe.step(mbs).loss)
 
 
+def test_schedule_auto_calibrates_on_the_cluster_and_its_pick_trains_exactly(cluster):
+    """``--schedule auto`` on a U-Transformer (skip edges): the calibration run's measured
+    durations rank every family; the pick, with its skip edges, matches the single-device step."""
+    from alpa_comm.train.trainer import TrainConfig, calibrate, choose_schedule
+
+    cfg = TrainConfig(model="utransformer", stages=4, layers=4, width=KW["d"], heads=KW["heads"], seq=KW["seq"],
+                      microbatches=4, microbatch_size=4, schedule="auto", memory_cap=3.0, optimizer="sgd", lr=LR,
+                      cluster="emulated")
+    model = build_model("utransformer", 4, **KW)
+    costs, predict = calibrate(cfg, cluster, model, synthetic(4, 4, KW["seq"], seed=3), log=None)
+    assert all(t > 0 for t in costs.resolve(4)["F"])
+    pick = choose_schedule(cfg, model, costs, predict, log=None)
+    assert pick.fits and pick.peak_activations <= 3.0
+    mbs = next(synthetic(4, 4, KW["seq"], seed=1))
+    ref_loss, ref_params = _reference("utransformer", 4, mbs)
+    pipe = DistributedPipeline(cluster, "utransformer", 4, pick.schedule, microbatch_size=4, model_kwargs=KW,
+                               strategy="broadcast", optimizer="sgd", lr=LR)
+    _check(pipe, mbs, ref_loss, ref_params)
+
+
 def test_data_parallel_stages_average_their_gradients(cluster):
     mbs = next(synthetic(3, 4, KW["seq"], seed=2))
     ref_loss, ref_params = _reference("gpt", 2, mbs)

@@ -75,6 +75,18 @@ def test_train_cli_runs_and_writes(tmp_path, capsys):
     assert "unknown cluster 'moon'" in capsys.readouterr().err
 
 
+def test_train_cli_schedule_auto_prints_its_ranking(capsys):
+    from alpa_comm.cli import main
+    assert main(["train", "--model", "utransformer", "--stages", "2", "--layers", "2", "--width", "16", "--seq", "8",
+                 "--steps", "2", "--microbatches", "4", "--cluster", "inprocess", "--schedule", "auto"]) == 0
+    captured = capsys.readouterr()
+    assert "--schedule auto" in captured.err and "picked " in captured.err and "loss" in captured.out
+    assert main(["train", "--cluster", "inprocess", "--schedule", "1f1b", "--memory-cap", "2", "--steps", "1"]) == 2
+    assert "--memory-cap applies to --schedule auto, not '1f1b'" in capsys.readouterr().err
+    assert main(["train", "--cluster", "inprocess", "--schedule", "auto", "--delay-wgrad", "1", "--steps", "1"]) == 2
+    assert "leave out --split-backward and --delay-wgrad" in capsys.readouterr().err
+
+
 def test_split_backward_does_no_extra_work():
     """BI + BW cost what B costs (in XLA's flop count): the weight half reuses the
     input half's output gradients instead of recomputing them."""

@@ -84,7 +84,7 @@ def _register_train(sub) -> None:
                    help="rows per microbatch (all dp replicas together)")
     add_schedule_args(p, "delay weight gradients: N or one N per stage (implies --split-backward), or 'auto': "
                          "the least delay per stage that shortens the simulated iteration, the backward kept "
-                         "whole where no delay does")
+                         "whole where no delay does", auto=True)
     add_strategy_arg(p, "; signal: one byte, the no-communication bound")
     p.add_argument("--dp", type=count(1, 64), default=1, help="data-parallel hosts per stage (default 1)")
     add_live_cluster_args(p, "local", "inprocess (one process), local (Ray on this machine), emulated (root: "
@@ -248,7 +248,7 @@ def cmd_train(args) -> int:
 
     _reject_emulated_only(args)
     cfg = TrainConfig(**{k: getattr(args, k) for k in TrainConfig.__dataclass_fields__ if hasattr(args, k)})
-    result = train(cfg)
+    result = train(cfg, log=sys.stderr)  # this call's stderr, not the one bound when the module loaded
     timed = result.step_seconds[1:] or result.step_seconds
     print(f"{cfg.model}, {cfg.stages} stages x dp {cfg.dp}, {result.schedule.name}, {cfg.strategy} on {cfg.cluster}: "
           f"loss {result.losses[0]:.4f} -> {result.losses[-1]:.4f} over {cfg.steps} steps; "

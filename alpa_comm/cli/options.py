@@ -10,7 +10,7 @@ import sys
 
 from .. import suites
 from ..errors import AlpaCommError
-from ..pipeline import SCHEDULE_KINDS, VIRTUAL_SCHEDULES
+from ..pipeline import SCHEDULE_KINDS, V_SCHEDULES, VIRTUAL_SCHEDULES
 from ..resharding import LOADBALANCE_MODES, STRATEGIES, plan_resharding
 from ..resharding.planner import smallest_cluster
 from ..topology import ClusterSpec
@@ -87,12 +87,25 @@ def add_strategy_arg(p: argparse.ArgumentParser, help_suffix: str = "") -> None:
                    help="how slices move between meshes (default broadcast)" + help_suffix)
 
 
-def add_schedule_args(p: argparse.ArgumentParser, delay_help: str, virtual: bool = False) -> None:
+AUTO_SCHEDULE = "auto"
+"""``--schedule auto``: every family simulated with the costs given, the fastest that fits
+the memory cap run (``pipeline.auto_schedule``)."""
+
+
+def add_schedule_args(p: argparse.ArgumentParser, delay_help: str, virtual: bool = False, auto: bool = False) -> None:
     """``--schedule``, ``--split-backward``, ``--delay-wgrad``; ``virtual`` adds the schedules
-    over virtual stages and ``--model-chunks`` (where the command can run them)."""
+    over virtual stages and ``--model-chunks`` (where the command can run them), ``auto``
+    the choice by simulation and its ``--memory-cap``."""
     kinds = {k.name: k.summary for k in SCHEDULE_KINDS.values()}
     if virtual:
         kinds.update(VIRTUAL_SCHEDULES)
+        kinds.update({k.name: k.summary for k in V_SCHEDULES.values()})
+    if auto:
+        kinds[AUTO_SCHEDULE] = ("simulate every schedule above with the costs given and pick the fastest that "
+                                "fits --memory-cap (prints the ranking)")
+        p.add_argument("--memory-cap", type=number(0, exclusive=True, maximum=1e6), default=None,
+                       help="with --schedule auto: the most live activations a stage may hold, in microbatches "
+                            "of a whole stage (1F1B's first stage holds min(S, M); default: no cap)")
     p.add_argument("--schedule", default="eager-1f1b", choices=list(kinds),
                    help="; ".join(f"{k}: {v}" for k, v in kinds.items()) + " (default eager-1f1b)")
     if virtual:

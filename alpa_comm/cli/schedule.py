@@ -5,27 +5,27 @@ from pathlib import Path
 
 from ..errors import AlpaCommError
 from ..report.tables import table
-from .options import add_schedule_args, reject_unused
+from .options import AUTO_SCHEDULE, add_schedule_args, reject_unused
 from .values import count, input_file, number, output_file, png_path
 
 MAX_STAGES = 64
 MAX_MICROBATCHES = 4096
 GENERATOR_OPTIONS = {"schedule": "--schedule", "stages": "--stages", "microbatches": "--microbatches",
                      "split_backward": "--split-backward", "delay_wgrad": "--delay-wgrad",
-                     "model_chunks": "--model-chunks"}
+                     "model_chunks": "--model-chunks", "memory_cap": "--memory-cap"}
 
 
 def register(sub) -> None:
     p = sub.add_parser("schedule", help="generate, validate, simulate and draw pipeline schedules",
-                       description="Pipeline schedules (GPipe, 1F1B, eager-1F1B, ZB-H1, interleaved 1F1B over virtual stages, split and "
-                                   "delayed backward): "
+                       description="Pipeline schedules (GPipe, 1F1B, eager-1F1B, ZB-H1, interleaved 1F1B over virtual stages, "
+                                   "ZB-V and DualPipeV over two chunks in a V, split and delayed backward): "
                                    "print them, validate them, simulate them with compute and transfer times, "
                                    "draw them. --compare puts every variant side by side.")
     p.add_argument("--stages", type=count(1, MAX_STAGES), default=4, help="pipeline stages, one per mesh (default 4)")
     p.add_argument("--microbatches", type=count(1, MAX_MICROBATCHES), default=8,
                    help="microbatches per iteration (default 8)")
     add_schedule_args(p, "delay BW: 'auto' (least delay that helps, from the cost model), N, or N0,N1,... per stage",
-                      virtual=True)
+                      virtual=True, auto=True)
     p.add_argument("--t-fwd", type=number(0, maximum=1e9), default=1.0, help="forward time per stage (default 1)")
     p.add_argument("--t-bwd", type=number(0, maximum=1e9), default=2.0,
                    help="backward time per stage (default 2; BI and BW half each)")
@@ -52,7 +52,7 @@ def cmd_schedule(args) -> int:
     if args.compare:
         reject_unused(args, {"schedule": "--schedule", "split_backward": "--split-backward",
                              "delay_wgrad": "--delay-wgrad", "from_file": "--from-file", "trace": "--trace",
-                             "format": "--format", "model_chunks": "--model-chunks"},
+                             "format": "--format", "model_chunks": "--model-chunks", "memory_cap": "--memory-cap"},
                       "with --compare (it builds and draws every variant)")
         variants = compare.compare(args.stages, args.microbatches, costs)
         bound = compare.signal_bound(args.stages, args.microbatches, costs)
@@ -72,7 +72,12 @@ def cmd_schedule(args) -> int:
         reject_unused(args, GENERATOR_OPTIONS, "with --from-file (the file is the schedule)")
         sched = _read_schedule(args.from_file)
         label = f"{args.from_file}"
+    elif args.schedule == AUTO_SCHEDULE:
+        reject_unused(args, {"split_backward": "--split-backward", "delay_wgrad": "--delay-wgrad",
+                             "model_chunks": "--model-chunks"}, "with --schedule auto (it chooses them)")
+        sched, label = _auto(args, costs)
     else:
+        reject_unused(args, {"memory_cap": "--memory-cap"}, "without --schedule auto")
         variant = compare.build(args.schedule, args.stages, args.microbatches, costs, args.split_backward,
                                 args.delay_wgrad, args.model_chunks)
         sched, label = variant.schedule, variant.label
@@ -107,6 +112,22 @@ def cmd_schedule(args) -> int:
     if args.trace:
         print(f"Chrome trace: {write_chrome_trace(res, args.trace)}")
     return 0
+
+
+def _auto(args, costs):
+    """Every schedule this command can simulate, ranked by the simulator under the costs
+    given; prints the ranking and returns the pick."""
+    from ..pipeline import auto_schedule, simulate_schedule  # noqa: PLC0415
+
+    cands = auto_schedule.candidates(args.stages, args.microbatches, costs, virtual=True)
+    ranked = auto_schedule.rank(cands, args.stages, args.microbatches,
+                                lambda s: simulate_schedule(s, costs).iteration_time, memory_cap=args.memory_cap)
+    pick = auto_schedule.choose(ranked)
+    cap = "no memory cap" if args.memory_cap is None else f"memory cap {args.memory_cap:g} microbatches per stage"
+    print(f"--schedule auto: {len(ranked)} schedules simulated, {cap}\n")
+    print(table(auto_schedule.HEADERS, auto_schedule.table_rows(ranked)))
+    print(f"\npicked {pick.candidate.label}\n")
+    return pick.schedule, f"auto: {pick.candidate.label}"
 
 
 def _read_schedule(path: str):

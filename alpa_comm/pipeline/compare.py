@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import InvalidOptionError
-from .generators import SCHEDULES, VIRTUAL_SCHEDULES, generate, schedule_kind
+from .generators import SCHEDULES, V_SCHEDULES, VIRTUAL_SCHEDULES, generate, schedule_kind
 from .ir import Schedule
 from .memory import memory
 from .simulate import Costs, PipelineResult, simulate_schedule
@@ -38,6 +38,12 @@ def build(kind: str, num_stages: int, num_microbatches: int, costs: Costs, split
     """One schedule as the CLI options describe it (``delay`` may be 'auto', an int or None;
     ``chunks``: model chunks per stage, for a schedule over virtual stages)."""
     delays = None
+    if kind in V_SCHEDULES:  # two chunks in a V, split and weight gradients of their own
+        if delay is not None or chunks not in (None, 2):
+            raise InvalidOptionError(f"{kind} places its own two chunks and weight gradients: "
+                                     "--delay-wgrad and --model-chunks do not apply")
+        sched = generate(kind, num_stages, num_microbatches)
+        return Variant(kind, sched, simulate_schedule(sched, costs))
     if kind in VIRTUAL_SCHEDULES:
         if delay == "auto":
             raise InvalidOptionError(f"--delay-wgrad auto is not available for {kind} yet; give N")
@@ -78,6 +84,9 @@ def compare(num_stages: int, num_microbatches: int, costs: Costs) -> list[Varian
         for kind in VIRTUAL_SCHEDULES:
             out.append(build(kind, num_stages, num_microbatches, costs, False, None, 2))
             out.append(build(kind, num_stages, num_microbatches, costs, True, 1, 2))
+    for kind, family in V_SCHEDULES.items():
+        if num_microbatches >= family.min_microbatches(num_stages):
+            out.append(build(kind, num_stages, num_microbatches, costs, False, None))
     return out
 
 

@@ -24,6 +24,10 @@ from .data import batches, stdlib_corpus, synthetic
 # Relative costs for --delay-wgrad auto before anything is measured: backward twice
 # the forward, a transfer half of it (the regime where delaying pays; see docs/schedules.md).
 DEFAULT_COSTS = Costs(1.0, 2.0, 0.5)
+AUTO = "auto"
+CALIBRATION = ("eager-1f1b", 3)
+"""``--schedule auto`` first runs this family (backward split, so BI and BW are timed apart)
+for this many timed steps after one warm-up, on the cluster and strategy of the run."""
 
 
 @dataclass
@@ -36,7 +40,8 @@ class TrainConfig:
     seq: int = 32
     microbatches: int = 4
     microbatch_size: int = 4
-    schedule: str = "eager-1f1b"
+    schedule: str = "eager-1f1b"  # or "auto": calibrated, simulated, the fastest that fits ``memory_cap``
+    memory_cap: float | None = None  # --schedule auto: most live activations per stage (whole-stage microbatches)
     split_backward: bool = False
     delay_wgrad: object = None  # None, "auto", an int or one per stage
     strategy: str = "broadcast"
@@ -74,6 +79,11 @@ class TrainConfig:
                 raise InvalidOptionError(f"--{name} must be a positive finite number, got {v!r}")
         if self.host_cpus is not None and (not math.isfinite(self.host_cpus) or self.host_cpus <= 0):
             raise InvalidOptionError(f"--host-cpus must be a positive number, got {self.host_cpus!r}")
+        if self.memory_cap is not None and self.schedule != AUTO:
+            raise InvalidOptionError(f"--memory-cap applies to --schedule auto, not {self.schedule!r}")
+        if self.schedule == AUTO and (self.split_backward or self.delay_wgrad is not None):
+            raise InvalidOptionError("--schedule auto chooses the split and the weight-gradient delay itself: "
+                                     "leave out --split-backward and --delay-wgrad")
         if self.trace and self.cluster == "inprocess":
             raise InvalidOptionError("--trace needs host workers (--cluster local, emulated or ray://...): "
                                      "--cluster inprocess runs every stage in this process and moves no data")
@@ -93,6 +103,8 @@ class TrainResult:
 
 def build_schedule(cfg: TrainConfig, model, costs: Costs = DEFAULT_COSTS) -> Schedule:
     """The schedule IR for the config, with the model's skip edges added, validated."""
+    if cfg.schedule == AUTO:
+        return choose_schedule(cfg, model, costs, log=None).schedule
     if cfg.schedule not in SCHEDULES:
         raise InvalidOptionError(f"unknown schedule {cfg.schedule!r}; choose one of {', '.join(SCHEDULES)}")
     delay = cfg.delay_wgrad
@@ -102,6 +114,53 @@ def build_schedule(cfg: TrainConfig, model, costs: Costs = DEFAULT_COSTS) -> Sch
                                 split_backward=cfg.split_backward or delay is not None, delay_wgrad=delay), model.skips)
     validate(sched)
     return sched
+
+
+def choose_schedule(cfg: TrainConfig, model, costs: Costs, predict=None, log=None):
+    """``--schedule auto``: every family the trainer runs, with the model's skip edges,
+    predicted (``predict(schedule)``, default: the simulator with ``costs``) and ranked;
+    prints the ranking to ``log`` (a stream; None: silent) and returns the pick
+    (``auto_schedule.Ranked``)."""
+    from ..pipeline import auto_schedule, simulate_schedule  # noqa: PLC0415
+    from ..report.tables import table  # noqa: PLC0415
+
+    if predict is None:
+        def predict(s):
+            return simulate_schedule(s, costs, signal=cfg.strategy == "signal").iteration_time
+    cands = auto_schedule.candidates(cfg.stages, cfg.microbatches, costs)
+    ranked = auto_schedule.rank(cands, cfg.stages, cfg.microbatches, predict,
+                                runnable=lambda s: with_skips(s, model.skips), memory_cap=cfg.memory_cap)
+    pick = auto_schedule.choose(ranked)
+    for r in ranked:
+        validate(r.schedule)
+    if log:
+        print("--schedule auto (predicted iteration seconds, peak live activations per stage):", file=log)
+        print(table(auto_schedule.HEADERS, auto_schedule.table_rows(ranked)), file=log)
+        print(f"picked {pick.candidate.label}", file=log, flush=True)
+    return pick
+
+
+def calibrate(cfg: TrainConfig, cluster, model, data, log=None):
+    """Run ``CALIBRATION`` on ``cluster`` and return (the measured costs, a predictor over
+    the measured durations and edge times): what ``--schedule auto`` ranks with."""
+    from ..pipeline import generate as gen  # noqa: PLC0415
+    from .distributed import DistributedPipeline  # noqa: PLC0415
+    from .measure import costs_from, predict, stage_times  # noqa: PLC0415
+
+    kind, steps = CALIBRATION
+    sched = with_skips(gen(kind, cfg.stages, cfg.microbatches, split_backward=True), model.skips)
+    if log:
+        print(f"--schedule auto: calibrating ({kind} with its backward split, {cfg.strategy}, 1 + {steps} steps)",
+              file=log, flush=True)
+    pipe = DistributedPipeline(cluster, cfg.model, cfg.stages, sched, microbatch_size=cfg.microbatch_size,
+                               model_kwargs=cfg.model_kwargs(), dp=cfg.dp, strategy=cfg.strategy,
+                               optimizer=cfg.optimizer, lr=cfg.lr)
+    pipe.step(next(data))
+    records = [pipe.step(next(data)).per_host for _ in range(steps)]
+    edge_s = pipe.time_edges(repeats=3)
+    costs = costs_from(stage_times(records, cfg.stages), edge_s, cfg.stages)
+    signal = cfg.strategy == "signal"
+    return costs, (lambda s: predict(s, records, edge_s, signal=signal))
 
 
 def data_stream(cfg: TrainConfig):
@@ -139,7 +198,10 @@ def _train_inprocess(cfg: TrainConfig, log) -> TrainResult:
     if cfg.dp != 1:
         raise InvalidOptionError("--cluster inprocess runs one replica per stage; use --dp 1")
     model = build_model(cfg.model, cfg.stages, **cfg.model_kwargs())
-    sched = build_schedule(cfg, model)
+    if cfg.schedule == AUTO:  # one process runs the stages one after another: nothing to measure
+        sched = choose_schedule(cfg, model, DEFAULT_COSTS, log=log).schedule
+    else:
+        sched = build_schedule(cfg, model)
     opt, update = make_optimizer(cfg.optimizer, cfg.lr)
     state = opt.init(model.params)
     data = data_stream(cfg)
@@ -180,10 +242,14 @@ def _train_distributed(cfg: TrainConfig, log) -> TrainResult:
     from ..report.trace import write_chrome_trace  # noqa: PLC0415
 
     model = abstract_model(cfg.model, cfg.stages, cfg.model_kwargs())  # the schedule needs its edges only
-    sched = build_schedule(cfg, model)
+    auto = cfg.schedule == AUTO
+    sched = None if auto else build_schedule(cfg, model)
     data = data_stream(cfg)
     losses, seconds, records = [], [], []
     with open_cluster(cfg, log) as cluster:
+        if auto:  # measured on this cluster, then ranked; training starts afresh with the pick
+            costs, predict = calibrate(cfg, cluster, model, data_stream(cfg), log)
+            sched = choose_schedule(cfg, model, costs, predict, log).schedule
         if log:
             print(f"setting up {cfg.stages} stages x {cfg.dp} data-parallel hosts ({cfg.strategy}, {sched.name})",
                   file=log, flush=True)

@@ -1,0 +1,137 @@
+"""Choosing the schedule for the measured regime (``--schedule auto``).
+
+Which schedule wins depends on the ratio of transfer to compute on each edge, on skip
+connections and on memory: ZB-H1 wins where transfers are free, eager-1F1B with a
+weight-gradient delay where they are not, a V schedule where the fill dominates and
+the runner holds two chunks per stage. No rule of thumb covers every regime, but the
+simulator does: every candidate family is built, given the runner's edges, predicted
+with the costs the caller measured, and ranked; the fastest that fits the memory cap
+wins. The caller supplies the two steps that depend on where it runs (how a candidate
+becomes the runnable schedule, e.g. with a model's skip edges, and how a schedule's
+time is predicted, e.g. a Monte Carlo over measured durations), so this module stays
+pure.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from ..errors import InvalidOptionError
+from .generators import SCHEDULES, V_SCHEDULES, VIRTUAL_SCHEDULES, generate, schedule_kind
+from .ir import Schedule
+from .memory import memory
+from .simulate import Costs
+from .weight_delay import auto_backward
+
+TIE = 0.005
+"""Predicted times within this fraction of each other count as a tie, broken by the lower
+peak memory, then by the simpler schedule (fewer programs: whole backwards first)."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One schedule ``auto`` considers: a family and its options, as ``generate`` takes them."""
+
+    label: str
+    kind: str
+    split_backward: bool = False
+    delay_wgrad: tuple[int, ...] | None = None
+    chunks: int | None = None
+
+    def generate(self, num_stages: int, num_microbatches: int) -> Schedule:
+        return generate(self.kind, num_stages, num_microbatches, split_backward=self.split_backward,
+                        delay_wgrad=None if self.delay_wgrad is None else list(self.delay_wgrad), chunks=self.chunks)
+
+    @property
+    def programs(self) -> int:
+        """1 for a whole backward, 2 for a split one (a tie goes to fewer)."""
+        return 2 if (self.split_backward or self.delay_wgrad is not None or self.kind in V_SCHEDULES
+                     or schedule_kind_lagged(self.kind)) else 1
+
+
+def schedule_kind_lagged(kind: str) -> bool:
+    """Whether ``kind`` is a one-chunk family that places its own weight gradients (ZB-H1)."""
+    return kind in SCHEDULES and schedule_kind(kind).wgrad_lag is not None
+
+
+def candidates(num_stages: int, num_microbatches: int, costs: Costs, virtual: bool = False) -> list[Candidate]:
+    """Every family the runner can run: each one-chunk family with its backward whole and,
+    where the cost model finds a weight-gradient delay that helps (``auto_backward``),
+    with that delay; ZB-H1 as it is; with ``virtual`` (a runner that holds several model
+    chunks per stage) also the V schedules and interleaved 1F1B where the microbatch
+    count allows them."""
+    S, M = num_stages, num_microbatches
+    out: list[Candidate] = []
+    for kind in SCHEDULES:
+        if schedule_kind_lagged(kind):
+            out.append(Candidate(kind, kind))
+            continue
+        out.append(Candidate(kind, kind))
+        delays = auto_backward(kind, S, M, costs)
+        if delays is not None:
+            out.append(Candidate(f"{kind} + delay {list(delays)}", kind, True, tuple(delays)))
+    if virtual:
+        for kind, family in V_SCHEDULES.items():
+            if M >= family.min_microbatches(S):
+                out.append(Candidate(kind, kind))
+        if M % S == 0:
+            for kind in VIRTUAL_SCHEDULES:
+                out.append(Candidate(f"{kind} x2 chunks", kind, chunks=2))
+    return out
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """A candidate with its runnable schedule, predicted iteration time and peak memory
+    (the largest stage's peak live activations, in whole-stage microbatches)."""
+
+    candidate: Candidate
+    schedule: Schedule
+    predicted_s: float
+    peak_activations: float
+    fits: bool
+
+
+def rank(cands: Sequence[Candidate], num_stages: int, num_microbatches: int,
+         predict: Callable[[Schedule], float], runnable: Callable[[Schedule], Schedule] = lambda s: s,
+         memory_cap: float | None = None) -> list[Ranked]:
+    """Every candidate built (``runnable`` turns the generated schedule into the one the
+    runner executes, e.g. adding skip edges), predicted and sorted: those that fit
+    ``memory_cap`` (peak live activations per stage, whole-stage microbatches) first, then
+    by predicted time, ties (``TIE``) by peak memory and then fewer programs."""
+    if memory_cap is not None and not memory_cap > 0:
+        raise InvalidOptionError(f"memory cap must be a positive number of microbatches per stage, got {memory_cap!r}")
+    out = []
+    for c in cands:
+        sched = runnable(c.generate(num_stages, num_microbatches))
+        peak = max(m.peak_activations for m in memory(sched))
+        out.append(Ranked(c, sched, float(predict(sched)), peak, memory_cap is None or peak <= memory_cap + 1e-9))
+    best = min((r.predicted_s for r in out if r.fits), default=0.0)
+
+    def key(r: Ranked):
+        tied = r.predicted_s <= best * (1 + TIE)
+        return (not r.fits, not tied, r.predicted_s if not tied else 0.0, r.peak_activations, r.candidate.programs,
+                r.predicted_s)
+    return sorted(out, key=key)
+
+
+def choose(ranked: Sequence[Ranked]) -> Ranked:
+    """The first ranked candidate; an error naming the cap and the least peak when none fits."""
+    if not ranked:
+        raise InvalidOptionError("no schedule to choose from")
+    if not ranked[0].fits:
+        least = min(r.peak_activations for r in ranked)
+        raise InvalidOptionError(f"no schedule fits the memory cap: the least peak of any candidate is {least:g} "
+                                 f"microbatches per stage ({min(ranked, key=lambda r: r.peak_activations).candidate.label})")
+    return ranked[0]
+
+
+HEADERS = ["schedule", "predicted s", "x best", "peak activations", "fits cap", "pick"]
+
+
+def table_rows(ranked: Sequence[Ranked]) -> list[list[str]]:
+    """Rows for ``report.tables.table``: the ranking as printed, the pick marked."""
+    best = ranked[0].predicted_s if ranked else 0.0
+    return [[r.candidate.label, f"{r.predicted_s:.4g}", f"{r.predicted_s / best:.3f}" if best else "-",
+             f"{r.peak_activations:g}", "yes" if r.fits else "no", "<-" if k == 0 and r.fits else ""]
+            for k, r in enumerate(ranked)]

@@ -1,0 +1,77 @@
+"""``--schedule auto``: every family simulated, the fastest that fits the memory cap picked,
+the ranking printed; errors name the cap."""
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from alpa_comm.cli import main
+from alpa_comm.errors import InvalidOptionError
+from alpa_comm.pipeline import Costs, auto_schedule, memory, simulate_schedule, validate
+
+
+def _rank(S, M, costs, cap=None, virtual=True):
+    cands = auto_schedule.candidates(S, M, costs, virtual=virtual)
+    return auto_schedule.rank(cands, S, M, lambda s: simulate_schedule(s, costs).iteration_time, memory_cap=cap)
+
+
+@settings(max_examples=25, deadline=None)
+@given(S=st.integers(2, 5), per=st.integers(1, 4), f=st.floats(0.2, 2), b=st.floats(0.4, 4), comm=st.floats(0, 2),
+       cap_share=st.floats(0.3, 1.2))
+def test_the_pick_is_the_fastest_that_fits_and_every_candidate_is_valid(S, per, f, b, comm, cap_share):
+    M = S * per
+    costs = Costs(t_fwd=f, t_bwd=b, t_comm=comm)
+    peaks = [r.peak_activations for r in _rank(S, M, costs)]
+    cap = cap_share * max(peaks)
+    ranked = _rank(S, M, costs, cap)
+    for r in ranked:
+        validate(r.schedule)
+        assert r.peak_activations == max(m.peak_activations for m in memory(r.schedule))
+        assert r.fits == (r.peak_activations <= cap + 1e-9)
+    if not any(r.fits for r in ranked):
+        with pytest.raises(InvalidOptionError, match="no schedule fits the memory cap"):
+            auto_schedule.choose(ranked)
+        return
+    pick = auto_schedule.choose(ranked)
+    assert pick.fits
+    fastest = min(r.predicted_s for r in ranked if r.fits)
+    assert pick.predicted_s <= fastest * (1 + auto_schedule.TIE) + 1e-12
+    # a tie goes to the lower peak
+    tied = [r for r in ranked if r.fits and r.predicted_s <= fastest * (1 + auto_schedule.TIE)]
+    assert pick.peak_activations == min(r.peak_activations for r in tied)
+
+
+def test_free_transfers_pick_a_split_schedule_and_slow_ones_the_eager_one():
+    """The measured regimes of docs/schedules.md: ZB-H1-like split schedules win when
+    transfers are free, eager-1F1B (with a delay) when a transfer is half a forward or more."""
+    S, M = 4, 16
+    free = auto_schedule.choose(_rank(S, M, Costs(1.0, 2.0, 0.0), virtual=False))
+    assert free.schedule.split_backward
+    slow = auto_schedule.choose(_rank(S, M, Costs(1.0, 2.0, 1.0), virtual=False))
+    assert slow.candidate.kind == "eager-1f1b"
+    one_chunk = {r.candidate.kind for r in _rank(S, M, Costs(1.0, 2.0, 1.0), virtual=False)}
+    assert one_chunk == {"gpipe", "1f1b", "eager-1f1b", "zb-h1"}
+
+
+def test_virtual_candidates_only_where_the_microbatches_allow():
+    kinds = {c.kind for c in auto_schedule.candidates(4, 6, Costs(), virtual=True)}
+    assert "dualpipev" not in kinds and "interleaved-1f1b" not in kinds and "zb-v" in kinds
+    kinds = {c.kind for c in auto_schedule.candidates(4, 8, Costs(), virtual=True)}
+    assert {"dualpipev", "interleaved-1f1b", "zb-v"} <= kinds
+
+
+def test_a_bad_cap_is_named():
+    with pytest.raises(InvalidOptionError, match="memory cap must be a positive number.*-1"):
+        _rank(2, 4, Costs(), cap=-1)
+
+
+def test_cli_prints_the_ranking_and_draws_the_pick(capsys):
+    assert main(["schedule", "--schedule", "auto", "--stages", "4", "--microbatches", "8", "--t-comm", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "--schedule auto:" in out and "picked " in out and "<-" in out and "iteration time" in out
+    assert main(["schedule", "--schedule", "auto", "--memory-cap", "0.01"]) == 2
+    assert "no schedule fits the memory cap" in capsys.readouterr().err
+    assert main(["schedule", "--schedule", "1f1b", "--memory-cap", "2"]) == 2
+    assert "--memory-cap does nothing without --schedule auto" in capsys.readouterr().err
+    assert main(["schedule", "--schedule", "auto", "--split-backward"]) == 2
+    assert main(["schedule", "--schedule", "zb-v", "--stages", "4", "--microbatches", "8"]) == 0
+    assert "placement" in capsys.readouterr().out
