@@ -1,6 +1,6 @@
 """Split backward: what BI and BW cost beside the whole backward, per model.
 
-    python benchmarks/split_backward.py [--repeat 15] [--width 256] [--out benchmarks/results/split_backward]
+    python benchmarks/split_backward.py [--repeat 15] [--width 256] [--devices 1] [--out benchmarks/results/split_backward]
 
 For one pipeline stage of each model (GPT and U-Transformer from ``alpa_comm.models``, GPT's
 first stage, whose input is the batch, and a flax CNN the project did not write), the
@@ -19,26 +19,47 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
 
-def _models(width: int):
+def _placement(devices: int):
+    """(split, replicate, pin): the batch split over ``devices`` CPU devices, parameters
+    replicated, and each program's outputs pinned to the split layout, as the trainer
+    places a stage over its host's devices; identities on one device."""
+    import jax
+
+    if devices == 1:
+        return (lambda x: x), (lambda x: x), (lambda t: t)
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    mesh = Mesh(np.array(jax.devices()[:devices]), ("d",))
+    split, rep = NamedSharding(mesh, PartitionSpec("d")), NamedSharding(mesh, PartitionSpec())
+
+    def pin(tree):
+        return jax.tree_util.tree_map(lambda x: jax.lax.with_sharding_constraint(x, split) if x.ndim else x, tree)
+    return (lambda x: jax.device_put(x, split)), (lambda t: jax.device_put(t, rep)), pin
+
+
+def _models(width: int, devices: int = 1):
     import jax
     import jax.numpy as jnp
 
     from alpa_comm.models import build_model
 
+    shard, replicate, pin = _placement(devices)
     seq, b = 64, 8
-    batch = {"tokens": jnp.zeros((b, seq), jnp.int32), "targets": jnp.zeros((b, seq), jnp.int32)}
+    batch = {"tokens": shard(jnp.zeros((b, seq), jnp.int32)), "targets": shard(jnp.zeros((b, seq), jnp.int32))}
     for name in ("gpt", "utransformer"):
         m = build_model(name, 2, layers=4, d=width, heads=4, seq=seq)
-        inputs = {k: jnp.full((b, seq, width), 0.1) for k in m.consumes[1]}
-        yield name, (lambda p, x, f=m.stages[1]: f(p, x, batch)), m.params[1], inputs
+        inputs = {k: shard(jnp.full((b, seq, width), 0.1)) for k in m.consumes[1]}
+        yield name, (lambda p, x, f=m.stages[1]: pin(f(p, x, batch))), replicate(m.params[1]), inputs
         if name == "gpt":  # a first stage: its input is the batch, no input cotangent is wanted
-            yield "gpt-first", (lambda p, x, f=m.stages[0]: f(p, x, batch)), m.params[0], {}
+            yield "gpt-first", (lambda p, x, f=m.stages[0]: pin(f(p, x, batch))), replicate(m.params[0]), {}
     try:
         from flax import linen as nn
     except ImportError:  # flax is in the dev extras; without it the row is left out
@@ -52,9 +73,9 @@ def _models(width: int):
             return nn.Dense(10)(x.mean(1))
 
     cnn = CNN()
-    x = jnp.full((b, seq, width), 0.1)
-    params = cnn.init(jax.random.PRNGKey(0), x)
-    yield "flax-cnn", (lambda p, x: {"y": cnn.apply(p, x)}), params, x
+    x = shard(jnp.full((b, seq, width), 0.1))
+    params = replicate(cnn.init(jax.random.PRNGKey(0), x))
+    yield "flax-cnn", (lambda p, x: pin({"y": cnn.apply(p, x)})), params, x
 
 
 def _time_interleaved(programs: dict, repeat: int) -> dict:
@@ -82,14 +103,14 @@ def _flops(fn, *args) -> float:
     return float((c[0] if isinstance(c, list) else c).get("flops", 0.0))
 
 
-def measure(width: int, repeat: int, progress=print) -> list[dict]:
+def measure(width: int, repeat: int, progress=print, devices: int = 1) -> list[dict]:
     import jax
     import numpy as np
 
     from alpa_comm.train import split_vjp
 
     rows, programs = [], {}
-    for name, fn, params, inputs in _models(width):
+    for name, fn, params, inputs in _models(width, devices):
         out, pullback = jax.jit(lambda p, x: jax.vjp(fn, p, x))(params, inputs)
         _, bi, bw = jax.jit(lambda p, x: split_vjp(fn, p, x))(params, inputs)
         ct = jax.tree_util.tree_map(lambda o: np.ones(o.shape, o.dtype), out)
@@ -152,12 +173,21 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--repeat", type=int, default=15, help="timed runs per program (median), after a warm-up")
     p.add_argument("--width", type=int, default=256, help="model width d (sequence 64, batch 8)")
+    p.add_argument("--devices", type=int, default=1,
+                   help="split the batch over this many CPU devices, parameters replicated, as the trainer "
+                        "places a stage over its host's devices (default 1)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/split_backward"))
     args = p.parse_args(argv)
+    if args.devices < 1 or 8 % args.devices:
+        p.error(f"--devices must divide the batch of 8, got {args.devices}")
+    if args.devices > 1:  # before JAX starts
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                                   + f" --xla_force_host_platform_device_count={args.devices}").strip()
     if args.repeat < 1 or args.width < 4 or args.width % 4:
         p.error(f"--repeat must be >= 1 and --width a multiple of 4 (>= 4), got {args.repeat} and {args.width}")
     command = "python benchmarks/split_backward.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    rows = measure(args.width, args.repeat, progress=lambda s: print(s, file=sys.stderr, flush=True))
+    rows = measure(args.width, args.repeat, progress=lambda s: print(s, file=sys.stderr, flush=True),
+                   devices=args.devices)
     write(rows, command.strip(), args.out)
     print((args.out / "split_backward.md").read_text())
     return 0
