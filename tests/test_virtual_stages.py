@@ -83,10 +83,16 @@ def test_bad_virtual_schedules_are_named():
         Schedule((), placement="w")
 
 
-def test_the_trainer_refuses_virtual_stages_by_name():
+def test_the_distributed_trainer_refuses_virtual_stages_by_name():
+    """The in-process runner runs virtual stages (``tests/test_train_virtual.py``); the
+    distributed trainer keeps one chunk per stage so far and refuses them, naming the
+    schedule, before it touches the cluster."""
     pytest.importorskip("jax")
-    from alpa_comm.models import gpt
-    from alpa_comm.train.local_pipeline import run_schedule
+    from types import SimpleNamespace
 
-    with pytest.raises(ScheduleError, match="'interleaved-1f1b chunks=2' has 2 model chunks per stage"):
-        run_schedule(gpt(2, layers=2), generate("interleaved-1f1b", 2, 2, chunks=2), [])
+    from alpa_comm.train.distributed import DistributedPipeline
+
+    cluster = SimpleNamespace(spec=SimpleNamespace(num_hosts=2, devices_per_host=1))
+    with pytest.raises(ScheduleError, match="'interleaved-1f1b chunks=2' has 2 model chunks per stage "
+                                            r"\(virtual stages\): the distributed trainer"):
+        DistributedPipeline(cluster, "gpt", 2, generate("interleaved-1f1b", 2, 2, chunks=2), microbatch_size=2)

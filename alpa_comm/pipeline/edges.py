@@ -107,29 +107,39 @@ def edge_plans(edges: list[Edge], shapes: dict[tuple[int, str], tuple[int, ...]]
 def with_skips(schedule: Schedule, skips: Sequence[tuple[int, int]]) -> Schedule:
     """Add SEND/RECV actions (with explicit peers) for non-adjacent edges.
 
-    ``skips`` lists (producer stage, consumer stage) pairs, as ``PipelineModel.skips``
+    ``skips`` lists (producer, consumer) model stages, as ``PipelineModel.skips``
     (U-Transformer skip connections); a schedule generator only knows neighbours.
     The producer sends after each forward and receives the gradient before each
-    backward; the consumer mirrors it.
+    backward (``B`` or ``BI``); the consumer mirrors it.
+
+    Over virtual stages the model stages are chunks (``Schedule.place``): the actions
+    go next to the producing and consuming chunk's forward and backward and name the
+    peer's chunk (``SEND_F3@2.1``). A skip whose two model stages sit on one stage (in
+    a V, the U-Transformer's skip from model stage k to 2S - 1 - k) crosses no link and
+    gets no action: the runner hands it over locally, as it does the V's turn. The
+    placement is kept; the name gains " +skips" where actions were added.
     """
     stages = [list(s) for s in schedule.stages]
+    added = False
     for src, dst in skips:
-        for stage, peer, producer in ((src, dst, True), (dst, src, False)):
+        (i, c), (j, d) = schedule.place(src), schedule.place(dst)
+        if i == j:
+            continue
+        added = True
+        for stage, chunk, peer, peer_chunk, producer in ((i, c, j, d, True), (j, d, i, c, False)):
             out = []
             for a in stages[stage]:
-                if a.kind is ActionKind.F:
-                    if not producer:
-                        out.append(Action(ActionKind.RECV_F, a.mb, peer))
+                if a.chunk != chunk or a.kind not in (ActionKind.F, ActionKind.B, ActionKind.BI):
                     out.append(a)
-                    if producer:
-                        out.append(Action(ActionKind.SEND_F, a.mb, peer))
-                elif a.kind in (ActionKind.B, ActionKind.BI):
-                    if producer:
-                        out.append(Action(ActionKind.RECV_B, a.mb, peer))
-                    out.append(a)
-                    if not producer:
-                        out.append(Action(ActionKind.SEND_B, a.mb, peer))
-                else:
-                    out.append(a)
+                    continue
+                forward = a.kind is ActionKind.F
+                # the producer sends F and receives B; the consumer receives F and sends B
+                if producer == forward:  # a send right after the action
+                    out += [a, Action(ActionKind.SEND_F if forward else ActionKind.SEND_B, a.mb, peer, chunk,
+                                      peer_chunk)]
+                else:                    # a receive right before it
+                    out += [Action(ActionKind.RECV_F if forward else ActionKind.RECV_B, a.mb, peer, chunk,
+                                   peer_chunk), a]
             stages[stage] = out
-    return Schedule(tuple(tuple(s) for s in stages), schedule.name + (" +skips" if skips else ""))
+    return Schedule(tuple(tuple(s) for s in stages), schedule.name + (" +skips" if added else ""),
+                    schedule.placement)

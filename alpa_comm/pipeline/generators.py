@@ -75,9 +75,10 @@ VIRTUAL_SCHEDULES: dict[str, str] = {
     "interleaved-1f1b": "each stage holds C model chunks (virtual stages, placed in a loop), "
                         "1F1B over them: the fill and drain shrink by C (Megatron-LM's interleaved schedule)",
 }
-"""Schedules over virtual stages (``generate(..., chunks=C)``). The simulator, validator
-and memory model take them; the trainer and the CLI's listings do not yet. The schedules
-with two chunks of their own in a V are ``V_SCHEDULES``."""
+"""Schedules over virtual stages (``generate(..., chunks=C)``). The simulator, validator,
+memory model, ``alpa-comm schedule`` and the in-process runner (``train.local_pipeline``)
+take them; the distributed trainer does not yet. The schedules with two chunks of their
+own in a V are ``V_SCHEDULES``."""
 
 
 def schedule_kind(name: str) -> ScheduleKind:
@@ -259,8 +260,8 @@ i is model stage i, chunk 1 is 2S - 1 - i, so the turn stays on the last stage).
 has its own chunks (2), backward split and weight-gradient placement:
 ``generate(kind, S, M)``. DualPipeV needs M >= 2S (its steady state starts once every
 stage holds both chunks' forwards; the authors assert ``num_chunks >= num_ranks * 2``);
-ZB-V runs any M. The simulator, validator and memory model take them; the trainer and
-the CLI do not yet."""
+ZB-V runs any M. The simulator, validator, memory model and the in-process runner
+(``train.local_pipeline``) take them; the distributed trainer does not yet."""
 
 
 def _delays(delay_wgrad, num_stages: int) -> list[int]:

@@ -13,7 +13,9 @@ Text form, one line per stage, actions written kind then microbatch::
     stage 1: RECV_F0 F0 B0 SEND_B0 ...
 
 A communication action may name its peer stage explicitly (``SEND_F3@2``) for
-skip connections; without it the peer is the adjacent stage.
+skip connections; without it the peer is the adjacent stage. With virtual stages an
+explicit peer also names the peer's chunk (``SEND_F3@2.1``: to chunk 1 of stage 2;
+chunk 0 is written bare), so a skip transfer says which two model stages it joins.
 
 Virtual stages: a stage (a mesh) may hold several model chunks. An action then names
 its chunk after the microbatch (``F3.1``: microbatch 3 of chunk 1; chunk 0 is written
@@ -78,7 +80,8 @@ class ActionKind(str, Enum):
 COMPUTE = tuple(k.value for k in ActionKind if k.is_compute)
 COMM = tuple(k.value for k in ActionKind if k.is_comm)
 KINDS = COMPUTE + COMM
-_ACTION = re.compile(r"^(" + "|".join(sorted(KINDS, key=len, reverse=True)) + r")(\d+)(?:\.(\d+))?(?:@(\d+))?$")
+_ACTION = re.compile(r"^(" + "|".join(sorted(KINDS, key=len, reverse=True))
+                     + r")(\d+)(?:\.(\d+))?(?:@(\d+)(?:\.(\d+))?)?$")
 PLACEMENTS = ("loop", "v")
 """How chunk ``c`` of stage ``i`` (of ``S``) maps to a model stage: ``loop`` c*S + i, ``v``
 i for chunk 0 and 2S-1-i for chunk 1."""
@@ -96,6 +99,7 @@ class Action:
     mb: int
     peer: int | None = None  # explicit peer stage of a SEND/RECV (None: adjacent)
     chunk: int = 0           # which of the stage's model chunks (virtual stages)
+    peer_chunk: int = 0      # with an explicit peer: which of the peer's chunks
 
     def __post_init__(self):
         if not isinstance(self.kind, ActionKind):
@@ -106,7 +110,7 @@ class Action:
 
     def __str__(self) -> str:
         return (f"{self.kind}{self.mb}" + (f".{self.chunk}" if self.chunk else "")
-                + ("" if self.peer is None else f"@{self.peer}"))
+                + ("" if self.peer is None else f"@{self.peer}" + (f".{self.peer_chunk}" if self.peer_chunk else "")))
 
     @property
     def is_compute(self) -> bool:
@@ -117,11 +121,11 @@ class Action:
         m = _ACTION.match(token.strip().upper())
         if not m:
             raise ScheduleError(f"cannot parse action {token!r}{where}: expected e.g. F3, BI3, BW3, SEND_F3, RECV_B3, "
-                                "F3.1 (chunk 1)")
+                                "F3.1 (chunk 1), SEND_F3@2 (to stage 2), SEND_F3.1@2.1 (chunk 1 to stage 2's chunk 1)")
         if m.group(4) is not None and m.group(1) not in COMM:
             raise ScheduleError(f"action {token!r}{where}: only SEND/RECV actions take a peer stage")
         return cls(m.group(1), int(m.group(2)), None if m.group(4) is None else int(m.group(4)),
-                   int(m.group(3) or 0))
+                   int(m.group(3) or 0), int(m.group(5) or 0))
 
 
 @dataclass(frozen=True)
@@ -173,15 +177,31 @@ class Schedule:
 
     def transfer_key(self, stage: int, a: Action) -> tuple:
         """What a SEND and its RECV share: (direction, microbatch, source stage,
-        destination stage, the model-stage boundary it crosses, or None without chunks)."""
+        destination stage, edge). Without chunks the edge is None; with them it is the
+        model-stage boundary an adjacent transfer crosses (``v`` for ``v -> v + 1``) and,
+        for an explicit peer (a skip), the (source, destination) model stages, so two
+        transfers between the same stages for one microbatch never share a key."""
         direction = a.kind.value[-1]
         peer = self.peer(stage, a)
         src, dst = (stage, peer) if a.kind.is_send else (peer, stage)
         edge = None
-        if self.virtual and a.peer is None:
+        if self.virtual:
             v = self.virtual_stage(stage, a.chunk)
-            edge = v if a.kind in (ActionKind.SEND_F, ActionKind.RECV_B) else v - 1
+            if a.peer is None:
+                edge = v if a.kind in (ActionKind.SEND_F, ActionKind.RECV_B) else v - 1
+            else:
+                w = self.peer_virtual_stage(stage, a)
+                edge = (v, w) if a.kind.is_send else (w, v)
         return direction, a.mb, src, dst, edge
+
+    def peer_virtual_stage(self, stage: int, a: Action) -> int:
+        """The model stage at the other end of ``a`` (a SEND/RECV of ``stage``): the
+        neighbouring model stage, or the explicit peer's chunk ``a.peer_chunk``.
+        Without chunks it is ``peer(stage, a)``."""
+        if a.peer is not None:
+            return self.virtual_stage(a.peer, a.peer_chunk)
+        v = self.virtual_stage(stage, a.chunk)
+        return v + 1 if a.kind in (ActionKind.SEND_F, ActionKind.RECV_B) else v - 1
 
     @property
     def num_microbatches(self) -> int:

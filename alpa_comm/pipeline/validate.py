@@ -5,13 +5,15 @@ from __future__ import annotations
 from .ir import Schedule, ScheduleError
 
 
-def reject_virtual(schedule: Schedule, runner: str = "the trainer") -> None:
-    """For runners that keep one model chunk per stage: a schedule over virtual stages
-    (``interleaved-1f1b``) is refused, naming it, rather than run wrong."""
+def reject_virtual(schedule: Schedule, runner: str = "the distributed trainer") -> None:
+    """For runners that keep one model chunk per stage (the distributed trainer, Alpa's
+    clock table): a schedule over virtual stages (``interleaved-1f1b``, ``zb-v``,
+    ``dualpipev``) is refused, naming it, rather than run wrong. The in-process runner
+    (``train.local_pipeline.run_schedule``) runs them."""
     if schedule.virtual:
         raise ScheduleError(f"schedule {schedule.name!r} has {schedule.num_chunks} model chunks per stage "
-                            f"(virtual stages): {runner} runs one chunk per stage so far; the simulator, "
-                            "validator and memory model take it")
+                            f"(virtual stages): {runner} runs one chunk per stage so far; the in-process "
+                            "runner, simulator, validator and memory model take it")
 
 
 def _where(stage: int, idx: int, a) -> str:
@@ -37,16 +39,21 @@ def validate(schedule: Schedule) -> None:
         for idx, a in enumerate(acts):
             if a.chunk >= C:
                 raise ScheduleError(f"{_where(i, idx, a)}: chunk {a.chunk} does not exist ({C} per stage)")
+            if a.peer_chunk and (a.peer is None or a.peer_chunk >= C):
+                raise ScheduleError(f"{_where(i, idx, a)}: " + ("a peer chunk needs an explicit peer stage"
+                                    if a.peer is None else f"peer chunk {a.peer_chunk} does not exist "
+                                    f"({C} per stage)"))
             if a.kind.is_comm:
                 peer = schedule.peer(i, a)
                 if not 0 <= peer < S or peer == i:
                     raise ScheduleError(f"{_where(i, idx, a)}: peer stage {peer} does not exist")
-                if (a.kind, a.mb, a.chunk, peer) in seen_comm:
+                key = schedule.transfer_key(i, a)  # one per transfer: model stages tell apart two to one peer
+                if (a.kind, key) in seen_comm:
                     raise ScheduleError(f"{_where(i, idx, a)}: {a} appears twice on this stage "
-                                        f"(first at action {seen_comm[(a.kind, a.mb, a.chunk, peer)]})")
-                seen_comm[(a.kind, a.mb, a.chunk, peer)] = idx
+                                        f"(first at action {seen_comm[(a.kind, key)]})")
+                seen_comm[(a.kind, key)] = idx
                 comm.append((idx, a, peer))
-                (sends if a.kind.is_send else recvs)[schedule.transfer_key(i, a)] = (i, idx)
+                (sends if a.kind.is_send else recvs)[key] = (i, idx)
                 if a.peer is not None:
                     continue
             elif (a.kind, a.mb, a.chunk) in seen:
@@ -93,7 +100,7 @@ def validate(schedule: Schedule) -> None:
             before = a.kind.is_recv
             if (before and idx > anchor) or (not before and idx < anchor):
                 raise ScheduleError(f"{_where(i, idx, a)}: must come {'before' if before else 'after'} {acts[anchor]}")
-    if schedule.virtual and not explicit_peers:
+    if schedule.virtual:
         _check_local_handoffs(schedule, seen_all, M)
     for key, (i, idx) in sends.items():
         if key not in recvs:

@@ -1,9 +1,19 @@
 """Execute a pipeline schedule for real, with JAX, in one process.
 
-Every stage is a ``StageRunner`` (the same one the distributed runtime runs in
+Every model stage is a ``StageRunner`` (the same one the distributed runtime runs in
 each host worker); here an in-process mailbox replaces cross-mesh resharding.
 It proves a schedule computes exactly the single-device loss and gradients, and
 it is the fast reference the distributed runtime is tested against.
+
+Schedules over virtual stages (``interleaved-1f1b``, ``zb-v``, ``dualpipev``) run too:
+the model is built with one model stage per chunk (``build_model(name, S * C)``), and
+each stage's actions go to the runner of their chunk's model stage
+(``Schedule.virtual_stage``). Transfers are keyed by the model stages they join, so
+two between the same stages for one microbatch never meet. Model stages on one stage
+(a V's turn, a skip that stays inside a stage) hand over locally, with no action in
+the schedule: a consumer's ``F m`` takes the outputs of its producers on its stage
+(their ``F m`` must have run), a producer's backward of ``m`` takes the input
+gradients of its consumers on its stage (their backward of ``m`` must have run).
 """
 from __future__ import annotations
 
@@ -12,23 +22,31 @@ from dataclasses import dataclass, field
 import jax
 
 from ..models.base import PipelineModel
-from ..pipeline.ir import Schedule, ScheduleError
-from ..pipeline.validate import reject_virtual
+from ..pipeline.ir import Action, ActionKind, Schedule, ScheduleError
 from .programs import stage_programs
 from .stage_runner import StageRunner, consumers_of
 
 
 @dataclass
 class PipelineRun:
+    """One step's loss and gradients (one entry per model stage). Peak memory is per
+    stage (mesh), over all of its chunks: ``peak_live_activations`` counts the
+    (microbatch, chunk) pairs whose activation state (forward residuals, then the
+    weight-gradient state after ``BI``) is alive at once, so one chunk's microbatch is
+    one; without virtual stages that is microbatches with a live VJP. It is
+    ``C * memory(schedule, wgrad_fraction=1)`` in the memory model's whole-stage units.
+    ``peak_live_bytes`` is the same peak in bytes."""
+
     loss: float
     grads: list
     microbatch_losses: list[float] = field(default_factory=list)
-    peak_live_activations: list[int] = field(default_factory=list)  # microbatches with a live VJP, per stage
+    peak_live_activations: list[int] = field(default_factory=list)  # chunk-microbatches, per stage
     peak_live_bytes: list[int] = field(default_factory=list)
 
 
 class InProcessMailbox:
-    """Arrays handed between stages of one process; a RECV finds them or reports not yet."""
+    """Arrays handed between model stages of one process, keyed by (direction, source
+    model stage, destination model stage, microbatch); a RECV finds them or reports not yet."""
 
     def __init__(self):
         self.boxes: dict[tuple, dict] = {}
@@ -43,27 +61,75 @@ class InProcessMailbox:
         return got
 
 
+def check_sizes(model: PipelineModel, schedule: Schedule) -> None:
+    """The model has one model stage per chunk of the schedule, or the two numbers are named."""
+    V = model.num_stages
+    if schedule.virtual:
+        if schedule.num_virtual_stages != V:
+            raise ScheduleError(f"the schedule has {schedule.num_stages} stages x {schedule.num_chunks} chunks = "
+                                f"{schedule.num_virtual_stages} model stages, the model {V}: build the model "
+                                f"with {schedule.num_virtual_stages} stages")
+    elif schedule.num_stages != V:
+        raise ScheduleError(f"the schedule has {schedule.num_stages} stages, the model {V}")
+
+
+def local_handoffs(model: PipelineModel, schedule: Schedule) -> dict[int, list[int]]:
+    """For each model stage, its producers on the same stage (the edges no transfer crosses)."""
+    where = [schedule.place(v)[0] for v in range(model.num_stages)]
+    return {v: sorted({u for u in model.consumes[v].values() if where[u] == where[v]})
+            for v in range(model.num_stages)}
+
+
 def run_schedule(model: PipelineModel, schedule: Schedule, microbatches: list[dict]) -> PipelineRun:
-    """Run one training step's forward and backward under ``schedule``: every stage's
-    ``StageRunner`` in one loop, round-robin, each going as far as its RECVs allow."""
-    S, M = model.num_stages, len(microbatches)
-    reject_virtual(schedule)
-    if schedule.num_stages != S:
-        raise ScheduleError(f"the schedule has {schedule.num_stages} stages, the model {S}")
+    """Run one training step's forward and backward under ``schedule``: every model
+    stage's ``StageRunner`` in one loop, stage by stage round-robin, each stage going as
+    far as its RECVs allow."""
+    V, M = model.num_stages, len(microbatches)
+    check_sizes(model, schedule)
+    S = schedule.num_stages
     if schedule.num_microbatches != M:
         raise ScheduleError(f"the schedule has {schedule.num_microbatches} microbatches, {M} were given")
     mailbox = InProcessMailbox()
-    runners = [StageRunner(i, S, stage_programs(model, i), model.consumes[i], consumers_of(model.consumes, i), mailbox)
-               for i in range(S)]
-    for i, r in enumerate(runners):
-        r.begin(model.params[i], microbatches)
+    runners = [StageRunner(v, V, stage_programs(model, v), model.consumes[v], consumers_of(model.consumes, v),
+                           mailbox) for v in range(V)]
+    for v, r in enumerate(runners):
+        r.begin(model.params[v], microbatches)
+    producers = local_handoffs(model, schedule)
+    consumers = {u: [v for v in range(V) if u in producers[v]] for u in range(V)}
+    on_stage = [[schedule.virtual_stage(i, c) for c in range(schedule.num_chunks)] for i in range(S)]
+    peak = [[0, 0] for _ in range(S)]
+
+    def step(i: int, a: Action) -> bool:
+        v = schedule.virtual_stage(i, a.chunk)
+        r = runners[v]
+        if a.kind.is_comm:
+            return r.run(a, schedule.peer_virtual_stage(i, a), block=False)
+        if a.kind is ActionKind.F:
+            for u in producers[v]:
+                if a.mb not in runners[u].outputs:
+                    raise ScheduleError(f"stage {i}: {a} (model stage {v}) runs before F{a.mb}{_chunk(schedule, u)} "
+                                        f"(model stage {u}), whose outputs it takes on this stage")
+                r.take("F", a.mb, runners[u].outputs_for(a.mb, v))
+        elif a.kind in (ActionKind.B, ActionKind.BI):
+            for w in consumers[v]:
+                if a.mb not in runners[w].gx:
+                    raise ScheduleError(f"stage {i}: {a} (model stage {v}) runs before the backward of microbatch "
+                                        f"{a.mb} of model stage {w} (chunk {schedule.place(w)[1]}), whose input "
+                                        "gradients it takes on this stage")
+                r.take("B", a.mb, runners[w].input_grads_for(a.mb, v))
+        r.run(a, -1)
+        live = [runners[u].live for u in on_stage[i]]
+        peak[i][0] = max(peak[i][0], sum(n for n, _ in live))
+        peak[i][1] = max(peak[i][1], sum(b for _, b in live))
+        return True
+
     pc = [0] * S
     remaining = sum(len(s) for s in schedule.stages)
     while remaining:
         progressed = False
         for i in range(S):
             acts = schedule.stages[i]
-            while pc[i] < len(acts) and runners[i].run(acts[pc[i]], schedule.peer(i, acts[pc[i]]), block=False):
+            while pc[i] < len(acts) and step(i, acts[pc[i]]):
                 pc[i] += 1
                 remaining -= 1
                 progressed = True
@@ -72,8 +138,13 @@ def run_schedule(model: PipelineModel, schedule: Schedule, microbatches: list[di
             raise ScheduleError("schedule deadlocks: " + "; ".join(blocked))
     records = [r.finish() for r in runners]
     losses = [records[-1].losses[m] for m in range(M)]
-    return PipelineRun(sum(losses) / M, [r.grads for r in runners], losses, [r.peak_live for r in records],
-                       [r.peak_live_bytes for r in records])
+    return PipelineRun(sum(losses) / M, [r.grads for r in runners], losses, [p[0] for p in peak],
+                       [p[1] for p in peak])
+
+
+def _chunk(schedule: Schedule, v: int) -> str:
+    c = schedule.place(v)[1]
+    return f".{c}" if c else ""
 
 
 def reference_step(model: PipelineModel, microbatches: list[dict]):

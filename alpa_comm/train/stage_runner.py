@@ -125,7 +125,9 @@ class StageRunner:
                  consumers: dict[int, list[str]], mailbox: Mailbox, sync: bool = False):
         """``consumes``: input key -> producing stage; ``consumers``: consuming stage ->
         the output keys it takes. ``sync`` waits for every compute to finish (true
-        per-action timings for the trace)."""
+        per-action timings for the trace). Stages here are model stages: with virtual
+        stages a runner serves one chunk, and the peers ``run`` is given (and the mailbox
+        is keyed by) are model stages too (``Schedule.peer_virtual_stage``)."""
         self.stage, self.num_stages, self.p = stage, num_stages, programs
         self.consumes, self.consumers, self.mailbox, self.sync = consumes, consumers, mailbox, sync
         self.state_bytes: dict[str, int] = {}  # one microbatch's live bytes after F / after BI (shapes are fixed)
@@ -167,23 +169,16 @@ class StageRunner:
             self._wait(self.grads)
             self._free(m)
         elif a.kind is ActionKind.SEND_F:
-            self.mailbox.send("F", self.stage, peer, m,
-                              {k: self.outputs[m][k] for k in self.consumers.get(peer, [])})
+            self.mailbox.send("F", self.stage, peer, m, self.outputs_for(m, peer))
         elif a.kind is ActionKind.SEND_B:
             if m not in self.gx:
                 raise ScheduleError(f"stage {self.stage}: SEND_B{m} before the backward of microbatch {m}")
-            self.mailbox.send("B", self.stage, peer, m,
-                              {k: self.gx[m][k] for k, src in self.consumes.items() if src == peer})
+            self.mailbox.send("B", self.stage, peer, m, self.input_grads_for(m, peer))
         elif a.kind.is_recv:
             got = self.mailbox.recv(a.kind[-1], peer, self.stage, m, block)
             if got is None:
                 return False
-            if a.kind == "RECV_F":
-                self.inbox_f.setdefault(m, {}).update(got)
-            else:
-                box = self.inbox_b.setdefault(m, {})
-                for k, v in got.items():
-                    box[k] = box[k] + v if k in box else v
+            self.take(a.kind[-1], m, got)
         else:
             raise ScheduleError(f"stage {self.stage}: unknown action {a}")
         t1 = time.time()
@@ -195,6 +190,33 @@ class StageRunner:
         elif a.is_compute:
             self.record.events.append((str(a.kind), m, t0, t1))
         return True
+
+    # ------------------------------------------------- what a transfer carries
+    # A SEND hands these to the mailbox and a RECV passes what arrives to ``take``; a
+    # runner holding two neighbouring model stages of one mesh (a V's turn, a skip
+    # inside a stage) calls them directly: a local hand-off, no transfer.
+    def outputs_for(self, m: int, consumer: int) -> dict:
+        """Microbatch ``m``'s outputs that model stage ``consumer`` takes (after ``F m``)."""
+        return {k: self.outputs[m][k] for k in self.consumers.get(consumer, [])}
+
+    def input_grads_for(self, m: int, producer: int) -> dict:
+        """Microbatch ``m``'s input gradients for what ``producer`` sent (after its backward)."""
+        return {k: self.gx[m][k] for k, src in self.consumes.items() if src == producer}
+
+    def take(self, direction: str, m: int, arrays: dict) -> None:
+        """Arrays that arrived for microbatch ``m``: inputs ("F") or output gradients ("B",
+        summed where several consumers send gradients for one output)."""
+        if direction == "F":
+            self.inbox_f.setdefault(m, {}).update(arrays)
+        else:
+            box = self.inbox_b.setdefault(m, {})
+            for k, v in arrays.items():
+                box[k] = box[k] + v if k in box else v
+
+    @property
+    def live(self) -> tuple[int, int]:
+        """(microbatches, bytes) whose activation state this stage keeps alive now."""
+        return len(self._live_bytes), sum(self._live_bytes.values())
 
     def _wait(self, tree) -> None:
         if self.sync:
