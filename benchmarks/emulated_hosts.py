@@ -216,6 +216,7 @@ def main(argv=None) -> int:
     os.chmod(f.name, 0o644)
     network = None if args.local else netns.EmulatedNetwork(args.hosts, args.nic)
     started = time.monotonic()
+    qdiscs: list = []
     try:
         if network is not None:
             print(f"bringing up {args.hosts} emulated hosts at {args.nic} ...", file=sys.stderr, flush=True)
@@ -223,6 +224,7 @@ def main(argv=None) -> int:
         outs = launch(args.hosts, 1, [sys.executable, str(Path(__file__).resolve()), "--worker", f.name],
                       network=network, timeout=args.timeout * (len(todo) + 4), fail_fast=True,
                       progress=lambda line: print(f"  {line}", file=sys.stderr, flush=True))
+        qdiscs = network.qdisc_stats() if network is not None else []
     finally:
         if network is not None:
             network.down()
@@ -233,11 +235,11 @@ def main(argv=None) -> int:
         for o in failed[:3]:
             print(f"host {o.rank} failed (exit {o.returncode}):\n{o.stderr[-2000:]}", file=sys.stderr)
         return 1
-    report(args, todo, results, time.monotonic() - started)
+    report(args, todo, results, time.monotonic() - started, qdiscs)
     return 0
 
 
-def report(args, todo, results: list[dict], wall: float) -> None:
+def report(args, todo, results: list[dict], wall: float, qdiscs: list[dict] = ()) -> None:
     from alpa_comm.report.tables import table
     from alpa_comm.resharding.plan import ReshardingPlan
     from alpa_comm.sim import simulate
@@ -279,13 +281,19 @@ def report(args, todo, results: list[dict], wall: float) -> None:
              f"* CPU busy: the share of this machine's {os.cpu_count()} cores in use during a run (median; "
              "/proc/stat): near 100 % the emulation itself (every host's Python process, the kernel's packet "
              "shaping) sets the pace, which the simulator does not model",
-             f"* bit-exact: {sum(r['exact'] for r in records)} of {len(records)}; wall time {wall:.0f} s", "", text]
+             f"* bit-exact: {sum(r['exact'] for r in records)} of {len(records)}; wall time {wall:.0f} s"]
+    if qdiscs:
+        drops = {side: sum(q[side].get("dropped", 0) for q in qdiscs) for side in ("send", "receive")}
+        lines.append(f"* packets the NIC queues dropped over the whole launch (calibration included): "
+                     f"{drops['send']} on send sides, {drops['receive']} on receive sides (per host in results.json)")
+    lines += ["", text]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.md").write_text("\n".join(lines) + "\n")
     (out / "results.json").write_text(json.dumps({"command": command, "hosts": args.hosts, "devices": args.devices,
                                                   "nic": args.nic, "size_mb": args.size_mb,
-                                                  "calibration": calibration, "rows": records}, indent=1))
+                                                  "calibration": calibration, "rows": records,
+                                                  "qdisc_stats": list(qdiscs)}, indent=1))
     _png(records, out / "results.png", args)
     print("\n".join(lines))
     print(f"wrote {out / 'results.md'}, results.json, results.png", file=sys.stderr)

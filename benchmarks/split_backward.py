@@ -37,6 +37,8 @@ def _placement(devices: int):
     import numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+    if len(jax.devices()) < devices:  # JAX started before XLA_FLAGS was set, or another count won
+        raise SystemExit(f"error: --devices {devices} but JAX sees {len(jax.devices())} devices")
     mesh = Mesh(np.array(jax.devices()[:devices]), ("d",))
     split, rep = NamedSharding(mesh, PartitionSpec("d")), NamedSharding(mesh, PartitionSpec())
 

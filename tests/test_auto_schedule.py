@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from alpa_comm.cli import main
 from alpa_comm.errors import InvalidOptionError
-from alpa_comm.pipeline import Costs, auto_schedule, memory, simulate_schedule, validate
+from alpa_comm.pipeline import Costs, Schedule, auto_schedule, memory, simulate_schedule, validate
 
 
 def _rank(S, M, costs, cap=None, virtual=True):
@@ -75,3 +75,7 @@ def test_cli_prints_the_ranking_and_draws_the_pick(capsys):
     assert main(["schedule", "--schedule", "auto", "--split-backward"]) == 2
     assert main(["schedule", "--schedule", "zb-v", "--stages", "4", "--microbatches", "8"]) == 0
     assert "placement" in capsys.readouterr().out
+    # --format json: stdout is the picked schedule alone (the ranking goes to stderr)
+    assert main(["schedule", "--schedule", "auto", "--stages", "3", "--microbatches", "6", "--format", "json"]) == 0
+    captured = capsys.readouterr()
+    assert Schedule.from_json(captured.out).num_stages == 3 and "picked " in captured.err

@@ -220,6 +220,23 @@ def test_without_input_cotangents_the_chain_still_runs_in_bi():
     _assert_trees_equal(bw(residuals), pullback(ct)[0], exact=False)
 
 
+def test_a_weight_product_another_product_reads_stays_in_bw():
+    """Factorized weights (``W + A @ B``, as LoRA): the gradient of the sum, ``x^T dy``, is
+    W's gradient and an operand of A's and B's: it stays in BW with them."""
+    rows, d, n, r = 64, 48, 40, 4
+
+    def lora(p, x):
+        return jnp.tanh(x @ (p["w"] + p["a"] @ p["b"]))
+    p = {"w": jnp.full((d, n), 0.01), "a": jnp.full((d, r), 0.02), "b": jnp.full((r, n), 0.03)}
+    x, ct = jnp.ones((rows, d)), jnp.ones((rows, n))
+    _, pullback = jax.vjp(lora, p, x)
+    _, bi, bw = split_vjp(lora, p, x)
+    input_cts, residuals = bi(ct)
+    assert _flops(lambda h, r_: h(r_), bw, residuals) >= 2 * rows * d * n  # x^T dy runs in BW
+    _assert_trees_equal(input_cts, pullback(ct)[1:], exact=False)
+    _assert_trees_equal(bw(residuals), pullback(ct)[0], exact=False)
+
+
 def test_the_halves_compile_once_across_steps():
     def f(p, x):
         return jnp.sin(x @ p["w"]) * p["s"]

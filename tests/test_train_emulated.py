@@ -4,6 +4,7 @@ parallelism, bad requests."""
 import numpy as np
 import pytest
 
+from alpa_comm.errors import InvalidOptionError
 from alpa_comm.pipeline import generate
 from alpa_comm.resharding.strategies import STRATEGIES, carries_data
 
@@ -76,19 +77,26 @@ def test_schedule_auto_calibrates_on_the_cluster_and_its_pick_trains_exactly(clu
     durations rank every family; the pick, with its skip edges, matches the single-device step."""
     from alpa_comm.train.trainer import TrainConfig, calibrate, choose_schedule
 
+    M = 6  # more microbatches than stages: the cap of 4 leaves out GPipe and eager-1F1B (6 and 7 deep)
     cfg = TrainConfig(model="utransformer", stages=4, layers=4, width=KW["d"], heads=KW["heads"], seq=KW["seq"],
-                      microbatches=4, microbatch_size=4, schedule="auto", memory_cap=3.0, optimizer="sgd", lr=LR,
+                      microbatches=M, microbatch_size=4, schedule="auto", memory_cap=4.0, optimizer="sgd", lr=LR,
                       cluster="emulated")
     model = build_model("utransformer", 4, **KW)
-    costs, predict = calibrate(cfg, cluster, model, synthetic(4, 4, KW["seq"], seed=3), log=None)
-    assert all(t > 0 for t in costs.resolve(4)["F"])
-    pick = choose_schedule(cfg, model, costs, predict, log=None)
-    assert pick.fits and pick.peak_activations <= 3.0
-    mbs = next(synthetic(4, 4, KW["seq"], seed=1))
+    cal = calibrate(cfg, cluster, model, synthetic(M, 4, KW["seq"], seed=3), log=None)
+    resolved = cal.costs.resolve(4)
+    assert all(t > 0 for k in ("F", "B", "BI", "BW") for t in resolved[k])  # both calibration runs measured
+    assert 0 < cal.wgrad_fraction <= 1.5
+    pick = choose_schedule(cfg, model, cal.costs, cal.predict, None, cal.wgrad_fraction)
+    assert pick.fits and pick.peak_activations <= 4.0
+    assert pick.candidate.kind not in ("gpipe", "eager-1f1b")
+    mbs = next(synthetic(M, 4, KW["seq"], seed=1))
     ref_loss, ref_params = _reference("utransformer", 4, mbs)
     pipe = DistributedPipeline(cluster, "utransformer", 4, pick.schedule, microbatch_size=4, model_kwargs=KW,
                                strategy="broadcast", optimizer="sgd", lr=LR)
     _check(pipe, mbs, ref_loss, ref_params)
+    with pytest.raises(InvalidOptionError, match="no schedule fits the memory cap"):
+        choose_schedule(TrainConfig(model="utransformer", stages=4, microbatches=M, schedule="auto", memory_cap=1.0),
+                        model, cal.costs, cal.predict)
 
 
 def test_data_parallel_stages_average_their_gradients(cluster):

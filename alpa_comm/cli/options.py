@@ -101,7 +101,8 @@ def add_schedule_args(p: argparse.ArgumentParser, delay_help: str, virtual: bool
         kinds.update(VIRTUAL_SCHEDULES)
         kinds.update({k.name: k.summary for k in V_SCHEDULES.values()})
     if auto:
-        kinds[AUTO_SCHEDULE] = ("simulate every schedule above with the costs given and pick the fastest that "
+        kinds[AUTO_SCHEDULE] = ("predict every schedule above (schedule: the simulator with --t-fwd/--t-bwd/"
+                                "--t-comm; train: measured in a calibration run first) and run the fastest that "
                                 "fits --memory-cap (prints the ranking)")
         p.add_argument("--memory-cap", type=number(0, exclusive=True, maximum=1e6), default=None,
                        help="with --schedule auto: the most live activations a stage may hold, in microbatches "

@@ -119,14 +119,18 @@ def _auto(args, costs):
     given; prints the ranking and returns the pick."""
     from ..pipeline import auto_schedule, simulate_schedule  # noqa: PLC0415
 
+    import sys  # noqa: PLC0415
+
     cands = auto_schedule.candidates(args.stages, args.microbatches, costs, virtual=True)
     ranked = auto_schedule.rank(cands, args.stages, args.microbatches,
                                 lambda s: simulate_schedule(s, costs).iteration_time, memory_cap=args.memory_cap)
-    pick = auto_schedule.choose(ranked)
+    # with --format text/json stdout is the schedule itself: the ranking goes to stderr
+    out = sys.stdout if args.format == "ascii" else sys.stderr
     cap = "no memory cap" if args.memory_cap is None else f"memory cap {args.memory_cap:g} microbatches per stage"
-    print(f"--schedule auto: {len(ranked)} schedules simulated, {cap}\n")
-    print(table(auto_schedule.HEADERS, auto_schedule.table_rows(ranked)))
-    print(f"\npicked {pick.candidate.label}\n")
+    print(f"--schedule auto: {len(ranked)} schedules simulated, {cap}\n", file=out)
+    print(table(auto_schedule.HEADERS, auto_schedule.table_rows(ranked)), file=out)
+    pick = auto_schedule.choose(ranked)  # after the table, so a cap nothing fits shows every peak
+    print(f"\npicked {pick.candidate.label}\n", file=out)
     return pick.schedule, f"auto: {pick.candidate.label}"
 
 

@@ -24,8 +24,9 @@ from .simulate import Costs
 from .weight_delay import auto_backward
 
 TIE = 0.005
-"""Predicted times within this fraction of each other count as a tie, broken by the lower
-peak memory, then by the simpler schedule (fewer programs: whole backwards first)."""
+"""Predicted times within this fraction of the fastest that fits count as a tie with it,
+broken by the lower peak memory, then by the simpler schedule (fewer programs: whole
+backwards first)."""
 
 
 @dataclass(frozen=True)
@@ -92,19 +93,30 @@ class Ranked:
     fits: bool
 
 
+def check_memory_cap(memory_cap) -> None:
+    """A cap is a positive, finite number of whole-stage microbatches (or None: no cap)."""
+    import math  # noqa: PLC0415
+
+    if memory_cap is not None and not (isinstance(memory_cap, (int, float)) and math.isfinite(memory_cap)
+                                       and memory_cap > 0):
+        raise InvalidOptionError(f"memory cap must be a positive number of microbatches per stage, got {memory_cap!r}")
+
+
 def rank(cands: Sequence[Candidate], num_stages: int, num_microbatches: int,
          predict: Callable[[Schedule], float], runnable: Callable[[Schedule], Schedule] = lambda s: s,
-         memory_cap: float | None = None) -> list[Ranked]:
+         memory_cap: float | None = None, wgrad_fraction: float = 0.5) -> list[Ranked]:
     """Every candidate built (``runnable`` turns the generated schedule into the one the
-    runner executes, e.g. adding skip edges), predicted and sorted: those that fit
-    ``memory_cap`` (peak live activations per stage, whole-stage microbatches) first, then
-    by predicted time, ties (``TIE``) by peak memory and then fewer programs."""
-    if memory_cap is not None and not memory_cap > 0:
-        raise InvalidOptionError(f"memory cap must be a positive number of microbatches per stage, got {memory_cap!r}")
+    runner executes, e.g. adding skip edges, and may validate it), predicted and sorted:
+    those that fit ``memory_cap`` (peak live activations per stage, whole-stage
+    microbatches) first, then by predicted time, ties (``TIE``) by peak memory and then
+    fewer programs. ``wgrad_fraction``: the share of a microbatch's activation state its
+    weight-gradient half keeps after ``BI`` (``memory``'s; a runner that measured it
+    passes its own)."""
+    check_memory_cap(memory_cap)
     out = []
     for c in cands:
         sched = runnable(c.generate(num_stages, num_microbatches))
-        peak = max(m.peak_activations for m in memory(sched))
+        peak = max(m.peak_activations for m in memory(sched, wgrad_fraction))
         out.append(Ranked(c, sched, float(predict(sched)), peak, memory_cap is None or peak <= memory_cap + 1e-9))
     best = min((r.predicted_s for r in out if r.fits), default=0.0)
 
@@ -126,12 +138,14 @@ def choose(ranked: Sequence[Ranked]) -> Ranked:
     return ranked[0]
 
 
-HEADERS = ["schedule", "predicted s", "x best", "peak activations", "fits cap", "pick"]
+HEADERS = ["schedule", "predicted time", "x fastest", "peak activations", "fits cap", "pick"]
+"""The ranking's columns: the predicted time is in the costs' unit (seconds where they were
+measured), "x fastest" relative to the fastest candidate that fits the cap."""
 
 
 def table_rows(ranked: Sequence[Ranked]) -> list[list[str]]:
     """Rows for ``report.tables.table``: the ranking as printed, the pick marked."""
-    best = ranked[0].predicted_s if ranked else 0.0
+    best = min((r.predicted_s for r in ranked if r.fits), default=0.0)
     return [[r.candidate.label, f"{r.predicted_s:.4g}", f"{r.predicted_s / best:.3f}" if best else "-",
              f"{r.peak_activations:g}", "yes" if r.fits else "no", "<-" if k == 0 and r.fits else ""]
             for k, r in enumerate(ranked)]

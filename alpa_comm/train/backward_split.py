@@ -42,7 +42,7 @@ weight gradients in BI. Equations with side effects run in BI, in order.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import jax
@@ -80,6 +80,7 @@ class _Program:
     eqns: tuple
     outputs: tuple
     nbytes: dict
+    shapes: dict = field(default_factory=dict)
 
 
 def _flatten(closed) -> _Program:
@@ -94,9 +95,15 @@ def _flatten(closed) -> _Program:
         aval = v.aval
         return int(np.prod(aval.shape, dtype=np.int64)) * np.dtype(aval.dtype).itemsize if hasattr(aval, "shape") else 0
 
+    shapes: dict[int, tuple] = {}
+
+    def shape(v) -> tuple:
+        return tuple(getattr(v.aval, "shape", ()))
+
     for v in list(jaxpr.constvars) + list(jaxpr.invars):
         env[v] = next(counter)
         nbytes[env[v]] = size(v)
+        shapes[env[v]] = shape(v)
     num_inputs = len(env)
     eqns: list[_Eqn] = []
 
@@ -128,13 +135,14 @@ def _flatten(closed) -> _Program:
                 else:
                     env[o] = next(counter)
                     nbytes[env[o]] = size(o)
+                    shapes[env[o]] = shape(o)
                     outs.append(env[o])
             eqns.append(_Eqn(e.primitive, dict(e.params), tuple(ref(a, env) for a in e.invars), tuple(outs),
                              bool(e.effects)))
 
     walk(jaxpr, env, {})
     outputs = tuple(ref(a, env) for a in jaxpr.outvars)
-    return _Program(num_inputs, tuple(eqns), outputs, nbytes)
+    return _Program(num_inputs, tuple(eqns), outputs, nbytes, shapes)
 
 
 def _fold_transposed_products(program: _Program) -> _Program:
@@ -179,7 +187,7 @@ def _fold_transposed_products(program: _Program) -> _Program:
     if not dropped:
         return program
     return _Program(program.num_inputs, tuple(e for k, e in enumerate(eqns) if k not in dropped), program.outputs,
-                    program.nbytes)
+                    program.nbytes, program.shapes)
 
 
 def _needed(program: _Program, wanted, producer: dict[int, int]) -> set[int]:
@@ -199,7 +207,8 @@ def _needed(program: _Program, wanted, producer: dict[int, int]) -> set[int]:
 
 
 HEAVY = ("dot_general", "conv_general_dilated")
-"""The weight-gradient products BW exists to delay; they never run in BI."""
+"""Products. Those that give a weight gradient are what BW exists to delay: they never run
+in BI (the cotangent chain's own products run in BI)."""
 
 
 def _residuals(program: _Program, bw: set[int], num_param_cts: int) -> tuple:
@@ -209,9 +218,9 @@ def _residuals(program: _Program, bw: set[int], num_param_cts: int) -> tuple:
     return tuple(sorted({r for r in wanted if isinstance(r, int) and r not in defined}))
 
 
-def _feeders_of_products_to_bi(program: _Program, bi: set[int], bw: set[int]):
+def _feeders_of_products_to_bi(program: _Program, bi: set[int], bw: set[int], num_param_cts: int):
     """Move into BI every weight-half equation that a product (``HEAVY``) of the weight
-    half waits for, so BW holds only the last products and what follows them.
+    half waits for, so BW holds the weight-gradient products and what follows them.
 
     Where no input cotangent needs the cotangent chain (the first stage, whose input is
     the batch; a branch that only parameters feed), the dependency split leaves the
@@ -219,18 +228,35 @@ def _feeders_of_products_to_bi(program: _Program, bi: set[int], bw: set[int]):
     transposed by changing the layout of the elementwise pass that makes it (measured,
     GPT's first stage sharded over 2 devices: that one pass 36 of the 62 ms backward).
     BI computes the chain instead and hands BW the operands of its products, as it does
-    on every other stage. Nothing runs twice; BW still holds every weight-gradient
-    product, and on a stage whose input cotangents need the chain nothing moves."""
+    on every other stage. Nothing runs twice and nothing moves where the input
+    cotangents already need the chain.
+
+    A weight-gradient product (a product whose result has a parameter's shape, e.g. ``x^T
+    dy``) never moves, even where another product reads it (factorized weights: ``W + A
+    B``), and neither does anything computed from it: what moves is closed under
+    dependencies, so BI never waits for BW."""
+    eqns = program.eqns
+    param_shapes = {program.shapes.get(r) for r in program.outputs[:num_param_cts] if isinstance(r, int)}
+    param_shapes |= {s[::-1] for s in param_shapes if s is not None and len(s) == 2}  # JAX's dy^T x before its transpose
+
+    def weight_product(i: int) -> bool:
+        e = eqns[i]
+        return e.primitive.name in HEAVY and any(program.shapes.get(o) in param_shapes for o in e.outs if o is not None)
+
     consumers: dict[int, list[int]] = {}
     for i in bw:
-        for r in program.eqns[i].ins:
+        for r in eqns[i].ins:
             if isinstance(r, int):
                 consumers.setdefault(r, []).append(i)
     feeds: dict[int, bool] = {}
-    for i in sorted(bw, reverse=True):  # consumers come later in program order
-        feeds[i] = any(program.eqns[c].primitive.name in HEAVY or feeds[c]
-                       for o in program.eqns[i].outs if o is not None for c in consumers.get(o, ()))
-    moved = {i for i, f in feeds.items() if f}
+    for i in sorted(bw, reverse=True):  # the flat program is in dependency order: consumers come later
+        feeds[i] = any(eqns[c].primitive.name in HEAVY or feeds[c]
+                       for o in eqns[i].outs if o is not None for c in consumers.get(o, ()))
+    moved = {i for i, f in feeds.items() if f and not weight_product(i)}
+    made_by = {o: i for i in bw for o in eqns[i].outs if o is not None}
+    for i in sorted(moved):  # producers first: one that stays keeps its readers in BW
+        if any(isinstance(r, int) and r in made_by and made_by[r] not in moved for r in eqns[i].ins):
+            moved.discard(i)
     return bi | moved, bw - moved
 
 
@@ -373,7 +399,7 @@ def split_vjp(fn: Callable, params, *inputs):
     bi_roots = list(program.outputs[num_param_cts:]) + [r for i in effectful for r in program.eqns[i].ins]
     bi = _needed(program, bi_roots, producer) | effectful
     bw = _needed(program, program.outputs[:num_param_cts], producer) - bi
-    bi, bw = _feeders_of_products_to_bi(program, bi, bw)
+    bi, bw = _feeders_of_products_to_bi(program, bi, bw, num_param_cts)
     bi, bw = _keep_light_work_in_bi(program, bi, bw, num_param_cts)
     residual_ids = _residuals(program, bw, num_param_cts)
     halves = _Halves(program, tuple(program.eqns[i] for i in sorted(bi)), tuple(program.eqns[i] for i in sorted(bw)),

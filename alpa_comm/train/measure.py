@@ -67,11 +67,13 @@ def stage_times(steps: list[list[dict]], num_stages: int, busy: bool = True) -> 
 
 def costs_from(times: dict[str, list[float]], edge_seconds: dict[str, float], num_stages: int) -> Costs:
     """Simulator costs: measured compute per stage and each stage's outgoing edge
-    time (the slowest of its forward edges and of its backward edges)."""
+    time (the slowest of its forward edges and of its backward edges). Where both the
+    whole backward and its halves were measured (two runs), each keeps its own time:
+    a split costs more than ``B`` (two programs)."""
     f = times.get("F", [0.0] * num_stages)
     if "B" in times:
         b = times["B"]
-        bi = bw = None
+        bi, bw = (times["BI"], times["BW"]) if "BI" in times and "BW" in times else (None, None)
     else:
         bi, bw = times.get("BI", [0.0] * num_stages), times.get("BW", [0.0] * num_stages)
         b = [x + y for x, y in zip(bi, bw)]

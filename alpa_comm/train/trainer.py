@@ -26,8 +26,20 @@ from .data import batches, stdlib_corpus, synthetic
 DEFAULT_COSTS = Costs(1.0, 2.0, 0.5)
 AUTO = "auto"
 CALIBRATION = ("eager-1f1b", 3)
-"""``--schedule auto`` first runs this family (backward split, so BI and BW are timed apart)
-for this many timed steps after one warm-up, on the cluster and strategy of the run."""
+"""``--schedule auto`` first runs this family twice, with its backward split (BI and BW
+timed apart) and whole (B: one program costs less than two), each for this many timed
+steps after one warm-up, on the cluster and strategy of the run."""
+
+
+@dataclass
+class Calibration:
+    """What ``calibrate`` measured: simulator costs, a predictor of any schedule's
+    iteration time over the measured durations and edge times, and the share of a
+    microbatch's activation state the weight half keeps after ``BI`` (the largest stage's)."""
+
+    costs: Costs
+    predict: object
+    wgrad_fraction: float = 0.5
 
 
 @dataclass
@@ -79,6 +91,9 @@ class TrainConfig:
                 raise InvalidOptionError(f"--{name} must be a positive finite number, got {v!r}")
         if self.host_cpus is not None and (not math.isfinite(self.host_cpus) or self.host_cpus <= 0):
             raise InvalidOptionError(f"--host-cpus must be a positive number, got {self.host_cpus!r}")
+        from ..pipeline.auto_schedule import check_memory_cap  # noqa: PLC0415
+
+        check_memory_cap(self.memory_cap)
         if self.memory_cap is not None and self.schedule != AUTO:
             raise InvalidOptionError(f"--memory-cap applies to --schedule auto, not {self.schedule!r}")
         if self.schedule == AUTO and (self.split_backward or self.delay_wgrad is not None):
@@ -102,7 +117,9 @@ class TrainResult:
 
 
 def build_schedule(cfg: TrainConfig, model, costs: Costs = DEFAULT_COSTS) -> Schedule:
-    """The schedule IR for the config, with the model's skip edges added, validated."""
+    """The schedule IR for the config, with the model's skip edges added, validated.
+    ``--schedule auto`` is ranked with ``costs`` as given, uncalibrated (``train`` on a
+    cluster calibrates first)."""
     if cfg.schedule == AUTO:
         return choose_schedule(cfg, model, costs, log=None).schedule
     if cfg.schedule not in SCHEDULES:
@@ -116,51 +133,64 @@ def build_schedule(cfg: TrainConfig, model, costs: Costs = DEFAULT_COSTS) -> Sch
     return sched
 
 
-def choose_schedule(cfg: TrainConfig, model, costs: Costs, predict=None, log=None):
+def choose_schedule(cfg: TrainConfig, model, costs: Costs, predict=None, log=None, wgrad_fraction: float = 0.5):
     """``--schedule auto``: every family the trainer runs, with the model's skip edges,
-    predicted (``predict(schedule)``, default: the simulator with ``costs``) and ranked;
-    prints the ranking to ``log`` (a stream; None: silent) and returns the pick
-    (``auto_schedule.Ranked``)."""
+    validated, predicted (``predict(schedule)``, default: the simulator with ``costs``)
+    and ranked; prints the ranking to ``log`` (a stream; None: silent) and returns the
+    pick (``auto_schedule.Ranked``), or raises naming the least peak when nothing fits
+    ``cfg.memory_cap``."""
     from ..pipeline import auto_schedule, simulate_schedule  # noqa: PLC0415
     from ..report.tables import table  # noqa: PLC0415
 
     if predict is None:
         def predict(s):
             return simulate_schedule(s, costs, signal=cfg.strategy == "signal").iteration_time
+
+    def runnable(s):
+        s = with_skips(s, model.skips)
+        validate(s)
+        return s
     cands = auto_schedule.candidates(cfg.stages, cfg.microbatches, costs)
-    ranked = auto_schedule.rank(cands, cfg.stages, cfg.microbatches, predict,
-                                runnable=lambda s: with_skips(s, model.skips), memory_cap=cfg.memory_cap)
-    pick = auto_schedule.choose(ranked)
-    for r in ranked:
-        validate(r.schedule)
+    ranked = auto_schedule.rank(cands, cfg.stages, cfg.microbatches, predict, runnable=runnable,
+                                memory_cap=cfg.memory_cap, wgrad_fraction=wgrad_fraction)
     if log:
-        print("--schedule auto (predicted iteration seconds, peak live activations per stage):", file=log)
+        print("--schedule auto (predicted iteration time, peak live activations of the fullest stage in "
+              "microbatches):", file=log)
         print(table(auto_schedule.HEADERS, auto_schedule.table_rows(ranked)), file=log)
+    pick = auto_schedule.choose(ranked)  # after the table, so a cap nothing fits shows every peak
+    if log:
         print(f"picked {pick.candidate.label}", file=log, flush=True)
     return pick
 
 
-def calibrate(cfg: TrainConfig, cluster, model, data, log=None):
-    """Run ``CALIBRATION`` on ``cluster`` and return (the measured costs, a predictor over
-    the measured durations and edge times): what ``--schedule auto`` ranks with."""
+def calibrate(cfg: TrainConfig, cluster, model, data, log=None) -> Calibration:
+    """Run ``CALIBRATION`` on ``cluster`` (backward split, then whole) and return what
+    ``--schedule auto`` ranks with: costs, a predictor over the measured durations and
+    edge times, and the measured weight-gradient share of the activation state."""
     from ..pipeline import generate as gen  # noqa: PLC0415
     from .distributed import DistributedPipeline  # noqa: PLC0415
     from .measure import costs_from, predict, stage_times  # noqa: PLC0415
 
     kind, steps = CALIBRATION
-    sched = with_skips(gen(kind, cfg.stages, cfg.microbatches, split_backward=True), model.skips)
-    if log:
-        print(f"--schedule auto: calibrating ({kind} with its backward split, {cfg.strategy}, 1 + {steps} steps)",
-              file=log, flush=True)
-    pipe = DistributedPipeline(cluster, cfg.model, cfg.stages, sched, microbatch_size=cfg.microbatch_size,
-                               model_kwargs=cfg.model_kwargs(), dp=cfg.dp, strategy=cfg.strategy,
-                               optimizer=cfg.optimizer, lr=cfg.lr)
-    pipe.step(next(data))
-    records = [pipe.step(next(data)).per_host for _ in range(steps)]
-    edge_s = pipe.time_edges(repeats=3)
+    records: list = []
+    edge_s: dict = {}
+    for split in (True, False):
+        sched = with_skips(gen(kind, cfg.stages, cfg.microbatches, split_backward=split), model.skips)
+        if log:
+            print(f"--schedule auto: calibrating ({kind}, backward {'split' if split else 'whole'}, {cfg.strategy}, "
+                  f"1 + {steps} steps)", file=log, flush=True)
+        pipe = DistributedPipeline(cluster, cfg.model, cfg.stages, sched, microbatch_size=cfg.microbatch_size,
+                                   model_kwargs=cfg.model_kwargs(), dp=cfg.dp, strategy=cfg.strategy,
+                                   optimizer=cfg.optimizer, lr=cfg.lr)
+        pipe.step(next(data))
+        records += [pipe.step(next(data)).per_host for _ in range(steps)]
+        if split:
+            edge_s = pipe.time_edges(repeats=3)
     costs = costs_from(stage_times(records, cfg.stages), edge_s, cfg.stages)
+    kept = [rec["state_bytes"]["BI"] / rec["state_bytes"]["F"] for rec in records[0]
+            if rec.get("state_bytes", {}).get("F") and "BI" in rec["state_bytes"]]
     signal = cfg.strategy == "signal"
-    return costs, (lambda s: predict(s, records, edge_s, signal=signal))
+    return Calibration(costs, lambda s: predict(s, records, edge_s, signal=signal), max(kept, default=0.5))
 
 
 def data_stream(cfg: TrainConfig):
@@ -243,13 +273,14 @@ def _train_distributed(cfg: TrainConfig, log) -> TrainResult:
 
     model = abstract_model(cfg.model, cfg.stages, cfg.model_kwargs())  # the schedule needs its edges only
     auto = cfg.schedule == AUTO
-    sched = None if auto else build_schedule(cfg, model)
+    # auto: a cap nothing fits fails here, before any host starts (peaks do not depend on costs)
+    sched = choose_schedule(cfg, model, DEFAULT_COSTS).schedule if auto else build_schedule(cfg, model)
     data = data_stream(cfg)
     losses, seconds, records = [], [], []
     with open_cluster(cfg, log) as cluster:
         if auto:  # measured on this cluster, then ranked; training starts afresh with the pick
-            costs, predict = calibrate(cfg, cluster, model, data_stream(cfg), log)
-            sched = choose_schedule(cfg, model, costs, predict, log).schedule
+            cal = calibrate(cfg, cluster, model, data_stream(cfg), log)
+            sched = choose_schedule(cfg, model, cal.costs, cal.predict, log, cal.wgrad_fraction).schedule
         if log:
             print(f"setting up {cfg.stages} stages x {cfg.dp} data-parallel hosts ({cfg.strategy}, {sched.name})",
                   file=log, flush=True)

@@ -201,6 +201,24 @@ class EmulatedNetwork:
         return ["sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh"] + prefix
 
     # ----------------------------------------------------------------- down
+    def qdisc_stats(self) -> list[dict]:
+        """Per host, what its two shaped NIC sides did so far: ``{"send": {...}, "receive":
+        {...}}`` with ``sent_bytes``, ``dropped`` and ``overlimits`` each (``tc -s``); the
+        drops show where a run overflowed a NIC queue (TCP then retransmits)."""
+        import re  # noqa: PLC0415
+
+        def parse(text: str) -> dict:
+            m = re.search(r"Sent (\d+) bytes \d+ pkt \(dropped (\d+), overlimits (\d+)", text)
+            return {"sent_bytes": int(m.group(1)), "dropped": int(m.group(2)), "overlimits": int(m.group(3))} \
+                if m else {}
+        out = []
+        for h in range(self.num_hosts):
+            receive = _run("tc", "-s", "qdisc", "show", "dev", _root_veth(h), check=False).stdout
+            send = _run("ip", "netns", "exec", namespace(h), "tc", "-s", "qdisc", "show", "dev", host_ifname(h),
+                        check=False).stdout
+            out.append({"send": parse(send), "receive": parse(receive)})
+        return out
+
     def down(self) -> None:
         """Remove everything this network created; safe to call twice or after a crash."""
         for ns in [namespace(h) for h in range(self.num_hosts)] + existing_namespaces():
