@@ -43,17 +43,6 @@ class Candidate:
         return generate(self.kind, num_stages, num_microbatches, split_backward=self.split_backward,
                         delay_wgrad=None if self.delay_wgrad is None else list(self.delay_wgrad), chunks=self.chunks)
 
-    @property
-    def programs(self) -> int:
-        """1 for a whole backward, 2 for a split one (a tie goes to fewer)."""
-        return 2 if (self.split_backward or self.delay_wgrad is not None or self.kind in V_SCHEDULES
-                     or schedule_kind_lagged(self.kind)) else 1
-
-
-def schedule_kind_lagged(kind: str) -> bool:
-    """Whether ``kind`` is a one-chunk family that places its own weight gradients (ZB-H1)."""
-    return kind in SCHEDULES and schedule_kind(kind).wgrad_lag is not None
-
 
 def candidates(num_stages: int, num_microbatches: int, costs: Costs, virtual: bool = False) -> list[Candidate]:
     """Every family the runner can run: each one-chunk family with its backward whole and,
@@ -64,10 +53,9 @@ def candidates(num_stages: int, num_microbatches: int, costs: Costs, virtual: bo
     S, M = num_stages, num_microbatches
     out: list[Candidate] = []
     for kind in SCHEDULES:
-        if schedule_kind_lagged(kind):
-            out.append(Candidate(kind, kind))
-            continue
         out.append(Candidate(kind, kind))
+        if schedule_kind(kind).wgrad_lag is not None:  # ZB-H1 places its own weight gradients
+            continue
         delays = auto_backward(kind, S, M, costs)
         if delays is not None:
             out.append(Candidate(f"{kind} + delay {list(delays)}", kind, True, tuple(delays)))
@@ -122,8 +110,9 @@ def rank(cands: Sequence[Candidate], num_stages: int, num_microbatches: int,
 
     def key(r: Ranked):
         tied = r.predicted_s <= best * (1 + TIE)
-        return (not r.fits, not tied, r.predicted_s if not tied else 0.0, r.peak_activations, r.candidate.programs,
-                r.predicted_s)
+        # a whole backward (one program) before a split one (two)
+        return (not r.fits, not tied, r.predicted_s if not tied else 0.0, r.peak_activations,
+                r.schedule.split_backward, r.predicted_s)
     return sorted(out, key=key)
 
 

@@ -116,12 +116,12 @@ class TrainResult:
     steps: list = field(default_factory=list)  # per step: every host's record (distributed runs)
 
 
-def build_schedule(cfg: TrainConfig, model, costs: Costs = DEFAULT_COSTS) -> Schedule:
+def build_schedule(cfg: TrainConfig, model, costs: Costs = DEFAULT_COSTS, log=None) -> Schedule:
     """The schedule IR for the config, with the model's skip edges added, validated.
     ``--schedule auto`` is ranked with ``costs`` as given, uncalibrated (``train`` on a
-    cluster calibrates first)."""
+    cluster calibrates first), its ranking printed to ``log``."""
     if cfg.schedule == AUTO:
-        return choose_schedule(cfg, model, costs, log=None).schedule
+        return choose_schedule(cfg, model, costs, log=log).schedule
     if cfg.schedule not in SCHEDULES:
         raise InvalidOptionError(f"unknown schedule {cfg.schedule!r}; choose one of {', '.join(SCHEDULES)}")
     delay = cfg.delay_wgrad
@@ -167,7 +167,6 @@ def calibrate(cfg: TrainConfig, cluster, model, data, log=None) -> Calibration:
     """Run ``CALIBRATION`` on ``cluster`` (backward split, then whole) and return what
     ``--schedule auto`` ranks with: costs, a predictor over the measured durations and
     edge times, and the measured weight-gradient share of the activation state."""
-    from ..pipeline import generate as gen  # noqa: PLC0415
     from .distributed import DistributedPipeline  # noqa: PLC0415
     from .measure import costs_from, predict, stage_times  # noqa: PLC0415
 
@@ -175,7 +174,7 @@ def calibrate(cfg: TrainConfig, cluster, model, data, log=None) -> Calibration:
     records: list = []
     edge_s: dict = {}
     for split in (True, False):
-        sched = with_skips(gen(kind, cfg.stages, cfg.microbatches, split_backward=split), model.skips)
+        sched = with_skips(generate(kind, cfg.stages, cfg.microbatches, split_backward=split), model.skips)
         if log:
             print(f"--schedule auto: calibrating ({kind}, backward {'split' if split else 'whole'}, {cfg.strategy}, "
                   f"1 + {steps} steps)", file=log, flush=True)
@@ -228,10 +227,8 @@ def _train_inprocess(cfg: TrainConfig, log) -> TrainResult:
     if cfg.dp != 1:
         raise InvalidOptionError("--cluster inprocess runs one replica per stage; use --dp 1")
     model = build_model(cfg.model, cfg.stages, **cfg.model_kwargs())
-    if cfg.schedule == AUTO:  # one process runs the stages one after another: nothing to measure
-        sched = choose_schedule(cfg, model, DEFAULT_COSTS, log=log).schedule
-    else:
-        sched = build_schedule(cfg, model)
+    # auto: one process runs the stages one after another, nothing to measure: default costs
+    sched = build_schedule(cfg, model, log=log)
     opt, update = make_optimizer(cfg.optimizer, cfg.lr)
     state = opt.init(model.params)
     data = data_stream(cfg)
@@ -274,7 +271,7 @@ def _train_distributed(cfg: TrainConfig, log) -> TrainResult:
     model = abstract_model(cfg.model, cfg.stages, cfg.model_kwargs())  # the schedule needs its edges only
     auto = cfg.schedule == AUTO
     # auto: a cap nothing fits fails here, before any host starts (peaks do not depend on costs)
-    sched = choose_schedule(cfg, model, DEFAULT_COSTS).schedule if auto else build_schedule(cfg, model)
+    sched = build_schedule(cfg, model)
     data = data_stream(cfg)
     losses, seconds, records = [], [], []
     with open_cluster(cfg, log) as cluster:
