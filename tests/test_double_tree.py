@@ -94,3 +94,49 @@ def test_one_to_all_at_scale_is_near_the_bound_and_auto_takes_the_tree():
     assert simulate(chain).makespan >= 1.5 * chain.lower_bound_seconds
     auto = plan_resharding(*args, cluster=cluster, strategy="auto", cache=False)
     assert auto.strategy == "double_tree" and auto.strategy_asked == "auto"
+
+
+def test_each_tree_forwards_without_waiting_for_the_other():
+    """A host forwards a tree's chunk the moment it lands, whatever the other tree does.
+    Waiting for the other tree's chunk first (the old loop) chained every host to both
+    trees' depths: on 16 emulated hosts the pipeline then stepped at several hops a chunk
+    (4.5 s where 1.5 s were due). Here the sender holds back tree 1 until tree 0's root
+    (host 1, a leaf of tree 1) has passed all of tree 0 on to host 2: a coupled host 1
+    would wait for tree 1's first chunk and never get there."""
+    import threading
+
+    from alpa_comm.runtime.backend import Handle, ThreadBackend
+    from alpa_comm.runtime.local import execute_in_threads
+
+    chunks = 4
+    forwarded = threading.Event()
+    sent_on = []  # host 1's sends to host 2
+
+    class HoldTree1(ThreadBackend):
+        def isend(self, buf, peer, tag):
+            if self.rank == 1 and peer == 2:
+                sent_on.append(tag)
+                if len(sent_on) == chunks:
+                    forwarded.set()
+            if self.rank == 0 and peer == 4:  # tree 1's root: released once host 1 forwarded tree 0
+                inner = []
+                th = threading.Thread(target=lambda: forwarded.wait(10) and inner.append(
+                    ThreadBackend.isend(self, buf, peer, tag)), daemon=True)
+                th.start()
+
+                def wait(timeout):
+                    th.join(timeout)
+                    if not inner:
+                        raise TimeoutError("tree 1 was held back: host 1 never forwarded tree 0")
+                    inner[0].wait(timeout)
+                return Handle(wait, "held")
+            return super().isend(buf, peer, tag)
+
+    cluster = ClusterSpec(num_hosts=5, devices_per_host=1, nic_send_gbps=10)
+    assert tree_edges(0, [1, 2, 3, 4], 0)[:2] == [(0, 1), (1, 2)] and tree_edges(0, [1, 2, 3, 4], 1)[0] == (0, 4)
+    plan = plan_resharding((64, 8), "float32", "1x1@0", "RR", "4x1@1,2,3,4", "RR", cluster=cluster,
+                           strategy="double_tree", chunks=chunks)
+    x = np.arange(64 * 8, dtype=np.float32).reshape(64, 8)
+    out = execute_in_threads(plan, x, timeout=15, backend_class=HoldTree1)
+    assert all(np.array_equal(b, x) for b in out.values())
+    assert len(sent_on) == chunks

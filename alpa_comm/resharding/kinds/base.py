@@ -286,6 +286,35 @@ def fan_out(flat: np.ndarray, targets: list, lo: int, hi: int) -> None:
             tgt[lo:hi] = flat[lo:hi]
 
 
+def run_side_by_side(tasks: Sequence[Callable[[], list]]) -> list:
+    """Run ``tasks`` at once (the first in this thread, the others in threads of their own)
+    and return their results concatenated, in task order; the first error raised by any is
+    raised here after all have ended (each bounds its own waits, so all end). For the
+    parts of one transfer that must progress independently, e.g. a double tree's two
+    trees on a host that forwards in one and receives in the other."""
+    import threading  # noqa: PLC0415 - only executing hosts need it
+
+    results: list = [None] * len(tasks)
+    errors: list = []
+
+    def one(i: int) -> None:
+        try:
+            results[i] = tasks[i]()
+        except BaseException as e:  # noqa: BLE001 - re-raised below, in the caller's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True, name="alpa-comm-side")
+               for i in range(1, len(tasks))]
+    for th in threads:
+        th.start()
+    one(0)
+    for th in threads:
+        th.join()
+    if errors:
+        raise errors[0]
+    return [x for r in results for x in r]
+
+
 def store_received(ex: "HostExecutor", t: "Transfer", flat: np.ndarray, mine: list[int], targets: list,
                    data: bool = True) -> None:
     """Finish what ``receive_buffer`` started: unpack a coalesced transfer, and write the

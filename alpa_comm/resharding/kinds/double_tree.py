@@ -24,7 +24,8 @@ import numpy as np
 
 from .. import cost_model
 from ..resources import intra_link, nic_receive, nic_send
-from .base import TransferKind, fan_out, group_by_host, receive_buffer, receiving_hosts, store_received
+from .base import (TransferKind, fan_out, group_by_host, receive_buffer, receiving_hosts, run_side_by_side,
+                   store_received)
 
 TREES = 2
 MAX_CHUNKS_PER_TREE = cost_model.MAX_AUTO_CHUNKS // TREES
@@ -149,30 +150,44 @@ class DoubleTree(TransferKind):
         def tag(tree: int, c: int) -> int:
             return tag0 + tree * MAX_CHUNKS_PER_TREE + c
 
-        # Every host issues its messages in (chunk, tree) order, the order a forwarding
-        # host sends in: a host that is a child of the same parent in both trees then
-        # posts its receives in the order they are sent (NCCL matches per peer in issue
-        # order, not by tag).
-        rounds = max(len(b) - 1 for b, _, _ in trees)
-        if ex.host == sender:
+        if ex.host == sender:  # every byte is here: both trees' chunks go at once, in (chunk, tree) order
             flat = ex.outgoing(t)
+            rounds = max(len(b) - 1 for b, _, _ in trees)
             ex.wait([ex.isend(flat[b[c]:b[c + 1]], kids[0], tag(i, c))
                      for c in range(rounds) for i, (b, _, kids) in enumerate(trees) if kids and c < len(b) - 1])
             return
         flat, mine, targets = receive_buffer(ex, t, t.nbytes)
+        # Receives are posted in (chunk, tree) order, the order the sender sends in: a host
+        # that takes both trees from the sender (the only receiving host) then matches on
+        # a backend that matches per peer in issue order (NCCL), not by tag.
         recvs: list[list] = [[] for _ in trees]
-        for c in range(rounds):
+        for c in range(max(len(b) - 1 for b, _, _ in trees)):
             for i, (b, parent, _) in enumerate(trees):
                 if parent is not None and c < len(b) - 1:
                     recvs[i].append(ex.irecv(flat[b[c]:b[c + 1]], parent, tag(i, c)))
-        sends = []
-        for c in range(max(len(r) for r in recvs)):
-            for i, (b, _, kids) in enumerate(trees):  # both trees' chunk c, so both halves flow at once
-                if c >= len(recvs[i]):
-                    continue
-                recvs[i][c].wait(ex.wait_s)
-                lo, hi = b[c], b[c + 1]
-                sends += [ex.isend(flat[lo:hi], kid, tag(i, c)) for kid in kids]
-                fan_out(flat, targets, lo, hi)
+
+        def forward(i: int, c: int) -> list:
+            """Wait for tree ``i``'s chunk ``c``, pass it on to the children and the devices."""
+            b, _, kids = trees[i]
+            recvs[i][c].wait(ex.wait_s)
+            lo, hi = b[c], b[c + 1]
+            sends = [ex.isend(flat[lo:hi], kid, tag(i, c)) for kid in kids]
+            fan_out(flat, targets, lo, hi)
+            return sends
+
+        if not getattr(ex.backend, "concurrent", True):
+            # One thread at a time on the backend (NCCL: operations run in issue order on
+            # one stream): issue in (chunk, tree) order, as the sender does. This couples
+            # the trees (a host forwards tree 0's next chunk only after tree 1's last one
+            # came), so the pipeline steps slower than the cost model says.
+            sends = [s for c in range(max(len(r) for r in recvs))
+                     for i in range(TREES) if c < len(recvs[i]) for s in forward(i, c)]
+        else:
+            # Each tree forwards on its own: a chunk goes on the moment it lands. Waiting
+            # for the other tree's chunk first chains every host to both trees' depths,
+            # and the whole pipeline then steps at several hops a chunk (measured on 16
+            # emulated hosts at 50 Mbit/s: 4.5 s against the 1.5 s this takes).
+            sends = run_side_by_side([lambda i=i: [s for c in range(len(recvs[i])) for s in forward(i, c)]
+                                      for i in range(TREES)])
         ex.wait(sends)
         store_received(ex, t, flat, mine, targets)
