@@ -20,11 +20,12 @@ from alpa_comm.runtime.pieces import Pieces  # noqa: E402
 from alpa_comm.runtime.tcp import TcpBackend  # noqa: E402
 
 
-def group(n: int, streams: int = 1, timeout: float = 20):
+def group(n: int, streams: int = 1, timeout: float = 20, pace_gbps=None):
     import torch.distributed as dist
 
     store = dist.PrefixStore("tcp", dist.HashStore())
-    return run_ranks(n, lambda rank: TcpBackend(rank, range(n), store, timeout=timeout, streams=streams))
+    return run_ranks(n, lambda rank: TcpBackend(rank, range(n), store, timeout=timeout, streams=streams,
+                                                pace_gbps=pace_gbps))
 
 
 def close(backends):
@@ -142,6 +143,29 @@ def test_a_member_that_never_comes_is_named():
         TcpBackend(0, [0, 1], dist.HashStore(), timeout=0.5)
     with pytest.raises(ValueError, match="streams"):
         TcpBackend(0, [0], dist.HashStore(), streams=0)
+    with pytest.raises(ValueError, match="pace_gbps must be a positive number of Gbit/s or None, got -1"):
+        TcpBackend(0, [0], dist.HashStore(), pace_gbps=-1)
+
+
+def test_connections_are_paced_at_twice_the_nic_rate():
+    """A host's connections leave paced (TCP's own pacing), not a window at a time: see
+    ``PACE_FACTOR``. The cap reads back from every socket; data still arrives whole."""
+    import socket
+    import struct
+
+    from alpa_comm.runtime.tcp import PACE_FACTOR, SO_MAX_PACING_RATE
+
+    backends = group(2, streams=2, pace_gbps=0.4)
+    try:
+        for b in backends:
+            for stream in b._streams.values():
+                rate = struct.unpack("Q", stream.sock.getsockopt(socket.SOL_SOCKET, SO_MAX_PACING_RATE, 8))[0]
+                assert rate == int(PACE_FACTOR * 0.4e9 / 8)
+        x, y = np.arange(1 << 18, dtype=np.float32), np.zeros(1 << 18, np.float32)
+        run_ranks(2, lambda r: backends[0].send(x, 1, 7, 10) if r == 0 else backends[1].recv(y, 0, 7, 10))
+        assert np.array_equal(x, y)
+    finally:
+        close(backends)
 
 
 def test_barrier_and_all_reduce_over_three_hosts():

@@ -263,7 +263,8 @@ def _reachable_ip(towards: str | None, own: str | None = None) -> str:
 class ProcessGroup:
     """This process's membership (``rank`` of ``world_size``) of a resharding group.
 
-    ``nic_gbps``/``latency_s``: the network the planner plans for; ``streams``: TCP
+    ``nic_gbps``/``latency_s``: the network the planner plans for (the TCP transport also
+    paces each connection at no more than twice ``nic_gbps``: ``runtime.tcp.PACE_FACTOR``); ``streams``: TCP
     connections per pair of processes (``"auto"``: one per ``stream_gbps`` of the NIC, at
     most 8); ``recycle_bytes``: unused result memory kept for the next call (0: none);
     ``buffers``/``backend``: see the module's docstring; ``timeout``: every wait's bound."""
@@ -388,7 +389,8 @@ class ProcessGroup:
             from ..runtime.tcp import TcpBackend  # noqa: PLC0415
 
             return TcpBackend(self.rank, hosts, _SubgroupStore(self.kv, name, self.timeout), self.timeout,
-                              streams=self.streams, address=_reachable_ip(self._towards, self._own_ip))
+                              streams=self.streams, address=_reachable_ip(self._towards, self._own_ip),
+                              pace_gbps=self.nic_gbps)
         import torch.distributed as dist  # noqa: PLC0415
 
         from ..runtime.worker import free_port  # noqa: PLC0415

@@ -9,6 +9,8 @@ simulator (``sim.simulate``) plays plans by them, so both live here, once.
   NIC's work as a sequence, and a second one admitted while the first is on the wire
   hides the per-transfer start-up (a chain's fill, a message's latency) without turning
   the sequence into a free-for-all.
+* A kind that moves every byte through every NIC it holds at that NIC's rate (a double
+  tree: ``TransferKind.alone_on_its_nics``) takes a whole window: it runs alone there.
 * A transfer whose bytes take fewer than ``ORDERED_LATENCIES`` message latencies on the
   slowest NIC is latency-bound: its order on a NIC hardly matters, and overlapping it
   with others hides what it costs, so it is admitted outside the NIC windows (only the
@@ -52,6 +54,13 @@ def latency_bound(nbytes: int, latency_s: float, min_rate: float | None) -> bool
     return bool(min_rate) and nbytes < ORDERED_LATENCIES * latency_s * min_rate
 
 
+def window_units(kind: str, units: int, window: int) -> int:
+    """How much of a NIC's ``window`` a transfer of ``kind`` takes where it would take
+    ``units`` (one, or one per stream it is striped over): all of it for a kind that runs
+    alone on its NICs (``TransferKind.alone_on_its_nics``)."""
+    return window if transfer_kind(kind).alone_on_its_nics else units
+
+
 def admitted_seconds(transfers: Sequence, cluster: "ClusterSpec", limit: float = math.inf) -> float:
     """An estimate of how long ``transfers`` take played by these rules, cheap enough to
     rank ``strategy="auto"``'s candidate plans by (the load balancer's prediction plays
@@ -69,7 +78,8 @@ def admitted_seconds(transfers: Sequence, cluster: "ClusterSpec", limit: float =
       like slices), so the window passes them at their busy times one after another, while
       their fixed delays (latencies, a chain's fill) overlap ``MAX_PER_RESOURCE`` at a
       time (never less than the longest one). A scatter's sending NIC thus waits out the
-      ring all-gather that follows it, as in the simulator;
+      ring all-gather that follows it, as in the simulator; a kind that runs alone on its
+      NICs overlaps none: its delays add up;
     * latency-bound transfers (``MAX_CONCURRENT`` a host, outside the windows): their
       bytes at the resource's rate, and their delays overlapped ``MAX_CONCURRENT`` at a
       time on their host (a host taking 256 messages pays 8 latencies, not 256);
@@ -131,6 +141,12 @@ def admitted_seconds(transfers: Sequence, cluster: "ClusterSpec", limit: float =
                 if serial[k] > limit:  # every term only grows: this plan cannot come under the limit
                     return math.inf
             keys, into, at_once = resources, held, MAX_PER_RESOURCE
+            if kind.alone_on_its_nics:  # one at a time: nothing hides its delays
+                for k in resources:
+                    serial[k] += delay
+                    if serial[k] > limit:
+                        return math.inf
+                continue
         if delay <= 0:
             continue
         for k in keys:

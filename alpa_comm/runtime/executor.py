@@ -38,7 +38,7 @@ import numpy as np
 from ..errors import InvalidOptionError
 from ..resharding.kinds import transfer_kind
 from ..resharding.kinds.base import finish_posted
-from ..resharding.admission import MAX_CONCURRENT, MAX_INFLIGHT_BYTES, MAX_PER_RESOURCE, latency_bound
+from ..resharding.admission import MAX_CONCURRENT, MAX_INFLIGHT_BYTES, MAX_PER_RESOURCE, latency_bound, window_units
 from ..resharding.plan import Leaf, Transfer
 from ..resharding.resources import nic_send
 from ..spec import Box
@@ -897,8 +897,10 @@ class HostExecutor:
     def _stream_units(self, t: Transfer) -> int:
         """How much of a NIC's window ``t`` takes: one stream, or every stream where its
         messages are large enough to be striped over all of them (``STRIPE_MIN_BYTES``),
-        so a few large transfers hold the NIC in the plan's order as one would."""
-        return self.streams if t.nbytes >= STRIPE_MIN_BYTES * max(1, t.chunks) else 1
+        so a few large transfers hold the NIC in the plan's order as one would; the whole
+        window for a kind that runs alone on its NICs (``admission.window_units``)."""
+        units = self.streams if t.nbytes >= STRIPE_MIN_BYTES * max(1, t.chunks) else 1
+        return window_units(t.kind, units, self.max_per_resource)
 
     def _buffer_bytes(self, t: Transfer, packs: bool) -> int:
         """Bytes of buffers this host makes for ``t`` beyond source and destination memory:

@@ -23,7 +23,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from ..resharding.admission import MAX_CONCURRENT, MAX_PER_RESOURCE, latency_bound
+from ..resharding.admission import MAX_CONCURRENT, MAX_PER_RESOURCE, latency_bound, window_units
 from ..resharding.kinds import transfer_kind
 from ..resharding.kinds.base import receiving_hosts
 from ..resharding.plan import ReshardingPlan, Transfer
@@ -104,14 +104,17 @@ def simulate(plan: ReshardingPlan, cluster: ClusterSpec | None = None, *,
     min_rate, lat = cluster.slowest_nic_rate, cluster.latency_s
     res_of: dict[int, tuple[int, ...]] = {}  # every resource a transfer holds (timeline, busy)
     gates: dict[int, tuple] = {}  # the queues it is admitted through: windows or host slots
+    units: dict[int, int] = {}  # how much of each window (or host slot) it takes
     queues: dict = {}
     for t in transfers:  # transfers are in plan (start) order
         r = transfer_kind(t.kind).transfer_resources(t, cluster)
         res_of[t.id] = r
         if latency_bound(t.nbytes, lat, min_rate):
             gate = tuple(("host", h) for h in sorted({host_and_side(k)[0] for k in r}))
+            units[t.id] = 1
         else:
             gate = tuple(("nic", k) for k in r)
+            units[t.id] = window_units(t.kind, 1, window)
         gates[t.id] = gate
         for key in gate:
             queues.setdefault(key, []).append(t.id)
@@ -134,7 +137,8 @@ def simulate(plan: ReshardingPlan, cluster: ClusterSpec | None = None, *,
             return False
         for key in gates[tid]:
             at = head[key]
-            if at >= len(queues[key]) or queues[key][at] != tid or running[key] >= limit[key]:
+            if at >= len(queues[key]) or queues[key][at] != tid or (
+                    running[key] and running[key] + units[tid] > limit[key]):
                 return False
         return all(d in done for d in transfers[tid].deps)
 
@@ -157,7 +161,7 @@ def simulate(plan: ReshardingPlan, cluster: ClusterSpec | None = None, *,
         nxt = []
         for key in gates[tid]:
             head[key] += 1
-            running[key] += 1
+            running[key] += units[tid]
             if head[key] < len(queues[key]):
                 nxt.append(queues[key][head[key]])
         pending.extend(sorted(set(nxt)))
@@ -198,7 +202,7 @@ def simulate(plan: ReshardingPlan, cluster: ClusterSpec | None = None, *,
                                       t.nbytes, res_of[tid]))
         candidates = set(dependents.get(tid, ()))
         for key in gates[tid]:
-            running[key] -= 1
+            running[key] -= units[tid]
             if head[key] < len(queues[key]):
                 candidates.add(queues[key][head[key]])
         consider(sorted(candidates))

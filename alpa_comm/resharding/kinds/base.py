@@ -86,6 +86,11 @@ class TransferKind:
     scratch against its memory budget."""
     groups_jobs: ClassVar[bool] = False
     """True for kinds that merge many unit tasks' jobs into one transfer (``combine``)."""
+    alone_on_its_nics: ClassVar[bool] = False
+    """It moves every byte through every NIC it holds at that NIC's rate (a double tree:
+    each host takes both halves at once), so it takes a NIC's whole admission window
+    (``admission.window_units``): a second one on the same NICs could only split them,
+    and two pipelines through shared hosts then step at their slower member's pace."""
     auto_min_hosts: ClassVar[int] = 1
     """``auto`` tries this kind only where some task has at least this many receiving
     hosts: below that it plans as a chain (``broadcast``) would."""
