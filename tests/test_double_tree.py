@@ -140,3 +140,22 @@ def test_each_tree_forwards_without_waiting_for_the_other():
     out = execute_in_threads(plan, x, timeout=15, backend_class=HoldTree1)
     assert all(np.array_equal(b, x) for b in out.values())
     assert len(sent_on) == chunks
+
+
+@pytest.mark.parametrize("chunks,alone", [(64, True), (1, False)])
+def test_a_pipelined_tree_runs_alone_on_its_nics_a_store_and_forward_one_shares(chunks, alone):
+    """Two pipelined trees over the same hosts could only split their NICs, and coupled
+    they step at the slower one's pace (``admission.ALONE_BUSY``): each takes a whole
+    window, in the executor and the simulator alike; a one-chunk tree keeps one level
+    busy at a time and shares."""
+    from alpa_comm.resharding.admission import MAX_PER_RESOURCE, window_units
+
+    cluster = ClusterSpec(num_hosts=10, devices_per_host=1, nic_send_gbps=1, latency_s=1e-6)
+    plan = plan_resharding((1 << 16, 64), "float32", "2x1@0,1", "S0R", "8x1@2,3,4,5,6,7,8,9", "RR",
+                           cluster=cluster, strategy="double_tree", chunks=chunks)
+    a, b = plan.transfers
+    units = window_units(a, 1, MAX_PER_RESOURCE, cluster.host_of, cluster.slowest_nic_rate, cluster.latency_s)
+    assert units == (MAX_PER_RESOURCE if alone else 1)
+    spans = {e.transfer: (e.start, e.end) for e in simulate(plan).timeline}
+    overlap = min(spans[a.id][1], spans[b.id][1]) - max(spans[a.id][0], spans[b.id][0])
+    assert (overlap <= 1e-12) == alone

@@ -898,9 +898,9 @@ class HostExecutor:
         """How much of a NIC's window ``t`` takes: one stream, or every stream where its
         messages are large enough to be striped over all of them (``STRIPE_MIN_BYTES``),
         so a few large transfers hold the NIC in the plan's order as one would; the whole
-        window for a kind that runs alone on its NICs (``admission.window_units``)."""
+        window for a pipelined double tree (``admission.window_units``)."""
         units = self.streams if t.nbytes >= STRIPE_MIN_BYTES * max(1, t.chunks) else 1
-        return window_units(t.kind, units, self.max_per_resource)
+        return window_units(t, units, self.max_per_resource, self.host_of, self.min_rate, self.latency_s)
 
     def _buffer_bytes(self, t: Transfer, packs: bool) -> int:
         """Bytes of buffers this host makes for ``t`` beyond source and destination memory:

@@ -114,7 +114,7 @@ def simulate(plan: ReshardingPlan, cluster: ClusterSpec | None = None, *,
             units[t.id] = 1
         else:
             gate = tuple(("nic", k) for k in r)
-            units[t.id] = window_units(t.kind, 1, window)
+            units[t.id] = window_units(t, 1, window, cluster.host_of, min_rate, lat)
         gates[t.id] = gate
         for key in gate:
             queues.setdefault(key, []).append(t.id)

@@ -86,11 +86,13 @@ class TransferKind:
     scratch against its memory budget."""
     groups_jobs: ClassVar[bool] = False
     """True for kinds that merge many unit tasks' jobs into one transfer (``combine``)."""
-    alone_on_its_nics: ClassVar[bool] = False
-    """It moves every byte through every NIC it holds at that NIC's rate (a double tree:
-    each host takes both halves at once), so it takes a NIC's whole admission window
-    (``admission.window_units``): a second one on the same NICs could only split them,
-    and two pipelines through shared hosts then step at their slower member's pace."""
+    def busy_fraction(self, t: "Transfer", host_of, rate: float | None, latency_s: float) -> float | None:
+        """The share of its time this transfer keeps each NIC it holds busy at ``rate``
+        (its bytes' time over its whole time, fill and per-message latencies included),
+        where that decides whether it shares a NIC (``admission.window_units``); None for
+        the kinds the plain window suits."""
+        return None
+
     auto_min_hosts: ClassVar[int] = 1
     """``auto`` tries this kind only where some task has at least this many receiving
     hosts: below that it plans as a chain (``broadcast``) would."""

@@ -60,7 +60,6 @@ def chunk_bounds(lo: int, hi: int, chunks: int) -> np.ndarray:
 class DoubleTree(TransferKind):
     name = "double_tree"
     rotates_shared_receivers = True
-    alone_on_its_nics = True  # 8 trees over the same 8 of 16 emulated hosts: 1.35x the simulated time two at a time
     order = 42
     auto_min_hosts = 3
     packable = True
@@ -85,13 +84,17 @@ class DoubleTree(TransferKind):
         return rates
 
     @staticmethod
+    def step_latency_s(latency_s: float) -> float:
+        return TREES * latency_s
+
+    @staticmethod
     def step_latency(cluster) -> float:
         """Each step a host takes two messages (one chunk per tree) and an inner host sends
         two; a NIC side takes one message at a time, so a step pays two latencies. This is
         what keeps ``auto`` on a chain for a handful of hosts, where the tree saves little
         fill and costs twice the messages (measured on the emulated cluster: 1.3x the bound
         on 3-4 hosts where a chain is 1.0x)."""
-        return TREES * cluster.latency_s
+        return DoubleTree.step_latency_s(cluster.latency_s)
 
     def duration(self, nbytes, num_elements, sender_host, groups, cluster, chunks):
         rates = self.step_rates(sender_host, groups, cluster)
@@ -100,6 +103,17 @@ class DoubleTree(TransferKind):
         k = chunks if chunks is not None else cost_model.auto_chunks(nbytes, rates, lat, limit)
         k = max(1, min(k, limit))
         return cost_model.chain_time(nbytes, rates, k, lat), k
+
+    def busy_fraction(self, t, host_of, rate, latency_s):
+        """A pipelined tree moves every byte through every NIC it holds, so a host's NICs
+        are busy for its bytes' time out of its fill, steps and latencies: near 1 for many
+        chunks, 1/depth for one chunk (store and forward: one level at a time)."""
+        if not rate:
+            return None
+        sender, hosts = self._hosts(t, host_of)
+        hops = depth(len(hosts))
+        whole = cost_model.chain_time(t.nbytes, [rate] * hops, max(1, t.chunks), self.step_latency_s(latency_s))
+        return (t.nbytes / rate) / whole if whole > 0 else None
 
     def closed_form(self, t, hosts, devices, chunks=1):
         return t + (depth(hosts) - 1) * t / chunks
