@@ -264,9 +264,9 @@ class ProcessGroup:
     """This process's membership (``rank`` of ``world_size``) of a resharding group.
 
     ``nic_gbps``/``latency_s``: the network the planner plans for (the TCP transport also
-    paces each connection at no more than twice ``nic_gbps``: ``runtime.tcp.PACE_FACTOR``); ``streams``: TCP
-    connections per pair of processes (``"auto"``: one per ``stream_gbps`` of the NIC, at
-    most 8); ``recycle_bytes``: unused result memory kept for the next call (0: none);
+    paces each connection at no more than twice ``nic_gbps``: ``runtime.tcp.PACE_FACTOR``);
+    ``streams``: TCP connections per pair of processes (``"auto"``: one per ``stream_gbps``
+    of the NIC, at most 8); ``recycle_bytes``: unused result memory kept for the next call (0: none);
     ``buffers``/``backend``: see the module's docstring; ``timeout``: every wait's bound."""
 
     def __init__(self, rank: int, world_size: int, address: str | None = None, backend: str = DEFAULT_BACKEND,

@@ -86,6 +86,11 @@ class TransferKind:
     scratch against its memory budget."""
     groups_jobs: ClassVar[bool] = False
     """True for kinds that merge many unit tasks' jobs into one transfer (``combine``)."""
+    auto_min_hosts: ClassVar[int] = 1
+    """``auto`` tries this kind only where some task has at least this many receiving
+    hosts: below that it plans as a chain (``broadcast``) would."""
+
+    # ------------------------------------------------------------- planning
     def busy_fraction(self, t: "Transfer", host_of, rate: float | None, latency_s: float) -> float | None:
         """The share of its time this transfer keeps each NIC it holds busy at ``rate``
         (its bytes' time over its whole time, fill and per-message latencies included),
@@ -93,11 +98,6 @@ class TransferKind:
         the kinds the plain window suits."""
         return None
 
-    auto_min_hosts: ClassVar[int] = 1
-    """``auto`` tries this kind only where some task has at least this many receiving
-    hosts: below that it plans as a chain (``broadcast``) would."""
-
-    # ------------------------------------------------------------- planning
     def wire_bytes(self, nbytes: int) -> int:
         """Bytes one job of ``nbytes`` puts on the wire."""
         return nbytes

@@ -110,7 +110,7 @@ class DoubleTree(TransferKind):
         chunks, 1/depth for one chunk (store and forward: one level at a time)."""
         if not rate:
             return None
-        sender, hosts = self._hosts(t, host_of)
+        _, hosts = self._hosts(t, host_of)
         hops = depth(len(hosts))
         whole = cost_model.chain_time(t.nbytes, [rate] * hops, max(1, t.chunks), self.step_latency_s(latency_s))
         return (t.nbytes / rate) / whole if whole > 0 else None
