@@ -123,3 +123,67 @@ def test_bad_pipeline_requests_name_the_value(cluster):
     with pytest.raises(ValueError, match="unknown strategy 'carrier-pigeon'"):
         DistributedPipeline(cluster, "gpt", 4, sched, microbatch_size=4, model_kwargs=KW, strategy="carrier-pigeon")
 
+
+# ------------------------------------------------------------------ virtual stages
+def _reference_steps(model_name, num_model_stages, steps):
+    """The single-device loss of each step and the parameters after them (SGD), by model stage."""
+    model = build_model(model_name, num_model_stages, **KW)
+    losses = []
+    for mbs in steps:
+        loss, grads = reference_step(model, [{k: jax.numpy.asarray(v) for k, v in mb.items()} for mb in mbs])
+        model.params = [jax.tree_util.tree_map(lambda p, g: p - LR * g, p, g) for p, g in zip(model.params, grads)]
+        losses.append(float(loss))
+    return losses, [jax.tree_util.tree_map(np.asarray, p) for p in model.params]
+
+
+@pytest.mark.parametrize("model_name,kind,dp,planned", [
+    ("gpt", "zb-v", 1, {"F:0->1", "F:2->3"}),  # the V's turn 1 -> 2: a hand-off on stage 1, no plan
+    ("utransformer", "interleaved-1f1b", 1, {"F:0->1", "F:1->2", "F:2->3", "F:0->3"}),
+    ("gpt", "dualpipev", 2, {"F:0->1", "F:2->3"})])
+def test_virtual_stages_train_exactly_on_the_cluster(cluster, model_name, kind, dp, planned):
+    """2 stages x 2 chunks (4 model stages of one layer), two steps against the
+    single-device steps: the loss of each and every model stage's parameters after both
+    (the first step's head is zeros, so the second is the one whose block gradients are
+    not). In a V the turn (1 -> 2) stays on stage 1 and the loss comes from stage 0; the
+    U-Transformer's skip 0 -> 3 in the loop crosses stage 0 -> 1 beside the adjacent
+    0 -> 1, same microbatch (two transfers the mailbox keys apart by model stage); with
+    dp=2 each chunk's gradients are averaged over the stage's two hosts."""
+    M, V = 4, 4
+    steps = [next(synthetic(M, 4, KW["seq"], seed=s)) for s in (5, 6)]
+    ref_losses, ref_params = _reference_steps(model_name, V, steps)
+    skips = build_model(model_name, V, **KW).skips
+    sched = with_skips(generate(kind, 2, M, chunks=2) if kind == "interleaved-1f1b" else generate(kind, 2, M), skips)
+    pipe = DistributedPipeline(cluster, model_name, 2, sched, microbatch_size=4, model_kwargs=KW, dp=dp,
+                               strategy="broadcast", optimizer="sgd", lr=LR)
+    assert {e.name for e in pipe.edges if e.direction == "F"} == planned
+    for mbs, want in zip(steps, ref_losses):
+        res = pipe.step(mbs)
+        assert res.loss == pytest.approx(want, rel=1e-5)
+        assert {r["stage"] for r in res.per_host if r["losses"]} == {pipe.loss_stage}
+    got = pipe.stage_params()
+    assert len(got) == V
+    for v, (g, w) in enumerate(zip(got, ref_params)):
+        for a, b in zip(jax.tree_util.tree_leaves(g), jax.tree_util.tree_leaves(w)):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=f"model stage {v}")
+
+
+def test_train_schedule_auto_can_pick_and_run_a_virtual_schedule(cluster, monkeypatch):
+    """``alpa-comm train --schedule auto`` on a cluster ranks the virtual-stage schedules
+    too (the model cut into 2 stages x 2 chunks); a predictor that favours them makes one
+    the pick, and the run trains it: the first step's loss is the single-device one."""
+    import contextlib
+
+    from alpa_comm.train import measure, trainer
+
+    monkeypatch.setattr(trainer, "CALIBRATION", ("eager-1f1b", 1))  # one timed step per calibration run
+    monkeypatch.setattr(trainer, "open_cluster", lambda cfg, log=None: contextlib.nullcontext(cluster))
+    real = measure.predict
+    monkeypatch.setattr(measure, "predict", lambda s, *a, **k: real(s, *a, **k) * (0.01 if s.virtual else 1.0))
+    cfg = trainer.TrainConfig(model="gpt", stages=2, layers=KW["layers"], width=KW["d"], heads=KW["heads"],
+                              seq=KW["seq"], microbatches=4, microbatch_size=4, schedule="auto", optimizer="sgd",
+                              lr=LR, cluster="emulated", data="synthetic", steps=2, timeout=30)
+    result = trainer.train(cfg, log=None)
+    assert result.schedule.virtual and len(result.losses) == 2
+    first = next(trainer.data_stream(cfg))
+    ref_loss, _ = _reference_steps("gpt", 4, [first])
+    assert result.losses[0] == pytest.approx(ref_loss[0], rel=1e-5)

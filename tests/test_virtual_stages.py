@@ -83,16 +83,17 @@ def test_bad_virtual_schedules_are_named():
         Schedule((), placement="w")
 
 
-def test_the_distributed_trainer_refuses_virtual_stages_by_name():
-    """The in-process runner runs virtual stages (``tests/test_train_virtual.py``); the
-    distributed trainer keeps one chunk per stage so far and refuses them, naming the
-    schedule, before it touches the cluster."""
+def test_the_distributed_trainer_names_a_stage_count_that_is_not_the_schedules():
+    """The distributed trainer runs virtual stages (``tests/test_train_emulated.py``):
+    ``num_stages`` counts stages (meshes), the model gets one stage per chunk; a count
+    that is not the schedule's is named before the cluster is touched."""
     pytest.importorskip("jax")
     from types import SimpleNamespace
 
     from alpa_comm.train.distributed import DistributedPipeline
 
-    cluster = SimpleNamespace(spec=SimpleNamespace(num_hosts=2, devices_per_host=1))
-    with pytest.raises(ScheduleError, match="'interleaved-1f1b chunks=2' has 2 model chunks per stage "
-                                            r"\(virtual stages\): the distributed trainer"):
-        DistributedPipeline(cluster, "gpt", 2, generate("interleaved-1f1b", 2, 2, chunks=2), microbatch_size=2)
+    cluster = SimpleNamespace(spec=SimpleNamespace(num_hosts=4, devices_per_host=1))
+    with pytest.raises(ScheduleError, match="the schedule has 2 stages x 2 chunks, the pipeline 4 stages: "
+                                            r"num_stages counts stages \(meshes\), the model gets one model stage "
+                                            r"per chunk \(4\)"):
+        DistributedPipeline(cluster, "gpt", 4, generate("interleaved-1f1b", 2, 2, chunks=2), microbatch_size=2)

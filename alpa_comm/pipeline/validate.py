@@ -5,11 +5,11 @@ from __future__ import annotations
 from .ir import Schedule, ScheduleError
 
 
-def reject_virtual(schedule: Schedule, runner: str = "the distributed trainer") -> None:
-    """For runners that keep one model chunk per stage (the distributed trainer, Alpa's
-    clock table): a schedule over virtual stages (``interleaved-1f1b``, ``zb-v``,
-    ``dualpipev``) is refused, naming it, rather than run wrong. The in-process runner
-    (``train.local_pipeline.run_schedule``) runs them."""
+def reject_virtual(schedule: Schedule, runner: str = "this runner") -> None:
+    """For runners that keep one model chunk per stage (Alpa's clock table): a schedule
+    over virtual stages (``interleaved-1f1b``, ``zb-v``, ``dualpipev``) is refused, naming
+    it, rather than run wrong. The in-process runner (``train.local_pipeline.run_schedule``)
+    and the distributed trainer (``train.distributed``) run them."""
     if schedule.virtual:
         raise ScheduleError(f"schedule {schedule.name!r} has {schedule.num_chunks} model chunks per stage "
                             f"(virtual stages): {runner} runs one chunk per stage so far; the in-process "

@@ -11,6 +11,13 @@ between stage meshes once (``edges.edge_plans``), ships each host its part of
 the plans and its stage's actions, then only hands out data: the workers run
 the schedule themselves, so a step costs one round-trip, not one per action.
 A failing or killed host ends the step with ``CommunicationError`` naming it.
+
+Schedules over virtual stages (``interleaved-1f1b``, ``zb-v``, ``dualpipev``) run as
+in the in-process runner: the model is built with one model stage per chunk
+(``S * C``), model stage ``v`` lives on stage ``schedule.place(v)[0]``, edges between
+model stages on two meshes are planned (named by the model stages they join, so two
+between the same meshes never meet), and edges inside one mesh are local hand-offs.
+``stage_params`` then lists every model stage's parameters.
 """
 from __future__ import annotations
 
@@ -20,9 +27,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import InvalidOptionError
-from ..pipeline.edges import Edge, edge_plans, model_edges, stage_hosts
+from ..pipeline.edges import (Edge, check_transfers, edge_hosts, edge_plans, model_edges, model_stage_meshes,
+                              split_edges, stage_hosts)
 from ..pipeline.ir import Schedule, ScheduleError
-from ..pipeline.validate import reject_virtual
 from ..resharding.host_job import HostJob
 from ..resharding.strategies import STRATEGIES
 from ..runtime.cluster import Cluster
@@ -92,20 +99,29 @@ class DistributedPipeline:
         if cluster.spec.num_hosts < need:
             raise ValueError(f"{num_stages} stages x {dp} data-parallel hosts need {need} hosts; the cluster has "
                              f"{cluster.spec.num_hosts}")
+        if schedule.num_stages != num_stages and schedule.virtual:
+            raise ScheduleError(f"the schedule has {schedule.num_stages} stages x {schedule.num_chunks} chunks, the "
+                                f"pipeline {num_stages} stages: num_stages counts stages (meshes), the model gets one "
+                                f"model stage per chunk ({schedule.num_virtual_stages})")
         if schedule.num_stages != num_stages:
             raise ScheduleError(f"the schedule has {schedule.num_stages} stages, the model {num_stages}")
-        reject_virtual(schedule)
         k = cluster.spec.devices_per_host
         if microbatch_size % (dp * k):
             raise ValueError(f"microbatch size {microbatch_size} must divide over {dp} hosts x {k} devices")
         self.cluster, self.schedule, self.dp, self.strategy = cluster, schedule, dp, strategy
         self.num_stages, self.microbatch_size = num_stages, microbatch_size
         self.model_kwargs = dict(model_kwargs or {})
-        self.model = abstract_model(model, num_stages, self.model_kwargs)
+        # one model stage per chunk of every stage; model stage v runs on mesh_of[v]
+        self.mesh_of = model_stage_meshes(schedule)
+        self.model = abstract_model(model, len(self.mesh_of), self.model_kwargs)
         seq = self.model_kwargs.get("seq", 16)
         self.shapes, self.dtype = activation_shapes(self.model, microbatch_size, seq)
-        self.edges: list[Edge] = model_edges(self.model.consumes)
-        self.plans = edge_plans(self.edges, self.shapes, self.dtype, dp, k, cluster.spec, strategy, loadbalance)
+        # edges inside one mesh are local hand-offs: only those between meshes are planned
+        self.edges: list[Edge] = split_edges(model_edges(self.model.consumes), self.mesh_of)[0]
+        if schedule.virtual:  # a missing skip named now, not as a stage without its inputs mid-step
+            check_transfers(schedule, self.edges)
+        self.plans = edge_plans(self.edges, self.shapes, self.dtype, dp, k, cluster.spec, strategy, loadbalance,
+                                mesh_of=self.mesh_of)
         edge_index = {e.name: i for i, e in enumerate(self.edges)}
         edge_keys = {e.name: list(e.keys) for e in self.edges}
         self.hosts = list(range(need))
@@ -113,18 +129,29 @@ class DistributedPipeline:
         for s in range(num_stages):
             for r, h in enumerate(stage_hosts(s, dp)):
                 jobs = {e.name: [HostJob.for_host(p, h) for p in self.plans[e]] for e in self.edges
-                        if h in stage_hosts(e.src, dp) or h in stage_hosts(e.dst, dp)}
+                        if h in edge_hosts(e, dp, self.mesh_of)}
                 cfg = StageSetup(
                     stage=s, replica=r, dp=dp, num_stages=num_stages, model=model, model_kwargs=self.model_kwargs,
                     schedule=schedule, jobs=jobs, edge_index=edge_index, edge_keys=edge_keys,
                     timeout=cluster.timeout, strategy=strategy, optimizer=optimizer, lr=lr,
-                    input_shapes={key: (microbatch_size // dp,) + tuple(self.shapes[(src, key)][1:])
-                                  for key, src in self.model.consumes[s].items()},
-                    batch_shape=(microbatch_size // dp, seq))
+                    input_shapes=self._input_shapes(s), batch_shape=(microbatch_size // dp, seq))
                 refs.append((cluster.workers[h].setup_stage.remote(cfg), h))
         # set-up compiles the stage's programs (minutes on a slow host the first time)
         self.setup = cluster._wait(refs, "setting up its pipeline stage (compiling)",
                                    timeout=max(600.0, cluster.timeout))
+
+    def _input_shapes(self, stage: int) -> dict[int, dict[str, tuple]]:
+        """Per model stage on ``stage``'s mesh, its inputs' shapes on one replica (the
+        replica's share of the microbatch's rows)."""
+        rows = self.microbatch_size // self.dp
+        return {v: {key: (rows,) + tuple(self.shapes[(src, key)][1:]) for key, src in self.model.consumes[v].items()}
+                for v, mesh in enumerate(self.mesh_of) if mesh == stage}
+
+    @property
+    def loss_stage(self) -> int:
+        """The stage whose mesh runs the last model stage (and so reports the losses): the
+        last stage, or with a V the first."""
+        return self.mesh_of[-1]
 
     # ---------------------------------------------------------------- steps
     def _rows(self, r: int) -> slice:
@@ -145,15 +172,17 @@ class DistributedPipeline:
         t0 = time.time()
         results = self.cluster._wait(refs, "running a training step", timeout=2 * self.cluster.timeout + 30)
         seconds = time.time() - t0
-        last = [res for res in results if res["stage"] == self.num_stages - 1]
+        last = [res for res in results if res["stage"] == self.loss_stage]
         losses = [v for res in last for v in res["losses"].values()]
         return StepResult(float(np.mean(losses)), seconds, results)
 
     def stage_params(self) -> list:
-        """Every stage's parameters (replica 0), as NumPy trees."""
+        """Every model stage's parameters (replica 0), as NumPy trees, by model stage: one
+        per stage without virtual stages, one per chunk of every stage with them."""
         refs = [(self.cluster.workers[stage_hosts(s, self.dp)[0]].stage_params.remote(), s)
                 for s in range(self.num_stages)]
-        return self.cluster._wait(refs, "fetching parameters")
+        by_stage = {v: p for per_mesh in self.cluster._wait(refs, "fetching parameters") for v, p in per_mesh.items()}
+        return [by_stage[v] for v in range(len(self.mesh_of))]
 
     def regime(self) -> list[dict]:
         """Per stage (replica 0): its forward's flop count and its host's matmul rate
@@ -166,10 +195,14 @@ class DistributedPipeline:
         return out
 
     def time_edges(self, repeats: int = 3) -> dict[str, float]:
-        """Each edge's transfer alone (median of ``repeats``), in seconds."""
+        """Each planned edge's transfer alone (median of ``repeats``), in seconds, by edge
+        name (model stages: with virtual stages not the stages ``measure.costs_from`` reads)."""
         out = {}
         for e in self.edges:
-            refs = [(w.time_edge.remote(e.name, repeats), h) for h, w in enumerate(self.cluster.workers)]
+            # every host takes the barrier; one outside this pipeline (a smaller pipeline on a
+            # cluster an earlier, larger one set up) must not run its stale plan of the same name
+            refs = [(w.time_edge.remote(e.name if h in self.hosts else None, repeats), h)
+                    for h, w in enumerate(self.cluster.workers)]
             runs = [r for r in self.cluster._wait(refs, f"timing edge {e.name}") if r]
             per_rep = [max(run[i][1] for run in runs) - min(run[i][0] for run in runs) for i in range(repeats)]
             out[e.name] = float(np.median(per_rep))

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import jax
 
 from ..models.base import PipelineModel
+from ..pipeline.edges import local_producers, model_stage_meshes
 from ..pipeline.ir import Action, ActionKind, Schedule, ScheduleError
 from .programs import stage_programs
 from .stage_runner import StageRunner, consumers_of
@@ -75,9 +76,42 @@ def check_sizes(model: PipelineModel, schedule: Schedule) -> None:
 
 def local_handoffs(model: PipelineModel, schedule: Schedule) -> dict[int, list[int]]:
     """For each model stage, its producers on the same stage (the edges no transfer crosses)."""
-    where = [schedule.place(v)[0] for v in range(model.num_stages)]
-    return {v: sorted({u for u in model.consumes[v].values() if where[u] == where[v]})
-            for v in range(model.num_stages)}
+    return local_producers(model.consumes, model_stage_meshes(schedule))
+
+
+class LocalHandoffs:
+    """The hand-overs between model stages on one stage, which no action of the schedule
+    names: the in-process runner and the distributed worker (one runner per chunk of its
+    mesh) both call ``before`` ahead of every compute action, so the two cannot disagree."""
+
+    def __init__(self, consumes: list[dict[str, int]], schedule: Schedule):
+        self.schedule = schedule
+        self.producers = local_producers(consumes, model_stage_meshes(schedule))
+        V = len(consumes)
+        self.consumers = {u: [v for v in range(V) if u in self.producers[v]] for u in range(V)}
+
+    def before(self, stage: int, a: Action, runners) -> None:
+        """Before compute action ``a`` of ``stage``: a consumer's ``F m`` takes the outputs of
+        its producers on this stage, a producer's backward of ``m`` the input gradients of
+        its consumers here. ``runners`` maps model stage -> ``StageRunner`` (those of this
+        stage at least). Raises ``ScheduleError`` where the other side has not run yet."""
+        schedule = self.schedule
+        v = schedule.virtual_stage(stage, a.chunk)
+        r = runners[v]
+        if a.kind is ActionKind.F:
+            for u in self.producers[v]:
+                if a.mb not in runners[u].outputs:
+                    raise ScheduleError(f"stage {stage}: {a} (model stage {v}) runs before "
+                                        f"F{a.mb}{_chunk(schedule, u)} (model stage {u}), whose outputs it takes "
+                                        "on this stage")
+                r.take("F", a.mb, runners[u].outputs_for(a.mb, v))
+        elif a.kind in (ActionKind.B, ActionKind.BI):
+            for w in self.consumers[v]:
+                if a.mb not in runners[w].gx:
+                    raise ScheduleError(f"stage {stage}: {a} (model stage {v}) runs before the backward of microbatch "
+                                        f"{a.mb} of model stage {w} (chunk {schedule.place(w)[1]}), whose input "
+                                        "gradients it takes on this stage")
+                r.take("B", a.mb, runners[w].input_grads_for(a.mb, v))
 
 
 def run_schedule(model: PipelineModel, schedule: Schedule, microbatches: list[dict]) -> PipelineRun:
@@ -94,8 +128,7 @@ def run_schedule(model: PipelineModel, schedule: Schedule, microbatches: list[di
                            mailbox) for v in range(V)]
     for v, r in enumerate(runners):
         r.begin(model.params[v], microbatches)
-    producers = local_handoffs(model, schedule)
-    consumers = {u: [v for v in range(V) if u in producers[v]] for u in range(V)}
+    handoffs = LocalHandoffs(model.consumes, schedule)
     on_stage = [[schedule.virtual_stage(i, c) for c in range(schedule.num_chunks)] for i in range(S)]
     peak = [[0, 0] for _ in range(S)]
 
@@ -104,19 +137,7 @@ def run_schedule(model: PipelineModel, schedule: Schedule, microbatches: list[di
         r = runners[v]
         if a.kind.is_comm:
             return r.run(a, schedule.peer_virtual_stage(i, a), block=False)
-        if a.kind is ActionKind.F:
-            for u in producers[v]:
-                if a.mb not in runners[u].outputs:
-                    raise ScheduleError(f"stage {i}: {a} (model stage {v}) runs before F{a.mb}{_chunk(schedule, u)} "
-                                        f"(model stage {u}), whose outputs it takes on this stage")
-                r.take("F", a.mb, runners[u].outputs_for(a.mb, v))
-        elif a.kind in (ActionKind.B, ActionKind.BI):
-            for w in consumers[v]:
-                if a.mb not in runners[w].gx:
-                    raise ScheduleError(f"stage {i}: {a} (model stage {v}) runs before the backward of microbatch "
-                                        f"{a.mb} of model stage {w} (chunk {schedule.place(w)[1]}), whose input "
-                                        "gradients it takes on this stage")
-                r.take("B", a.mb, runners[w].input_grads_for(a.mb, v))
+        handoffs.before(i, a, runners)
         r.run(a, -1)
         live = [runners[u].live for u in on_stage[i]]
         peak[i][0] = max(peak[i][0], sum(n for n, _ in live))

@@ -103,6 +103,9 @@ def predict(schedule: Schedule, steps: list[list[dict]], edge_seconds: dict[str,
     """The simulator's iteration time for a measured run: the mean over ``draws``
     simulations in which every compute action takes a duration drawn from that
     stage's measured durations of its kind, and transfers share their hosts' NICs.
+    The records come from one-chunk runs; a schedule over virtual stages (C chunks per
+    stage, the model cut C times finer) charges each chunk's action 1/C of a draw, as
+    the simulator charges costs, and each transfer a whole edge time.
 
     Simulating with median (or mean) durations is optimistic: a stage waits for the
     slowest of the chains that feed it, so spread along dependency chains adds time
@@ -120,9 +123,10 @@ def predict(schedule: Schedule, steps: list[list[dict]], edge_seconds: dict[str,
         raise ValueError(f"no measured duration for (stage, kind) {missing[:4]}: the records do not come from "
                          f"a run of this schedule")
     rng = random.Random(seed)
+    share = 1.0 / schedule.num_chunks  # over virtual stages a chunk is 1/C of the stage measured whole
 
     def action_time(stage: int, kind: str, mb: int) -> float:
-        return rng.choice(samples[(stage, kind)])
+        return rng.choice(samples[(stage, kind)]) * share
 
     return mean(simulate_schedule(schedule, costs, signal=signal, shared_nic=True,
                                   action_time=action_time).iteration_time for _ in range(draws))

@@ -2,7 +2,9 @@
 
 The driver plans once and ships one of these to every host; it is plain data
 (no JAX objects), so it travels through Ray as it is and a worker's set-up
-reads named, typed fields instead of a dictionary's keys.
+reads named, typed fields instead of a dictionary's keys. With virtual stages a
+stage's mesh runs several model stages (``model_stages``); ``jobs`` and the edges
+then join model stages.
 """
 from __future__ import annotations
 
@@ -29,8 +31,20 @@ class StageSetup:
     strategy: str
     optimizer: str
     lr: float
-    input_shapes: dict[str, tuple] = field(default_factory=dict)  # per consumed key, this replica's share
+    # per model stage of this mesh, per consumed key: this replica's share
+    input_shapes: dict[int, dict[str, tuple]] = field(default_factory=dict)
     batch_shape: tuple = ()
+
+    @property
+    def model_stages(self) -> list[int]:
+        """The model stages this stage's mesh runs, by chunk: one without virtual stages
+        (the stage itself), several with them (``Schedule.virtual_stage``)."""
+        return [self.schedule.virtual_stage(self.stage, c) for c in range(self.schedule.num_chunks)]
+
+    @property
+    def num_model_stages(self) -> int:
+        """How many stages the model is built with: one per chunk of every stage."""
+        return self.schedule.num_virtual_stages
 
     @property
     def moves_data(self) -> bool:

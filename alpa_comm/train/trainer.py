@@ -116,12 +116,13 @@ class TrainResult:
     steps: list = field(default_factory=list)  # per step: every host's record (distributed runs)
 
 
-def build_schedule(cfg: TrainConfig, model, costs: Costs = DEFAULT_COSTS, log=None) -> Schedule:
+def build_schedule(cfg: TrainConfig, model, costs: Costs = DEFAULT_COSTS, log=None, model_for=None) -> Schedule:
     """The schedule IR for the config, with the model's skip edges added, validated.
     ``--schedule auto`` is ranked with ``costs`` as given, uncalibrated (``train`` on a
-    cluster calibrates first), its ranking printed to ``log``."""
+    cluster calibrates first), its ranking printed to ``log``; with ``model_for`` (see
+    ``choose_schedule``) among the virtual-stage schedules too."""
     if cfg.schedule == AUTO:
-        return choose_schedule(cfg, model, costs, log=log).schedule
+        return choose_schedule(cfg, model, costs, log=log, model_for=model_for).schedule
     if cfg.schedule not in SCHEDULES:
         raise InvalidOptionError(f"unknown schedule {cfg.schedule!r}; choose one of {', '.join(SCHEDULES)}")
     delay = cfg.delay_wgrad
@@ -133,12 +134,19 @@ def build_schedule(cfg: TrainConfig, model, costs: Costs = DEFAULT_COSTS, log=No
     return sched
 
 
-def choose_schedule(cfg: TrainConfig, model, costs: Costs, predict=None, log=None, wgrad_fraction: float = 0.5):
+def choose_schedule(cfg: TrainConfig, model, costs: Costs, predict=None, log=None, wgrad_fraction: float = 0.5,
+                    model_for=None):
     """``--schedule auto``: every family the trainer runs, with the model's skip edges,
     validated, predicted (``predict(schedule)``, default: the simulator with ``costs``)
     and ranked; prints the ranking to ``log`` (a stream; None: silent) and returns the
     pick (``auto_schedule.Ranked``), or raises naming the least peak when nothing fits
-    ``cfg.memory_cap``."""
+    ``cfg.memory_cap``.
+
+    ``model_for(num_model_stages)``: the model cut into that many stages (its skips only
+    are read), for a runner that holds several model chunks per stage (the distributed
+    trainer): the virtual-stage schedules are then candidates too, each with the skips
+    of the model built with one stage per chunk, where that model can be built (enough
+    layers for every chunk). Without it only the one-chunk families are."""
     from ..pipeline import auto_schedule, simulate_schedule  # noqa: PLC0415
     from ..report.tables import table  # noqa: PLC0415
 
@@ -146,11 +154,15 @@ def choose_schedule(cfg: TrainConfig, model, costs: Costs, predict=None, log=Non
         def predict(s):
             return simulate_schedule(s, costs, signal=cfg.strategy == "signal").iteration_time
 
+    skips = _skips_by_size(model, model_for)
+
     def runnable(s):
-        s = with_skips(s, model.skips)
+        s = with_skips(s, skips(s.num_virtual_stages))
         validate(s)
         return s
-    cands = auto_schedule.candidates(cfg.stages, cfg.microbatches, costs)
+    cands = auto_schedule.candidates(cfg.stages, cfg.microbatches, costs, virtual=model_for is not None)
+    if model_for is not None:  # a virtual-stage candidate only where its model can be built
+        cands = [c for c in cands if skips(_model_stages(c, cfg)) is not None]
     ranked = auto_schedule.rank(cands, cfg.stages, cfg.microbatches, predict, runnable=runnable,
                                 memory_cap=cfg.memory_cap, wgrad_fraction=wgrad_fraction)
     if log:
@@ -161,6 +173,29 @@ def choose_schedule(cfg: TrainConfig, model, costs: Costs, predict=None, log=Non
     if log:
         print(f"picked {pick.candidate.label}", file=log, flush=True)
     return pick
+
+
+def _model_stages(candidate, cfg: TrainConfig) -> int:
+    """How many model stages ``candidate``'s schedule needs: one per chunk of every stage."""
+    return candidate.generate(cfg.stages, cfg.microbatches).num_virtual_stages
+
+
+def _skips_by_size(model, model_for):
+    """``skips(num_model_stages)``: the skip edges of the model cut into that many stages
+    (``model``'s own for its size), or None where ``model_for`` cannot build it (too few
+    layers). Without ``model_for``: always ``model``'s own (one-chunk candidates only)."""
+    if model_for is None:  # one-chunk candidates only: the model's own skips, whatever its size
+        return lambda n: model.skips
+    known = {model.num_stages: model.skips}
+
+    def skips(n: int):
+        if n not in known:
+            try:
+                known[n] = model_for(n).skips
+            except ValueError:  # e.g. "4 layers cannot fill 8 stages"
+                known[n] = None
+        return known[n]
+    return skips
 
 
 def calibrate(cfg: TrainConfig, cluster, model, data, log=None) -> Calibration:
@@ -269,15 +304,19 @@ def _train_distributed(cfg: TrainConfig, log) -> TrainResult:
     from ..report.trace import write_chrome_trace  # noqa: PLC0415
 
     model = abstract_model(cfg.model, cfg.stages, cfg.model_kwargs())  # the schedule needs its edges only
+
+    def model_for(num_model_stages: int):  # virtual-stage candidates: the model with one stage per chunk
+        return abstract_model(cfg.model, num_model_stages, cfg.model_kwargs())
     auto = cfg.schedule == AUTO
     # auto: a cap nothing fits fails here, before any host starts (peaks do not depend on costs)
-    sched = build_schedule(cfg, model)
+    sched = build_schedule(cfg, model, model_for=model_for)
     data = data_stream(cfg)
     losses, seconds, records = [], [], []
     with open_cluster(cfg, log) as cluster:
         if auto:  # measured on this cluster, then ranked; training starts afresh with the pick
             cal = calibrate(cfg, cluster, model, data_stream(cfg), log)
-            sched = choose_schedule(cfg, model, cal.costs, cal.predict, log, cal.wgrad_fraction).schedule
+            sched = choose_schedule(cfg, model, cal.costs, cal.predict, log, cal.wgrad_fraction,
+                                    model_for=model_for).schedule
         if log:
             print(f"setting up {cfg.stages} stages x {cfg.dp} data-parallel hosts ({cfg.strategy}, {sched.name})",
                   file=log, flush=True)

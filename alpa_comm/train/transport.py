@@ -6,7 +6,10 @@ SEND can always complete — with one thread per posted transfer no send waits
 behind another, and the order stages reach their SENDs cannot deadlock
 (sends through gloo may wait for the matching receive to be posted). A RECV
 action then only waits for its own data. Concurrent transfers are kept apart
-by tags: each (edge, key, microbatch) gets its own tag range.
+by tags: each (edge, key, microbatch) gets its own tag range. Edges join model stages
+(the runners address the mailbox by them), so with virtual stages two transfers
+between the same two meshes for one microbatch, on different model-stage edges,
+never meet.
 
 Over a backend that matches messages in issue order, not by tag (NCCL:
 ``Backend.issue_ordered``), posting every receive at once cannot work: the hosts
@@ -28,8 +31,8 @@ from typing import Callable
 
 import numpy as np
 
-from ..pipeline.ir import Schedule, ScheduleError
-from ..pipeline.edges import edge_name
+from ..pipeline.ir import Schedule
+from ..pipeline.edges import edge_name, transfer_edge
 from ..pipeline.transfer_order import transfer_order
 from ..resharding.host_job import HostJob
 from ..runtime.backend import Backend, CommunicationError
@@ -266,14 +269,14 @@ class _OrderedStep:
 
 def ordered_transfers(schedule: Schedule, stage: int, edges: set[str]) -> list[tuple[str, int, str]]:
     """Stage ``stage``'s part of ``transfer_order(schedule)`` as (edge name, microbatch,
-    "send" or "recv"), keeping the edges this host has a job for (``edges``)."""
+    "send" or "recv"), keeping the edges this host has a job for (``edges``). Edges are
+    named by the model stages they join (``transfer_edge``), as the runners address the
+    mailbox, so with virtual stages two transfers between the same two stages for one
+    microbatch stay apart."""
     out = []
     for key in transfer_order(schedule):
-        direction, mb, src, dst, boundary = key
-        name = edge_name(direction, src, dst)
-        if boundary is not None:
-            raise ScheduleError(f"{name}: the transport keys transfers by edge and microbatch; schedules over "
-                                "virtual stages are not supported")
+        direction, mb, src, dst, _ = key
+        name = transfer_edge(key)
         if name in edges and stage in (src, dst):
             out.append((name, mb, "send" if stage == src else "recv"))
     return out

@@ -1,4 +1,6 @@
 """``PipelineWorker``: a host worker that also runs one pipeline stage (one replica).
+With virtual stages the stage's mesh runs several model stages (chunks): one
+``StageRunner`` each, handing over locally where two of them meet on this mesh.
 
 Inside the host the stage is one jitted SPMD program over the host's local JAX
 devices (``--xla_force_host_platform_device_count`` CPU devices here, GPUs
@@ -63,18 +65,19 @@ class PipelineWorker(HostWorker):
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
         super().__init__(host, num_hosts, devices_per_host, ifname)
         self.mailbox = None
-        self._built: dict = {}    # (model, kwargs, stages, stage) -> (model, compiled programs)
+        self._built: dict = {}    # (model, kwargs, model stages) -> (model, {model stage: compiled programs})
         self._updates: dict = {}  # (optimizer, lr) -> (optax transformation, compiled update)
 
     # ---------------------------------------------------------------- set-up
     def setup_stage(self, cfg: StageSetup) -> dict:
         """Build this host's stage replica: model (rebuilt from its arguments, same
-        weights as the driver's), programs, optimizer and mailbox."""
+        weights as the driver's), one runner with its programs per model stage of the mesh
+        (several with virtual stages), optimizer and mailbox."""
         import jax  # noqa: PLC0415
         from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: PLC0415
 
-        from ..models import build_model  # noqa: PLC0415
-        from .stage_runner import StagePrograms, StageRunner, consumers_of  # noqa: PLC0415
+        from .local_pipeline import LocalHandoffs  # noqa: PLC0415
+        from .stage_runner import StageRunner, consumers_of  # noqa: PLC0415
 
         if self.mailbox is not None:
             self.mailbox.close()
@@ -87,53 +90,80 @@ class PipelineWorker(HostWorker):
         mesh = Mesh(np.array(self.devices), ("d",))
         self.split = NamedSharding(mesh, PartitionSpec("d"))
         self.replicated = NamedSharding(mesh, PartitionSpec())
-        # Programs are compiled once per model and stage and kept across set-ups, so
-        # trying several schedules or strategies on one cluster costs no recompilation.
-        key = (cfg.model, json.dumps(cfg.model_kwargs, sort_keys=True), cfg.num_stages, self.stage)
-        built = self._built
-        if key not in built:
+        self.model_stages = cfg.model_stages
+        V = cfg.num_model_stages
+        model = self._model(cfg)
+        programs = {v: self._programs(cfg, model, v) for v in self.model_stages}
+        self.stage_fns = {v: model.stages[v] for v in self.model_stages}  # for ``regime``
+        self.schedule = cfg.schedule
+        self.actions = self.schedule.stages[self.stage]
+        self.params = {v: jax.device_put(model.params[v], self.replicated) for v in self.model_stages}
+        key = (cfg.optimizer, cfg.lr)
+        if key not in self._updates:  # compiled once per optimizer, across set-ups
+            self._updates[key] = make_optimizer(*key)
+        opt, self.update = self._updates[key]
+        self.opt_state = {v: jax.device_put(opt.init(p), self.replicated) for v, p in self.params.items()}
+        self.mailbox = make_mailbox(self.host, self.backend, cfg.jobs, cfg.edge_index, cfg.edge_keys, k,
+                                    self.schedule, self.stage, cfg.timeout, self._to_buffers,
+                                    self._from_buffers, zeros=not cfg.moves_data)
+        self.runners = {v: StageRunner(v, V, programs[v], model.consumes[v], consumers_of(model.consumes, v),
+                                       self.mailbox, sync=True) for v in self.model_stages}
+        self.handoffs = LocalHandoffs(model.consumes, self.schedule)
+        t0 = time.time()
+        for c, v in enumerate(self.model_stages):
+            self._warm_up(v, c, cfg.input_shapes.get(v, {}), cfg.batch_shape)
+        return {"host": self.host, "stage": self.stage, "model_stages": list(self.model_stages),
+                "devices": [str(d) for d in self.devices], "compile_s": time.time() - t0}
+
+    def _model(self, cfg: StageSetup):
+        """The model with one model stage per chunk, built once per (model, arguments, stages)
+        and kept across set-ups with its compiled programs."""
+        from ..models import build_model  # noqa: PLC0415
+
+        key = (cfg.model, json.dumps(cfg.model_kwargs, sort_keys=True), cfg.num_model_stages)
+        if key not in self._built:
+            self._built[key] = (build_model(cfg.model, cfg.num_model_stages, **cfg.model_kwargs), {})
+        return self._built[key][0]
+
+    def _programs(self, cfg: StageSetup, model, v: int):
+        """Model stage ``v``'s programs, compiled once per model and model stage and kept
+        across set-ups, so trying several schedules or strategies on one cluster costs no
+        recompilation."""
+        import jax  # noqa: PLC0415
+
+        from .stage_runner import StagePrograms  # noqa: PLC0415
+
+        cache = self._built[(cfg.model, json.dumps(cfg.model_kwargs, sort_keys=True), cfg.num_model_stages)][1]
+        if v not in cache:
             split = self.split
 
             def pin(tree):
                 return jax.tree_util.tree_map(
                     lambda x: jax.lax.with_sharding_constraint(x, split) if x.ndim >= 1 else x, tree)
 
-            model = build_model(cfg.model, cfg.num_stages, **cfg.model_kwargs)
-            built[key] = (model, StagePrograms(model.stages[self.stage], pin))
-        model, programs = built[key]
-        self.stage_fn = model.stages[self.stage]  # for ``regime``
-        self.schedule = cfg.schedule
-        self.actions = self.schedule.stages[self.stage]
-        self.params = jax.device_put(model.params[self.stage], self.replicated)
-        key = (cfg.optimizer, cfg.lr)
-        if key not in self._updates:  # compiled once per optimizer, across set-ups
-            self._updates[key] = make_optimizer(*key)
-        opt, self.update = self._updates[key]
-        self.opt_state = jax.device_put(opt.init(self.params), self.replicated)
-        self.mailbox = make_mailbox(self.host, self.backend, cfg.jobs, cfg.edge_index, cfg.edge_keys, k,
-                                    self.schedule, self.stage, cfg.timeout, self._to_buffers,
-                                    self._from_buffers, zeros=not cfg.moves_data)
-        self.runner = StageRunner(self.stage, cfg.num_stages, programs,
-                                  model.consumes[self.stage], consumers_of(model.consumes, self.stage), self.mailbox,
-                                  sync=True)
-        t0 = time.time()
-        self._warm_up(cfg.input_shapes, cfg.batch_shape)
-        return {"host": self.host, "stage": self.stage, "devices": [str(d) for d in self.devices],
-                "compile_s": time.time() - t0}
+            cache[v] = StagePrograms(model.stages[v], pin)
+        return cache[v]
 
-    def _warm_up(self, input_shapes: dict, batch_shape: tuple) -> None:
-        """Compile every program the schedule uses, on zeros, before the first step: all
-        hosts compile at once here, instead of one after another along the pipeline
-        while their peers' receives wait (and time out on slow hosts)."""
+    def _warm_up(self, v: int, chunk: int, input_shapes: dict, batch_shape: tuple) -> None:
+        """Compile every program the schedule uses on model stage ``v`` (chunk ``chunk`` of
+        this stage), on zeros, before the first step: all hosts compile at once here,
+        instead of one after another along the pipeline while their peers' receives wait
+        (and time out on slow hosts). Inputs from another mesh arrive replicated over the
+        host's devices, those handed over on this mesh split as their producer left them:
+        each compiled in the layout the step will give it."""
         import jax  # noqa: PLC0415
         import jax.numpy as jnp  # noqa: PLC0415
 
-        kinds = {a.kind for a in self.actions}
-        p = self.runner.p
+        kinds = {a.kind for a in self.actions if a.chunk == chunk}
+        p = self.runners[v].p
+        local = set(self.handoffs.producers[v])
+        src = self.runners[v].consumes
         batch = {k: jax.device_put(np.zeros(batch_shape, np.int32), self.split) for k in ("tokens", "targets")}
-        inputs = {k: jax.device_put(np.zeros(shape, np.float32), self.replicated) for k, shape in input_shapes.items()}
-        out, state = p.forward(self.params, inputs, batch)
-        ct = {k: jnp.zeros_like(v) for k, v in out.items()}
+        inputs = {k: jax.device_put(np.zeros(shape, np.float32), self.split if src[k] in local else self.replicated)
+                  for k, shape in input_shapes.items()}
+        params = self.params[v]
+        out, state = p.forward(params, inputs, batch)
+        ct = {k: jnp.zeros_like(x) for k, x in out.items()}
         grads = None
         if "B" in kinds:
             grads, _ = p.backward(state, ct)
@@ -142,7 +172,7 @@ class PipelineWorker(HostWorker):
             grads = p.backward_weight(wstate)
         if grads is not None:
             jax.block_until_ready(p.accumulate(grads, grads))
-            jax.block_until_ready(self.update(self.params, self.opt_state, grads))
+            jax.block_until_ready(self.update(params, self.opt_state[v], grads))
 
     def _to_buffers(self, array) -> dict[int, np.ndarray]:
         """A stage output (split over local devices) as per-device buffers, global device ids."""
@@ -166,56 +196,89 @@ class PipelineWorker(HostWorker):
 
     # ---------------------------------------------------------------- training
     def train_step(self, microbatches: list[dict]) -> dict:
-        """One step: every action of this stage in schedule order, then the
-        data-parallel gradient mean and the optimizer update."""
+        """One step: every action of this stage in schedule order (each on its chunk's
+        runner, local hand-offs between the mesh's model stages as in ``local_pipeline``),
+        then the data-parallel gradient mean and the optimizer update, per model stage."""
         import jax  # noqa: PLC0415
 
         cpu0 = time.process_time()  # every thread of this host: compute, transport, runtime
         mbs = [{k: jax.device_put(np.asarray(v), self.split) for k, v in mb.items()} for mb in microbatches]
-        self.runner.begin(self.params, mbs)
+        for v, r in self.runners.items():
+            r.begin(self.params[v], mbs)
         self.mailbox.events = []
-        peer = self.schedule.peer
+        sched, stage = self.schedule, self.stage
+        peak = [0, 0]
         try:
             for a in self.actions:
                 if a.kind.is_recv:
-                    self.mailbox.post(a.kind[-1], peer(self.stage, a), self.stage, a.mb)
+                    self.mailbox.post(a.kind[-1], sched.peer_virtual_stage(stage, a),
+                                      sched.virtual_stage(stage, a.chunk), a.mb)
             for a in self.actions:
-                self.runner.run(a, peer(self.stage, a), block=True)
+                r = self.runners[sched.virtual_stage(stage, a.chunk)]
+                if a.kind.is_comm:
+                    r.run(a, sched.peer_virtual_stage(stage, a), block=True)
+                    continue
+                self.handoffs.before(stage, a, self.runners)
+                r.run(a, -1)
+                live = [x.live for x in self.runners.values()]
+                peak = [max(peak[0], sum(n for n, _ in live)), max(peak[1], sum(b for _, b in live))]
         except BaseException:
             self.mailbox.abandon()  # the next step must not meet this one's transfers
             raise
         self.mailbox.flush()
-        record = self.runner.finish()
+        records = {v: r.finish() for v, r in self.runners.items()}
         t0 = time.time()
-        grads = self.runner.grads
+        self._update({v: r.grads for v, r in self.runners.items()})
+        events = sorted((e for rec in records.values() for e in rec.events), key=lambda e: e[2])
+        events.append(("UPDATE", -1, t0, time.time()))
+        last = records.get(self.cfg.num_model_stages - 1)
+        if len(records) == 1:  # one model stage: its own peak (the same count, kept as it was)
+            (rec,) = records.values()
+            peak = [rec.peak_live, rec.peak_live_bytes]
+        state_bytes: dict[str, int] = {}
+        for rec in records.values():  # one microbatch's live bytes over every chunk of the mesh
+            for phase, n in rec.state_bytes.items():
+                state_bytes[phase] = state_bytes.get(phase, 0) + n
+        return {"host": self.host, "stage": self.stage, "replica": self.replica,
+                "losses": last.losses if last is not None else {}, "events": events,
+                "transfers": list(self.mailbox.events), "peak_live": peak[0], "peak_live_bytes": peak[1],
+                "state_bytes": state_bytes, "cpu_seconds": time.process_time() - cpu0}
+
+    def _update(self, grads: dict) -> None:
+        """Average ``grads`` (model stage -> tree) over the stage's data-parallel hosts in one
+        all-reduce (every chunk's leaves in one list: one tag range, one round), then step
+        each model stage's optimizer."""
+        import jax  # noqa: PLC0415
+
         if self.dp > 1:
-            leaves, tree = jax.tree_util.tree_flatten(grads)
+            leaves, tree = jax.tree_util.tree_flatten([grads[v] for v in self.model_stages])
             local = [np.asarray(x.addressable_shards[0].data) for x in leaves]
             hosts = list(range(self.stage * self.dp, self.stage * self.dp + self.dp))
             mean = allreduce_mean(self.backend, local, hosts, ALLREDUCE_TAG_BASE, timeout=self.cfg.timeout)
-            grads = jax.device_put(jax.tree_util.tree_unflatten(tree, mean), self.replicated)
-        self.params, self.opt_state = self.update(self.params, self.opt_state, grads)
+            averaged = jax.device_put(jax.tree_util.tree_unflatten(tree, mean), self.replicated)
+            grads = dict(zip(self.model_stages, averaged))
+        for v in self.model_stages:
+            self.params[v], self.opt_state[v] = self.update(self.params[v], self.opt_state[v], grads[v])
         jax.block_until_ready(self.params)
-        record.events.append(("UPDATE", -1, t0, time.time()))
-        return {"host": self.host, "stage": self.stage, "replica": self.replica, "losses": record.losses,
-                "events": record.events, "transfers": list(self.mailbox.events), "peak_live": record.peak_live,
-                "peak_live_bytes": record.peak_live_bytes, "state_bytes": record.state_bytes,
-                "cpu_seconds": time.process_time() - cpu0}
 
     def regime(self, min_seconds: float = 0.5) -> dict:
         """What the stage's compute is made of, for reading a benchmark's regime:
-        XLA's flop count of one microbatch's forward on this replica, and this host's
-        matmul rate — a (tokens x d) @ (d x 4d) product split over the host's devices
-        as the stage programs are, timed here for ``min_seconds``, so under the same CPU cap."""
+        XLA's flop count of one microbatch's forward on this replica (over every model
+        stage of the mesh), and this host's matmul rate — a (tokens x d) @ (d x 4d)
+        product split over the host's devices as the stage programs are, timed here for
+        ``min_seconds``, so under the same CPU cap."""
         import jax  # noqa: PLC0415
         import jax.numpy as jnp  # noqa: PLC0415
 
         cfg = self.cfg
-        abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), self.params)
-        inputs = {k: jax.ShapeDtypeStruct(shape, jnp.float32) for k, shape in cfg.input_shapes.items()}
         batch = {k: jax.ShapeDtypeStruct(cfg.batch_shape, jnp.int32) for k in ("tokens", "targets")}
-        cost = jax.jit(self.stage_fn).lower(abstract, inputs, batch).compile().cost_analysis()
-        cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+        flops = 0.0
+        for v in self.model_stages:
+            abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), self.params[v])
+            inputs = {k: jax.ShapeDtypeStruct(shape, jnp.float32) for k, shape in cfg.input_shapes.get(v, {}).items()}
+            cost = jax.jit(self.stage_fns[v]).lower(abstract, inputs, batch).compile().cost_analysis()
+            cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+            flops += float(cost.get("flops", 0.0))
         tokens = int(np.prod(cfg.batch_shape))
         d = int(cfg.model_kwargs.get("d", 64))
         a = jax.device_put(np.ones((tokens, d), np.float32), self.split)
@@ -229,18 +292,20 @@ class PipelineWorker(HostWorker):
             jax.block_until_ready(matmul(a, w))
             calls += 1
         rate = calls * 2.0 * tokens * d * 4 * d / (time.perf_counter() - t0)
-        return {"host": self.host, "stage": self.stage, "forward_flops": float(cost.get("flops", 0.0)),
-                "matmul_flops_per_s": rate}
+        return {"host": self.host, "stage": self.stage, "forward_flops": flops, "matmul_flops_per_s": rate}
 
-    def stage_params(self):
-        """This replica's parameters as NumPy (for checks against a reference)."""
+    def stage_params(self) -> dict:
+        """This replica's parameters as NumPy, by model stage (one entry per chunk of the
+        mesh; one without virtual stages), for checks against a reference."""
         import jax  # noqa: PLC0415
 
-        return jax.tree_util.tree_map(lambda x: np.asarray(x.addressable_shards[0].data), self.params)
+        return {v: jax.tree_util.tree_map(lambda x: np.asarray(x.addressable_shards[0].data), p)
+                for v, p in self.params.items()}
 
-    def time_edge(self, edge: str, repeats: int) -> list[tuple[float, float]]:
+    def time_edge(self, edge: str | None, repeats: int) -> list[tuple[float, float]]:
         """Run ``edge``'s plans alone ``repeats`` times (zeros as data); every host of
-        the gloo group calls this together, so hosts off the edge only take the barrier."""
+        the gloo group calls this together, so hosts off the edge (or given None: outside
+        the pipeline being timed) only take the barrier."""
         out = []
         for r in range(repeats):
             self.backend.barrier(self.cfg.timeout)

@@ -1,0 +1,151 @@
+"""Planning the distributed trainer's edges over virtual stages (pure: no JAX, no cluster).
+
+Model stage ``v`` runs on mesh ``schedule.place(v)[0]``: edges whose two model stages
+sit on different meshes get a resharding plan between those meshes, edges inside one
+mesh are local hand-offs, and every transfer is named by the model stages it joins, so
+two between the same meshes for one microbatch never meet (``tests/test_train_emulated.py``
+runs them)."""
+import pytest
+
+from alpa_comm.pipeline import ScheduleError, generate, validate
+from alpa_comm.pipeline.edges import (Edge, check_transfers, edge_hosts, edge_plans, local_producers, model_edges,
+                                      model_stage_meshes, schedule_edges, split_edges, stage_mesh, transfer_edge,
+                                      with_skips)
+from alpa_comm.topology import ClusterSpec
+from alpa_comm.train.transport import ordered_transfers
+
+GPT4 = [{}, {"h": 0}, {"h": 1}, {"h": 2}]  # gpt(4).consumes
+UT4 = [{}, {"h": 0}, {"h": 1, "skip1": 1}, {"h": 2, "skip0": 0}]  # utransformer(4, half_layers=2).consumes
+UT4_SKIPS = [(0, 3)]  # UT4's non-adjacent edge (PipelineModel.skips)
+
+
+def names(edges):
+    return sorted(e.name for e in edges)
+
+
+def test_model_stages_sit_on_the_meshes_their_placement_names():
+    assert model_stage_meshes(generate("zb-v", 2, 4)) == [0, 1, 1, 0]
+    assert model_stage_meshes(generate("interleaved-1f1b", 2, 4, chunks=2)) == [0, 1, 0, 1]
+    assert model_stage_meshes(generate("1f1b", 3, 4)) == [0, 1, 2]  # one chunk: each its own mesh
+
+
+def test_edges_inside_a_mesh_are_local_hand_offs_and_get_no_plan():
+    v = model_stage_meshes(generate("zb-v", 2, 4))
+    planned, local = split_edges(model_edges(UT4), v)
+    # the V's turn (1 -> 2, with the skip riding it) and the skip 0 -> 3 stay on a mesh
+    assert names(local) == ["B:2->1", "B:3->0", "F:0->3", "F:1->2"]
+    assert names(planned) == ["B:1->0", "B:3->2", "F:0->1", "F:2->3"]
+    assert local_producers(UT4, v) == {0: [], 1: [], 2: [1], 3: [0]}
+    loop = model_stage_meshes(generate("interleaved-1f1b", 2, 4, chunks=2))
+    planned, local = split_edges(model_edges(UT4), loop)
+    assert local == [] and "F:0->3" in names(planned)  # the skip crosses mesh 0 -> 1 beside F:0->1
+    assert local_producers(GPT4, [0, 1, 2, 3]) == {v: [] for v in range(4)}  # one chunk: nothing local
+
+
+def test_plans_join_the_meshes_of_their_model_stages_and_a_local_edge_is_refused():
+    mesh_of, dp, k = [0, 1, 0, 1], 2, 2
+    edges = split_edges(model_edges(GPT4), mesh_of)[0]
+    shapes = {(s, "h"): (dp * k, 8, 16) for s in range(4)}
+    plans = edge_plans(edges, shapes, "float32", dp, k, ClusterSpec(num_hosts=4, devices_per_host=k), "broadcast",
+                       mesh_of=mesh_of)
+    back = Edge("B", 2, 1, ("h",))  # model stage 2 (mesh 0) sends model stage 1 (mesh 1) its gradient
+    (p,) = plans[back]
+    assert p.src_mesh == stage_mesh(0, dp, k) and p.dst_mesh == stage_mesh(1, dp, k)
+    assert edge_hosts(back, dp, mesh_of) == {0, 1, 2, 3} and edge_hosts(Edge("F", 0, 1, ("h",)), 1) == {0, 1}
+    with pytest.raises(ValueError, match="edge F:1->2 joins two model stages on stage 1: a local hand-off"):
+        edge_plans([Edge("F", 1, 2, ("h",))], shapes, "float32", dp, k, ClusterSpec(num_hosts=4, devices_per_host=k),
+                   "broadcast", mesh_of=[0, 1, 1, 0])
+
+
+def test_transfers_are_named_by_the_model_stages_they_join():
+    s = with_skips(generate("interleaved-1f1b", 2, 4, chunks=2), UT4_SKIPS)
+    validate(s)
+    # stage 0 sends microbatch 0 to stage 1 twice: to model stage 1 (adjacent) and to 3 (the skip)
+    sends = [transfer_edge(s.transfer_key(0, a)) for a in s.stages[0] if a.kind == "SEND_F" and a.mb == 0]
+    assert sorted(sends) == ["F:0->1", "F:0->3", "F:2->3"]
+    assert schedule_edges(s) == set(names(split_edges(model_edges(UT4), model_stage_meshes(s))[0]))
+    assert transfer_edge(("B", 0, 1, 0, None)) == "B:1->0"  # one chunk: the stages are the model stages
+    assert transfer_edge(("B", 0, 1, 0, 2)) == "B:3->2"     # boundary 2: gradients back from model stage 3
+
+
+def test_a_virtual_schedule_without_the_models_skips_is_named_before_any_host_starts():
+    s = generate("interleaved-1f1b", 2, 4, chunks=2)
+    planned = split_edges(model_edges(UT4), model_stage_meshes(s))[0]
+    with pytest.raises(ScheduleError, match=r"moves nothing over the model's edge\(s\) \['B:3->0', 'F:0->3'\]"):
+        check_transfers(s, planned)
+    check_transfers(with_skips(s, UT4_SKIPS), planned)
+    with pytest.raises(ScheduleError, match=r"moves data over \['B:3->0', 'F:0->3'\], which the model has no edge"):
+        check_transfers(with_skips(s, UT4_SKIPS), split_edges(model_edges(GPT4), model_stage_meshes(s))[0])
+
+
+@pytest.mark.parametrize("kind", ["interleaved-1f1b", "zb-v", "dualpipev"])
+def test_the_agreed_transfer_order_covers_virtual_stages(kind):
+    """NCCL's mailbox (``OrderedMailbox``) runs each host's transfers in one order; over
+    virtual stages each is keyed by its model-stage edge, every transfer once per side."""
+    s = with_skips(generate(kind, 2, 4, chunks=2) if kind == "interleaved-1f1b" else generate(kind, 2, 4), UT4_SKIPS)
+    edges = schedule_edges(s)
+    per_stage = [ordered_transfers(s, i, edges) for i in range(2)]
+    for order in per_stage:
+        assert len(order) == len(set(order))
+    sends = sorted((n, mb) for order in per_stage for n, mb, role in order if role == "send")
+    recvs = sorted((n, mb) for order in per_stage for n, mb, role in order if role == "recv")
+    assert sends == recvs and len(sends) == len(edges) * 4
+    # the two stages meet their shared transfers in the same order
+    shared = [[(n, mb) for n, mb, _ in order] for order in per_stage]
+    assert shared[0] == shared[1]
+
+
+# ------------------------------------------------------------------ --schedule auto over virtual stages
+def _ranking(model, model_for, predict=None):
+    import io
+
+    from alpa_comm.pipeline import Costs
+    from alpa_comm.train.trainer import TrainConfig, choose_schedule
+
+    log = io.StringIO()
+    cfg = TrainConfig(model="utransformer", stages=2, microbatches=4, schedule="auto")
+    pick = choose_schedule(cfg, model, Costs(1.0, 2.0, 0.5), predict, log, model_for=model_for)
+    return pick, log.getvalue()
+
+
+def test_schedule_auto_ranks_virtual_stages_where_the_model_can_be_cut_per_chunk():
+    from types import SimpleNamespace
+
+    model = SimpleNamespace(num_stages=2, skips=[])  # 2 model stages: UT with its skip on the adjacent edge
+    asked = []
+
+    def model_for(n):
+        asked.append(n)
+        return SimpleNamespace(num_stages=n, skips=UT4_SKIPS)
+
+    def loop_first(s):  # a predictor that favours the interleaved loop (skip 0 -> 3 crosses stages there)
+        return 1.0 if s.name.startswith("interleaved") else 2.0
+
+    pick, log = _ranking(model, model_for, loop_first)
+    assert all(k in log for k in ("zb-v", "dualpipev", "interleaved-1f1b x2 chunks", "1f1b"))
+    assert asked == [4]  # one model cut into 4 stages serves every 2-chunk candidate
+    assert pick.schedule.virtual and "SEND_F0@1.1" in pick.schedule.to_text()  # with the 4-stage model's skip
+    validate(pick.schedule)
+
+    def too_few_layers(n):
+        raise ValueError(f"2 layers cannot fill {n} stages")
+
+    _, log = _ranking(model, too_few_layers)
+    assert "zb-v" not in log and "dualpipev" not in log and "1f1b" in log
+    _, log = _ranking(model, None)  # the in-process trainer: one-chunk families only
+    assert "zb-v" not in log and "interleaved" not in log
+
+
+def test_a_prediction_over_virtual_stages_charges_each_chunk_its_share():
+    """Calibration measures one-chunk runs; a chunk of a 2-chunk schedule costs half a draw,
+    as the simulator charges half a stage's cost (constant durations: the two agree)."""
+    from alpa_comm.pipeline import simulate_schedule
+    from alpa_comm.train.measure import costs_from, predict, stage_times
+
+    recs = [[{"host": s, "stage": s, "events": [(k, 0, 0.0, d) for k, d in (("F", 1.0), ("B", 2.0), ("BI", 1.2),
+                                                                                ("BW", 1.0))]} for s in range(2)]]
+    edges = {"F:0->1": 0.25, "B:1->0": 0.25}
+    for s in (generate("zb-v", 2, 4), generate("interleaved-1f1b", 2, 4, chunks=2)):
+        costs = costs_from(stage_times(recs, 2), edges, 2)
+        want = simulate_schedule(s, costs, shared_nic=True).iteration_time
+        assert predict(s, recs, edges) == pytest.approx(want)
