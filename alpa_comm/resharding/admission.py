@@ -64,13 +64,17 @@ def latency_bound(nbytes: int, latency_s: float, min_rate: float | None) -> bool
     return bool(min_rate) and nbytes < ORDERED_LATENCIES * latency_s * min_rate
 
 
+def runs_alone(t, host_of, rate: float | None, latency_s: float) -> bool:
+    """Whether transfer ``t`` keeps its NICs busy at least ``ALONE_BUSY`` of its time
+    (``TransferKind.busy_fraction``: a pipelined double tree), so it runs alone on them."""
+    busy = transfer_kind(t.kind).busy_fraction(t, host_of, rate, latency_s)
+    return busy is not None and busy >= ALONE_BUSY
+
+
 def window_units(t, units: int, window: int, host_of, rate: float | None, latency_s: float) -> int:
     """How much of a NIC's ``window`` transfer ``t`` takes where it would take ``units``
-    (one, or one per stream it is striped over): all of it where its kind keeps its NICs
-    busy at least ``ALONE_BUSY`` of its time (``TransferKind.busy_fraction``: a
-    pipelined double tree), so it runs alone on them."""
-    busy = transfer_kind(t.kind).busy_fraction(t, host_of, rate, latency_s)
-    return window if busy is not None and busy >= ALONE_BUSY else units
+    (one, or one per stream it is striped over): all of it where it ``runs_alone``."""
+    return window if runs_alone(t, host_of, rate, latency_s) else units
 
 
 def admitted_seconds(transfers: Sequence, cluster: "ClusterSpec", limit: float = math.inf) -> float:
@@ -90,8 +94,8 @@ def admitted_seconds(transfers: Sequence, cluster: "ClusterSpec", limit: float =
       like slices), so the window passes them at their busy times one after another, while
       their fixed delays (latencies, a chain's fill) overlap ``MAX_PER_RESOURCE`` at a
       time (never less than the longest one). A scatter's sending NIC thus waits out the
-      ring all-gather that follows it, as in the simulator; a transfer that takes a whole
-      window (``window_units``) overlaps none: its delays add up;
+      ring all-gather that follows it, as in the simulator; a transfer that
+      ``runs_alone`` overlaps none: its delays add up;
     * latency-bound transfers (``MAX_CONCURRENT`` a host, outside the windows): their
       bytes at the resource's rate, and their delays overlapped ``MAX_CONCURRENT`` at a
       time on their host (a host taking 256 messages pays 8 latencies, not 256);
@@ -153,8 +157,7 @@ def admitted_seconds(transfers: Sequence, cluster: "ClusterSpec", limit: float =
                 if serial[k] > limit:  # every term only grows: this plan cannot come under the limit
                     return math.inf
             keys, into, at_once = resources, held, MAX_PER_RESOURCE
-            if window_units(t, 1, MAX_PER_RESOURCE, cluster.host_of, min_rate, lat) >= MAX_PER_RESOURCE:
-                # alone in its windows: nothing hides its delays
+            if runs_alone(t, cluster.host_of, min_rate, lat):  # nothing hides its delays
                 for k in resources:
                     serial[k] += delay
                     if serial[k] > limit:

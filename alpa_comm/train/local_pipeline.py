@@ -74,11 +74,6 @@ def check_sizes(model: PipelineModel, schedule: Schedule) -> None:
         raise ScheduleError(f"the schedule has {schedule.num_stages} stages, the model {V}")
 
 
-def local_handoffs(model: PipelineModel, schedule: Schedule) -> dict[int, list[int]]:
-    """For each model stage, its producers on the same stage (the edges no transfer crosses)."""
-    return local_producers(model.consumes, model_stage_meshes(schedule))
-
-
 class LocalHandoffs:
     """The hand-overs between model stages on one stage, which no action of the schedule
     names: the in-process runner and the distributed worker (one runner per chunk of its
