@@ -45,19 +45,25 @@ from alpa_comm.pipeline.weight_delay import auto_backward
 from alpa_comm.report.tables import table
 from alpa_comm.report.trace import write_chrome_trace
 from alpa_comm.train.data import synthetic
-from alpa_comm.train.distributed import DistributedPipeline, PipelineCluster
-from alpa_comm.train.measure import costs_from, iteration_seconds, predict, stage_times, transfer_overlap
+from alpa_comm.train.distributed import DistributedPipeline, PipelineCluster, abstract_model
+from alpa_comm.train.measure import (costs_from, iteration_seconds, mesh_of_edges, predict, stage_times,
+                                     transfer_overlap)
+from alpa_comm.train.trainer import TrainConfig, calibrate as train_calibrate, choose_schedule, data_stream
 
 S = 4
-# label -> (schedule kind, split backward, delay ("auto": chosen by calibration), strategy)
+# label -> (schedule kind, split backward, delay ("auto": chosen by calibration), strategy, chunks per stage)
 CONFIGS = {
-    "1f1b+alpa": ("1f1b", False, None, "alpa"),
-    "eager-1f1b+delay+broadcast": ("eager-1f1b", True, "auto", "broadcast"),
-    "zb-h1+broadcast": ("zb-h1", False, None, "broadcast"),
-    "1f1b+signal": ("1f1b", False, None, "signal"),
-    "eager-1f1b+delay+signal": ("eager-1f1b", True, "auto", "signal"),
+    "1f1b+alpa": ("1f1b", False, None, "alpa", None),
+    "eager-1f1b+delay+broadcast": ("eager-1f1b", True, "auto", "broadcast", None),
+    "zb-h1+broadcast": ("zb-h1", False, None, "broadcast", None),
+    "interleaved-1f1b+broadcast": ("interleaved-1f1b", False, None, "broadcast", 2),
+    "zb-v+broadcast": ("zb-v", False, None, "broadcast", None),
+    "dualpipev+broadcast": ("dualpipev", False, None, "broadcast", None),
+    "eager-1f1b+delay+signal": ("eager-1f1b", True, "auto", "signal", None),
+    "zb-h1+signal": ("zb-h1", False, None, "signal", None),
+    "zb-v+signal": ("zb-v", False, None, "signal", None),
 }
-BASELINE, OURS = "1f1b+alpa", "eager-1f1b+delay+broadcast"
+BASELINE = "1f1b+alpa"
 SIGNAL = [label for label, c in CONFIGS.items() if c[3] == "signal"]
 
 
@@ -65,9 +71,10 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def schedule_for(model_name: str, kw: dict, M: int, kind: str, split: bool, delay):
-    model = build_model(model_name, S, **kw)
-    return with_skips(generate(kind, S, M, split_backward=split, delay_wgrad=delay), model.skips)
+def schedule_for(model_name: str, kw: dict, M: int, kind: str, split: bool, delay, chunks=None):
+    """The schedule with the skips of the model cut into one stage per chunk of every stage."""
+    sched = generate(kind, S, M, split_backward=split, delay_wgrad=delay, chunks=chunks)
+    return with_skips(sched, build_model(model_name, sched.num_virtual_stages, **kw).skips)
 
 
 def run_config(cluster, model_name, kw, M, rows, sched, strategy, warmup, steps) -> dict:
@@ -103,20 +110,54 @@ def calibrate(cluster, model_name, kw, M, rows, args) -> dict:
     return {"delay": delay, "stages": stages, "edges": edges, "edge_s": run["edge_s"]}
 
 
-def measure(cluster, model_name, kw, M, rows, delay, args, t_start) -> tuple[list[dict], dict]:
+def choose_auto(cluster, model_name, kw, M, rows) -> dict:
+    """What ``alpa-comm train --schedule auto`` does on this cluster: its own calibration
+    (``trainer.calibrate``), then every family ranked by the predictor over those
+    measurements (``trainer.choose_schedule``). Returns the pick and the ranking."""
+    import io  # noqa: PLC0415
+
+    cfg = TrainConfig(model=model_name, stages=S, layers=kw["layers"], width=kw["d"], heads=kw["heads"],
+                      seq=kw["seq"], microbatches=M, microbatch_size=rows, strategy="broadcast", cluster="emulated",
+                      optimizer="sgd", lr=0.01, data="synthetic", schedule="auto")
+    model = abstract_model(model_name, S, cfg.model_kwargs())
+    def model_for(n):
+        return abstract_model(model_name, n, cfg.model_kwargs())
+    cal = train_calibrate(cfg, cluster, model, data_stream(cfg), log=sys.stderr, model_for=model_for)
+    ranking = io.StringIO()
+    pick = choose_schedule(cfg, model, cal.costs, cal.predict, ranking, cal.wgrad_fraction, model_for=model_for)
+    log(ranking.getvalue().rstrip())
+    return {"label": pick.candidate.label, "schedule": pick.schedule, "predicted_seconds": pick.predicted_s,
+            "ranking": ranking.getvalue()}
+
+
+def configurations(model_name, kw, M, delay, auto) -> tuple[dict, str]:
+    """label -> (schedule, strategy) for every configuration, and the label that measures
+    auto's pick: the configuration that runs the same schedule, or one added for it."""
+    out = {}
+    for label, (kind, split, d, strategy, chunks) in CONFIGS.items():
+        if d == "auto":
+            split, d = delay is not None, delay
+        out[label] = (schedule_for(model_name, kw, M, kind, split, d, chunks), strategy)
+    text = auto["schedule"].to_text()
+    same = [label for label, (sched, strategy) in out.items() if strategy == "broadcast" and sched.to_text() == text]
+    if same:
+        return out, same[0]
+    label = f"auto: {auto['label']}+broadcast"
+    out[label] = (auto["schedule"], "broadcast")
+    return out, label
+
+
+def measure(cluster, model_name, kw, M, rows, configs, args, t_start) -> tuple[list[dict], dict]:
     """Every configuration ``args.repeats`` times, interleaved. Returns one row per
     (configuration, repeat) and the last repeat's records of each configuration."""
     rows_out, last = [], {}
     for rep in range(args.repeats):
-        for label, (kind, split, d, strategy) in CONFIGS.items():
-            if d == "auto":
-                split, d = delay is not None, delay
-            sched = schedule_for(model_name, kw, M, kind, split, d)
+        for label, (sched, strategy) in configs.items():
             log(f"[{time.monotonic() - t_start:6.0f} s] {model_name} repeat {rep + 1}/{args.repeats}: {label}")
             run = run_config(cluster, model_name, kw, M, rows, sched, strategy, args.warmup, args.steps)
             recs, signal = run["records"], strategy == "signal"
             iters = [iteration_seconds(r) for r in recs]
-            costs = costs_from(stage_times(recs, S), run["edge_s"], S)
+            costs = costs_from(stage_times(recs, S), run["edge_s"], S, mesh=mesh_of_edges(sched))
             row = {"model": model_name, "config": label, "repeat": rep, "iteration_seconds": median(iters),
                    "iterations": iters, "simulated_seconds": predict(sched, recs, run["edge_s"], signal=signal),
                    "simulated_medians_seconds": simulate_schedule(sched, costs, signal=signal).iteration_time,
@@ -161,9 +202,10 @@ def main(argv=None) -> int:
     p.add_argument("--seq", type=int, default=64, help="tokens per row")
     p.add_argument("--width", type=int, default=256, help="model width d (both models)")
     p.add_argument("--ut-layers", type=int, default=8,
-                   help="U-Transformer layers (2L; default 8: two per stage, so each skip edge carries two layers' "
-                        "outputs; 4: one per stage)")
-    p.add_argument("--gpt-layers", type=int, default=4, help="GPT layers (default 4: one per stage)")
+                   help="U-Transformer layers (2L; default 8: one per model stage of the schedules with two "
+                        "chunks per stage, two per stage of the others)")
+    p.add_argument("--gpt-layers", type=int, default=8,
+                   help="GPT layers (default 8: one per model stage of the schedules with two chunks per stage)")
     p.add_argument("--models", default="utransformer,gpt")
     p.add_argument("--warmup", type=int, default=1, help="steps before timing, each time a configuration is set up")
     p.add_argument("--steps", type=int, default=5, help="timed steps per configuration and repeat")
@@ -179,6 +221,10 @@ def main(argv=None) -> int:
     unknown = sorted(set(args.models.split(",")) - {"utransformer", "gpt"})
     if unknown:
         p.error(f"--models: unknown {', '.join(map(repr, unknown))}; choose from utransformer, gpt")
+    for name in ("ut_layers", "gpt_layers"):
+        if getattr(args, name) < 2 * S:
+            p.error(f"--{name.replace('_', '-')} {getattr(args, name)}: the schedules with two chunks per stage cut "
+                    f"the model into {2 * S} stages; give at least {2 * S} layers")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.render:
@@ -201,11 +247,18 @@ def main(argv=None) -> int:
             fractions = ", ".join(f"{s['arith_fraction']:.2f}" for s in cal["stages"])
             ratios = ", ".join(f"{k} {e['over_forward']:.2f}" for k, e in cal["edges"].items())
             log(f"    delay {cal['delay']}; arith fraction {fractions}; transfer/forward {ratios}")
-            rows, last = measure(cluster, model_name, kw, args.microbatches, args.rows, cal["delay"], args, t_start)
+            log(f"[{time.monotonic() - t_start:6.0f} s] {model_name}: --schedule auto (its own calibration)")
+            auto = choose_auto(cluster, model_name, kw, args.microbatches, args.rows)
+            configs, auto_config = configurations(model_name, kw, args.microbatches, cal["delay"], auto)
+            log(f"    auto picked {auto['label']}: measured as {auto_config}")
+            rows, last = measure(cluster, model_name, kw, args.microbatches, args.rows, configs, args, t_start)
             saved["rows"] += rows
             saved["models"][model_name] = {"model_kwargs": kw, "delay": cal["delay"], "regime_stages": cal["stages"],
-                                           "regime_edges": cal["edges"], "peak_memory": peak_memory(last)}
-            for label, tag in ((BASELINE, "baseline"), (OURS, "eager_delay")):
+                                           "regime_edges": cal["edges"], "peak_memory": peak_memory(last),
+                                           "auto": {"pick": auto["label"], "config": auto_config,
+                                                    "predicted_seconds": auto["predicted_seconds"],
+                                                    "ranking": auto["ranking"]}}
+            for label, tag in ((BASELINE, "baseline"), (auto_config, "auto")):
                 write_chrome_trace(last[label]["records"][-2:], out / f"trace_{model_name}_{tag}.json")
     write_outputs(saved, args, out)
     return 0
@@ -229,7 +282,9 @@ def summarize(saved: dict, model_name: str) -> dict:
         err0 = [(by[(label, k)]["simulated_medians_seconds"] - by[(label, k)]["iteration_seconds"])
                 / by[(label, k)]["iteration_seconds"] for k in repeats]
         hidden = [median(by[(label, k)].get("transfer_overlap", [1.0] * S)[s] for k in repeats) for s in range(S)]
-        out[label] = {"iteration_seconds": median(it), "transfer_overlap": hidden, "iteration_range": [min(it), max(it)],
+        best = [min(by[(c, k)]["iteration_seconds"] for c in dict.fromkeys(r["config"] for r in rows)
+                    if c not in SIGNAL) for k in repeats]
+        out[label] = {"of_best": median(b / i for b, i in zip(best, it)), "iteration_seconds": median(it), "transfer_overlap": hidden, "iteration_range": [min(it), max(it)],
                       "speedup": median(speed), "speedup_range": [min(speed), max(speed)],
                       "of_signal": median(frac), "of_signal_range": [min(frac), max(frac)],
                       "sim_error": max(err, key=abs), "sim_error_medians": max(err0, key=abs)}
@@ -262,11 +317,13 @@ def write_outputs(saved: dict, args, out: Path) -> None:
         md.append(table(["edge", "transfer alone s", "transfer / forward"],
                         [[k, f"{e['seconds']:.3f}", f"{e['over_forward']:.2f}"] for k, e in info["regime_edges"].items()]))
         md.append("")
-        md.append(table(["configuration", "iteration s", "vs 1f1b+alpa", "of signal bound", "simulated error",
+        md.append(table(["configuration", "iteration s", "vs 1f1b+alpa", "of fastest", "of signal bound",
+                         "simulated error",
                          "error, median-duration sim", "sending time hidden by compute, per stage"],
                         [[label, f"{s['iteration_seconds']:.3f} [{s['iteration_range'][0]:.3f}-"
                                  f"{s['iteration_range'][1]:.3f}]",
                           f"{s['speedup']:.2f}x [{s['speedup_range'][0]:.2f}-{s['speedup_range'][1]:.2f}]",
+                          "-" if label in SIGNAL else f"{s['of_best']:.3f}",
                           f"{s['of_signal']:.2f} [{s['of_signal_range'][0]:.2f}-{s['of_signal_range'][1]:.2f}]",
                           f"{s['sim_error']:+.0%}", f"{s['sim_error_medians']:+.0%}",
                           " ".join(f"{h:.2f}" for h in s["transfer_overlap"])] for label, s in summ.items()]))
@@ -276,10 +333,15 @@ def write_outputs(saved: dict, args, out: Path) -> None:
         md.append(table(["configuration"] + [f"stage {s}" for s in range(S)],
                         [[label] + [f"{b / 2**20:.1f} / {m / 2**20:.1f}" for b, m in zip(v["measured"], v["model"])]
                          for label, v in mem.items() if "signal" not in label]))
-        o = summ[OURS]
-        md.append(f"\n**{model_name}: eager-1F1B + delay + broadcast = {o['speedup']:.2f}x 1F1B + Alpa "
-                  f"(min {o['speedup_range'][0]:.2f}x), {o['of_signal']:.2f} of the signal bound; ZB-H1 + "
-                  f"broadcast = {summ['zb-h1+broadcast']['speedup']:.2f}x.**\n")
+        auto = info["auto"]
+        a_s = summ[auto["config"]]
+        fastest = min((l for l in summ if l not in SIGNAL), key=lambda l: summ[l]["iteration_seconds"])
+        md.append(f"\n**{model_name}: `--schedule auto` picked {auto['pick']} (predicted {auto['predicted_seconds']:.3f} "
+                  f"s), measured as `{auto['config']}`: {a_s['iteration_seconds']:.3f} s, {a_s['of_best']:.3f} of the "
+                  f"fastest measured configuration per repeat (fastest by median: `{fastest}`), {a_s['of_signal']:.2f} "
+                  f"of the no-communication bound (the fastest signal run), {a_s['speedup']:.2f}x 1F1B + Alpa.**\n")
+        md.append("`--schedule auto`'s ranking (from its own calibration run, before any configuration ran):\n")
+        md.append("```\n" + auto["ranking"].rstrip() + "\n```\n")
     saved["summary"] = summaries
     (out / "results.md").write_text("\n".join(md) + "\n")
     (out / "results.json").write_text(json.dumps(saved, indent=1))

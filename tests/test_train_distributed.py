@@ -139,7 +139,7 @@ def test_signal_ignores_the_nic_model_and_constant_action_times_change_nothing(k
     assert (simulate_schedule(s, costs, signal=True, shared_nic=True).iteration_time
             == pytest.approx(simulate_schedule(s, costs, signal=True).iteration_time))
     c = costs.resolve(S)
-    same = simulate_schedule(s, costs, shared_nic=True, action_time=lambda i, k, mb: c[k][i])
+    same = simulate_schedule(s, costs, shared_nic=True, action_time=lambda i, k, mb, chunk: c[k][i])
     assert same.iteration_time == pytest.approx(simulate_schedule(s, costs, shared_nic=True).iteration_time)
 
 

@@ -118,11 +118,11 @@ def _book(calendars: list[list[tuple[float, float]]], ready: float, duration: fl
 
 
 def simulate_schedule(schedule: Schedule, costs: Costs = Costs(), signal: bool = False, shared_nic: bool = False,
-                      action_time: Callable[[int, str, int], float] | None = None) -> PipelineResult:
+                      action_time: Callable[[int, str, int, int], float] | None = None) -> PipelineResult:
     """Run ``schedule``; raises ``ScheduleError`` naming every blocked stage on a deadlock.
 
     ``shared_nic``: a host's NIC carries one transfer at a time per direction (else
-    each directed stage pair is its own link). ``action_time(stage, kind, mb)``:
+    each directed stage pair is its own link). ``action_time(stage, kind, mb, chunk)``:
     each compute action's duration (else the stage's cost of that kind; with virtual
     stages each of a stage's C chunks costs 1/C of it, and each transfer between model
     stages costs a whole ``t_comm``: the activation at a chunk boundary is as large)."""
@@ -145,7 +145,7 @@ def simulate_schedule(schedule: Schedule, costs: Costs = Costs(), signal: bool =
             while pc[i] < len(acts):
                 a = acts[pc[i]]
                 if a.is_compute:
-                    d = c[a.kind][i] * share if action_time is None else action_time(i, a.kind, a.mb)
+                    d = c[a.kind][i] * share if action_time is None else action_time(i, a.kind, a.mb, a.chunk)
                     events.append(Event(i, a.kind, a.mb, t[i], t[i] + d, a.chunk))
                     t[i] += d
                     busy[i] += d

@@ -80,7 +80,7 @@ def _run_events(steps: list[list[dict]]) -> list[dict]:
     waits and transfers (tids)."""
     if not steps:
         return []
-    t_origin = min(t0 for per_host in steps for rec in per_host for _, _, t0, _ in rec["events"])
+    t_origin = min(t0 for per_host in steps for rec in per_host for _, _, t0, *_ in rec["events"])
     events = []
     named = set()
     for per_host in steps:
@@ -92,9 +92,11 @@ def _run_events(steps: list[list[dict]]) -> list[dict]:
                                "args": {"name": f"stage {rec['stage']} (host {rec['host']})"}})
                 for tid, label in ((0, "compute"), (1, "waiting for data"), (2, "transfers")):
                     events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": label}})
-            for kind, mb, t0, t1 in rec["events"]:
+            for kind, mb, t0, t1, *model_stage in rec["events"]:
                 tid = 1 if kind.startswith("RECV") else 0  # UNPACK is busy time: on the compute row
                 name = kind if mb < 0 else f"{kind}{mb}"
+                if model_stage and model_stage[0] != rec["stage"]:  # virtual stages: the chunk's model stage
+                    name += f" (model stage {model_stage[0]})"
                 events.append({"name": name, "ph": "X", "pid": pid, "tid": tid, "ts": (t0 - t_origin) * 1e6,
                                "dur": max(0.0, t1 - t0) * 1e6, "cat": "wait" if tid else "compute"})
             for edge, mb, t0, t1 in rec["transfers"]:

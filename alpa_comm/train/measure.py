@@ -22,7 +22,7 @@ COMPUTE_KINDS = ("F", "B", "BI", "BW")
 
 def iteration_seconds(per_host: list[dict]) -> float:
     """First action start to last action end over all hosts of one step (no update)."""
-    spans = [(t0, t1) for rec in per_host for kind, _, t0, t1 in rec["events"] if kind != "UPDATE"]
+    spans = [(t0, t1) for rec in per_host for kind, _, t0, t1, *_ in rec["events"] if kind != "UPDATE"]
     return max(t1 for _, t1 in spans) - min(t0 for t0, _ in spans) if spans else 0.0
 
 
@@ -31,7 +31,7 @@ def busy_factor(rec: dict) -> float:
     minus the time it waited for data, over the sum of its compute actions. The
     rest is runtime work between actions (unpacking received buffers, dispatch,
     bookkeeping) that the simulator has no action for."""
-    acts = [(k, t0, t1) for k, _, t0, t1 in rec["events"] if k != "UPDATE"]
+    acts = [(k, t0, t1) for k, _, t0, t1, *_ in rec["events"] if k != "UPDATE"]
     if not acts:
         return 1.0
     span = max(t1 for _, _, t1 in acts) - min(t0 for _, t0, _ in acts)
@@ -46,7 +46,7 @@ def transfer_overlap(rec: dict) -> float:
     behind compute, 0.0 when compute always waited for them. Transfers overlap compute
     only where the schedule gives them compute to hide behind, so this reads a
     schedule's overlap, not the runtime's alone."""
-    compute = sorted((t0, t1) for kind, _, t0, t1 in rec["events"] if kind in COMPUTE_KINDS)
+    compute = sorted((t0, t1) for kind, _, t0, t1, *_ in rec["events"] if kind in COMPUTE_KINDS)
     total = hidden = 0.0
     for _, _, a, b in rec.get("transfers", []):
         total += b - a
@@ -58,18 +58,29 @@ def stage_times(steps: list[list[dict]], num_stages: int, busy: bool = True) -> 
     """Median duration per stage of each compute kind over ``steps`` (each a list of
     host records); kinds a schedule does not use are absent. With ``busy`` each
     duration is scaled by the stage's ``busy_factor``, so the simulator charges
-    the runtime's own work between actions too."""
-    got = action_samples(steps, busy)
-    kinds = dict.fromkeys(kind for _, kind in got)
-    return {kind: [median(got[(s, kind)]) if (s, kind) in got else 0.0 for s in range(num_stages)]
-            for kind in kinds}
+    the runtime's own work between actions too. Over virtual stages a stage's time is
+    the sum of its model stages' medians: the whole stage, as ``Costs`` count it."""
+    got = action_samples(steps, busy, by_model_stage=True)
+    kinds = dict.fromkeys(kind for _, _, kind in got)
+    return {kind: [sum(median(v) for (s_, _, k), v in got.items() if s_ == s and k == kind)
+                   for s in range(num_stages)] for kind in kinds}
 
 
-def costs_from(times: dict[str, list[float]], edge_seconds: dict[str, float], num_stages: int) -> Costs:
+def mesh_of_edges(schedule: Schedule):
+    """``mesh(v)``: the stage holding model stage ``v`` in ``schedule``, to read the
+    edge names ``DistributedPipeline.time_edges`` gives (by model stage) as
+    ``costs_from`` needs them (by stage)."""
+    return lambda v: schedule.place(v)[0]
+
+
+def costs_from(times: dict[str, list[float]], edge_seconds: dict[str, float], num_stages: int,
+               mesh=None) -> Costs:
     """Simulator costs: measured compute per stage and each stage's outgoing edge
     time (the slowest of its forward edges and of its backward edges). Where both the
     whole backward and its halves were measured (two runs), each keeps its own time:
-    a split costs more than ``B`` (two programs)."""
+    a split costs more than ``B`` (two programs). Edges are named by model stage;
+    ``mesh(v)`` gives the stage that sends for model stage ``v`` (default: the same
+    number, one chunk per stage; over virtual stages ``mesh_of_edges(schedule)``)."""
     f = times.get("F", [0.0] * num_stages)
     if "B" in times:
         b = times["B"]
@@ -81,20 +92,24 @@ def costs_from(times: dict[str, list[float]], edge_seconds: dict[str, float], nu
     for name, sec in edge_seconds.items():
         direction, pair = name.split(":")
         src = int(pair.split("->")[0])
+        src = src if mesh is None else mesh(src)
         comm[direction][src] = max(comm[direction][src], sec)
     return Costs(t_fwd=f, t_bwd=b, t_comm=comm["F"], t_bi=bi, t_bw=bw, t_comm_b=comm["B"])
 
 
-def action_samples(steps: list[list[dict]], busy: bool = True) -> dict[tuple[int, str], list[float]]:
+def action_samples(steps: list[list[dict]], busy: bool = True, by_model_stage: bool = False) -> dict[tuple, list[float]]:
     """Every measured duration of each (stage, compute kind) over ``steps``, in the
-    order measured; with ``busy`` scaled by its host's ``busy_factor``."""
-    got: dict[tuple[int, str], list[float]] = defaultdict(list)
+    order measured; with ``busy`` scaled by its host's ``busy_factor``. With
+    ``by_model_stage`` keyed (stage, model stage, kind): over virtual stages a stage's
+    chunks are different model stages (events without the label: the stage's own)."""
+    got: dict[tuple, list[float]] = defaultdict(list)
     for per_host in steps:
         for rec in per_host:
             f = busy_factor(rec) if busy else 1.0
-            for kind, _, t0, t1 in rec["events"]:
+            for kind, _, t0, t1, *v in rec["events"]:
                 if kind in COMPUTE_KINDS:
-                    got[(rec["stage"], kind)].append((t1 - t0) * f)
+                    s = rec["stage"]
+                    got[(s, v[0] if v else s, kind) if by_model_stage else (s, kind)].append((t1 - t0) * f)
     return dict(got)
 
 
@@ -102,10 +117,17 @@ def predict(schedule: Schedule, steps: list[list[dict]], edge_seconds: dict[str,
             draws: int = 64, seed: int = 0) -> float:
     """The simulator's iteration time for a measured run: the mean over ``draws``
     simulations in which every compute action takes a duration drawn from that
-    stage's measured durations of its kind, and transfers share their hosts' NICs.
-    The records come from one-chunk runs; a schedule over virtual stages (C chunks per
-    stage, the model cut C times finer) charges each chunk's action 1/C of a draw, as
-    the simulator charges costs, and each transfer a whole edge time.
+    model stage's measured durations of its kind, and transfers share their hosts'
+    NICs (``edge_seconds`` by model-stage edge name).
+
+    The records may come from runs of other schedules over the same model cut (as
+    many model stages as ``schedule`` has; several runs' records pooled, e.g. the
+    calibration's): each model stage keeps its own durations wherever it ran, and a
+    whole backward missing from them is drawn as a ``BI`` plus a ``BW``. Records of a
+    one-chunk run serve a schedule over virtual stages (C chunks per stage, the model
+    cut C times finer) too, each chunk's action charged 1/C of its stage's draw, as
+    the simulator charges costs; that misses each action's fixed cost, which is why
+    ``trainer.calibrate`` also measures a virtual-stage run where it can.
 
     Simulating with median (or mean) durations is optimistic: a stage waits for the
     slowest of the chains that feed it, so spread along dependency chains adds time
@@ -114,19 +136,37 @@ def predict(schedule: Schedule, steps: list[list[dict]], edge_seconds: dict[str,
     contend for one host's link (a skip edge and its neighbour edge)."""
     if draws < 1:
         raise ValueError(f"draws must be >= 1, got {draws!r}")
-    S = schedule.num_stages
-    costs = costs_from(stage_times(steps, S), edge_seconds, S)
-    samples = action_samples(steps)
-    missing = sorted({(i, a.kind.name) for i, acts in enumerate(schedule.stages) for a in acts
-                      if a.is_compute and (i, a.kind.name) not in samples})
-    if missing:
-        raise ValueError(f"no measured duration for (stage, kind) {missing[:4]}: the records do not come from "
-                         f"a run of this schedule")
+    S, C = schedule.num_stages, schedule.num_chunks
+    by_stage = action_samples(steps, by_model_stage=True)
+    samples: dict[tuple[int, str], list[float]] = defaultdict(list)
+    for (_, v, kind), got in by_stage.items():
+        samples[(v, kind)] += got
+    measured = 1 + max((v for v, _ in samples), default=0)
+    own = measured == schedule.num_virtual_stages  # model stages measured as this schedule cuts the model
+    if not own and measured != S:
+        raise ValueError(f"the records hold {measured} model stages; schedule {schedule.name!r} has "
+                         f"{schedule.num_virtual_stages}: they do not come from a run over the same model cut "
+                         f"or from a one-chunk run")
+    costs = costs_from(stage_times(steps, S), edge_seconds, S, mesh=mesh_of_edges(schedule) if own else None)
     rng = random.Random(seed)
-    share = 1.0 / schedule.num_chunks  # over virtual stages a chunk is 1/C of the stage measured whole
+    share = 1.0 if own else 1.0 / C  # from a one-chunk run a chunk is 1/C of the stage measured whole
 
-    def action_time(stage: int, kind: str, mb: int) -> float:
-        return rng.choice(samples[(stage, kind)]) * share
+    def where(stage: int, chunk: int) -> int:
+        return schedule.virtual_stage(stage, chunk) if own else stage
+
+    missing = sorted({(where(i, a.chunk), a.kind.name) for i, acts in enumerate(schedule.stages) for a in acts
+                      if a.is_compute and (where(i, a.chunk), a.kind.name) not in samples
+                      and not (a.kind.name == "B" and (where(i, a.chunk), "BI") in samples
+                               and (where(i, a.chunk), "BW") in samples)})
+    if missing:
+        raise ValueError(f"no measured duration for (model stage, kind) {missing[:4]}: the records do not come from "
+                         f"a run of this schedule")
+
+    def action_time(stage: int, kind: str, mb: int, chunk: int = 0) -> float:
+        v = where(stage, chunk)
+        if (v, kind) not in samples:  # a whole backward measured only split: its halves
+            return (rng.choice(samples[(v, "BI")]) + rng.choice(samples[(v, "BW")])) * share
+        return rng.choice(samples[(v, kind)]) * share
 
     return mean(simulate_schedule(schedule, costs, signal=signal, shared_nic=True,
                                   action_time=action_time).iteration_time for _ in range(draws))

@@ -29,6 +29,12 @@ CALIBRATION = ("eager-1f1b", 3)
 """``--schedule auto`` first runs this family twice, with its backward split (BI and BW
 timed apart) and whole (B: one program costs less than two), each for this many timed
 steps after one warm-up, on the cluster and strategy of the run."""
+VIRTUAL_CALIBRATION = (("interleaved-1f1b", False, 2), ("zb-v", True, None))
+"""Where the virtual-stage schedules are candidates, ``calibrate`` also runs these
+(family, backward split, chunks): the model cut into two stages per stage, loop-placed
+with its backward whole and V-placed with it split. A chunk's action is not half a
+stage's: each action has a fixed cost (dispatch, hand-offs, its transfers' CPU), so
+halving a one-chunk measurement predicts a two-chunk schedule too fast."""
 
 
 @dataclass
@@ -198,18 +204,30 @@ def _skips_by_size(model, model_for):
     return skips
 
 
-def calibrate(cfg: TrainConfig, cluster, model, data, log=None) -> Calibration:
+def calibrate(cfg: TrainConfig, cluster, model, data, log=None, model_for=None) -> Calibration:
     """Run ``CALIBRATION`` on ``cluster`` (backward split, then whole) and return what
     ``--schedule auto`` ranks with: costs, a predictor over the measured durations and
-    edge times, and the measured weight-gradient share of the activation state."""
+    edge times, and the measured weight-gradient share of the activation state. With
+    ``model_for`` (see ``choose_schedule``) and a model that can be cut into two stages
+    per stage, also ``VIRTUAL_CALIBRATION``: virtual-stage schedules are then predicted
+    from their own model cut's durations and from the edges of their own placement."""
+    from ..pipeline.generators import V_SCHEDULES  # noqa: PLC0415
     from .distributed import DistributedPipeline  # noqa: PLC0415
     from .measure import costs_from, predict, stage_times  # noqa: PLC0415
 
     kind, steps = CALIBRATION
+    runs = [(kind, split, None) for split in (True, False)]
+    skips = _skips_by_size(model, model_for)
+    if model_for is not None and skips(2 * cfg.stages) is not None:
+        runs += [r for r in VIRTUAL_CALIBRATION if r[2] is None or cfg.microbatches % cfg.stages == 0
+                 if r[0] not in V_SCHEDULES or cfg.microbatches >= V_SCHEDULES[r[0]].min_microbatches(cfg.stages)]
     records: list = []
     edge_s: dict = {}
-    for split in (True, False):
-        sched = with_skips(generate(kind, cfg.stages, cfg.microbatches, split_backward=split), model.skips)
+    virtual_records: list = []
+    virtual_edges: dict[str, dict] = {}  # placement -> edge times
+    for kind, split, chunks in runs:
+        sched = generate(kind, cfg.stages, cfg.microbatches, split_backward=split, chunks=chunks)
+        sched = with_skips(sched, skips(sched.num_virtual_stages))
         if log:
             print(f"--schedule auto: calibrating ({kind}, backward {'split' if split else 'whole'}, {cfg.strategy}, "
                   f"1 + {steps} steps)", file=log, flush=True)
@@ -217,14 +235,24 @@ def calibrate(cfg: TrainConfig, cluster, model, data, log=None) -> Calibration:
                                    model_kwargs=cfg.model_kwargs(), dp=cfg.dp, strategy=cfg.strategy,
                                    optimizer=cfg.optimizer, lr=cfg.lr)
         pipe.step(next(data))
-        records += [pipe.step(next(data)).per_host for _ in range(steps)]
+        got = [pipe.step(next(data)).per_host for _ in range(steps)]
+        if sched.virtual:
+            virtual_records += got
+            virtual_edges[sched.placement] = pipe.time_edges(repeats=3)
+            continue
+        records += got
         if split:
             edge_s = pipe.time_edges(repeats=3)
     costs = costs_from(stage_times(records, cfg.stages), edge_s, cfg.stages)
     kept = [rec["state_bytes"]["BI"] / rec["state_bytes"]["F"] for rec in records[0]
             if rec.get("state_bytes", {}).get("F") and "BI" in rec["state_bytes"]]
     signal = cfg.strategy == "signal"
-    return Calibration(costs, lambda s: predict(s, records, edge_s, signal=signal), max(kept, default=0.5))
+
+    def predict_measured(s: Schedule) -> float:
+        if s.virtual and s.placement in virtual_edges and s.num_virtual_stages == 2 * cfg.stages:
+            return predict(s, virtual_records, virtual_edges[s.placement], signal=signal)
+        return predict(s, records, edge_s, signal=signal)
+    return Calibration(costs, predict_measured, max(kept, default=0.5))
 
 
 def data_stream(cfg: TrainConfig):
@@ -314,7 +342,7 @@ def _train_distributed(cfg: TrainConfig, log) -> TrainResult:
     losses, seconds, records = [], [], []
     with open_cluster(cfg, log) as cluster:
         if auto:  # measured on this cluster, then ranked; training starts afresh with the pick
-            cal = calibrate(cfg, cluster, model, data_stream(cfg), log)
+            cal = calibrate(cfg, cluster, model, data_stream(cfg), log, model_for=model_for)
             sched = choose_schedule(cfg, model, cal.costs, cal.predict, log, cal.wgrad_fraction,
                                     model_for=model_for).schedule
         if log:

@@ -229,8 +229,9 @@ class PipelineWorker(HostWorker):
         records = {v: r.finish() for v, r in self.runners.items()}
         t0 = time.time()
         self._update({v: r.grads for v, r in self.runners.items()})
-        events = sorted((e for rec in records.values() for e in rec.events), key=lambda e: e[2])
-        events.append(("UPDATE", -1, t0, time.time()))
+        # each event labelled with its model stage, so traces and measurements keep a stage's chunks apart
+        events = sorted((e + (v,) for v, rec in records.items() for e in rec.events), key=lambda e: e[2])
+        events.append(("UPDATE", -1, t0, time.time(), stage))
         last = records.get(self.cfg.num_model_stages - 1)
         if len(records) == 1:  # one model stage: its own peak (the same count, kept as it was)
             (rec,) = records.values()
