@@ -149,3 +149,67 @@ def test_a_prediction_over_virtual_stages_charges_each_chunk_its_share():
         costs = costs_from(stage_times(recs, 2), edges, 2)
         want = simulate_schedule(s, costs, shared_nic=True).iteration_time
         assert predict(s, recs, edges) == pytest.approx(want)
+
+
+def _v_records(durations: dict, S: int = 2) -> list:
+    """One step of a V-placed run over 2S model stages: host s runs model stages s and
+    2S-1-s, each event labelled with its model stage, one microbatch."""
+    per_host = []
+    for s in range(S):
+        ev, t = [], 0.0
+        for v in (s, 2 * S - 1 - s):
+            for kind in ("F", "BI", "BW"):
+                d = durations[(v, kind)]
+                ev.append((kind, 0, t, t + d, v))
+                t += d
+        per_host.append({"host": s, "stage": s, "events": ev, "transfers": []})
+    return [per_host]
+
+
+DUR = {(v, k): 1.0 + v + {"F": 0.0, "BI": 0.5, "BW": 0.25}[k] for v in range(4) for k in ("F", "BI", "BW")}
+
+
+def test_a_prediction_from_a_run_over_the_same_model_cut_draws_each_model_stage_its_own():
+    """Records of a V run (events labelled by model stage) predict that V schedule with
+    each model stage's own durations, and another V schedule over the same cut too:
+    DualPipeV's whole backwards are drawn as a BI plus a BW of the same model stage."""
+    from alpa_comm.pipeline import simulate_schedule
+    from alpa_comm.train.measure import costs_from, mesh_of_edges, predict, stage_times
+
+    recs = _v_records(DUR)
+    edges = {"F:0->1": 0.3, "B:1->0": 0.2, "F:2->3": 0.4, "B:3->2": 0.1}  # 1 -> 2 is inside mesh 1
+    for s in (generate("zb-v", 2, 4), generate("dualpipev", 2, 4)):
+        costs = costs_from(stage_times(recs, 2), edges, 2, mesh=mesh_of_edges(s))
+
+        def own(i, kind, mb, chunk, s=s):
+            v = s.virtual_stage(i, chunk)
+            return DUR[(v, "BI")] + DUR[(v, "BW")] if kind == "B" else DUR[(v, kind)]
+        want = simulate_schedule(s, costs, shared_nic=True, action_time=own).iteration_time
+        assert predict(s, recs, edges) == pytest.approx(want)
+
+
+def test_stage_times_sum_a_stage_s_model_stages_and_edges_read_by_the_mesh_that_sends():
+    from alpa_comm.train.measure import costs_from, mesh_of_edges, stage_times
+
+    times = stage_times(_v_records(DUR), 2, busy=False)
+    assert times["F"] == pytest.approx([DUR[(0, "F")] + DUR[(3, "F")], DUR[(1, "F")] + DUR[(2, "F")]])
+    costs = costs_from(times, {"F:2->3": 0.4, "B:3->2": 0.1}, 2, mesh=mesh_of_edges(generate("zb-v", 2, 4)))
+    assert costs.t_comm == [0.0, 0.4]   # model stage 2 sits on mesh 1 in a V
+    assert costs.t_comm_b == [0.1, 0.0]  # model stage 3 on mesh 0
+
+
+def test_records_over_another_model_cut_are_refused_with_the_counts_named():
+    from alpa_comm.train.measure import predict
+
+    recs = [[{"host": 0, "stage": 0, "events": [("F", 0, 0.0, 1.0, 0), ("F", 0, 1.0, 2.0, 2)]},
+             {"host": 1, "stage": 1, "events": [("F", 0, 0.0, 1.0, 1)]}]]
+    with pytest.raises(ValueError, match="3 model stages; schedule 'zb-v' has 4"):
+        predict(generate("zb-v", 2, 4), recs, {})
+
+
+def test_a_measured_trace_names_the_model_stage_of_a_chunk():
+    from alpa_comm.report.trace import chrome_trace
+
+    trace = chrome_trace(_v_records(DUR))
+    names = {e["name"] for e in trace["traceEvents"] if e["ph"] == "X"}
+    assert {"F0", "F0 (model stage 3)", "BI0 (model stage 2)"} <= names and "F0 (model stage 0)" not in names
