@@ -211,7 +211,6 @@ def calibrate(cfg: TrainConfig, cluster, model, data, log=None, model_for=None) 
     ``model_for`` (see ``choose_schedule``) and a model that can be cut into two stages
     per stage, also ``VIRTUAL_CALIBRATION``: virtual-stage schedules are then predicted
     from their own model cut's durations and from the edges of their own placement."""
-    from ..pipeline.generators import V_SCHEDULES  # noqa: PLC0415
     from .distributed import DistributedPipeline  # noqa: PLC0415
     from .measure import costs_from, predict, stage_times  # noqa: PLC0415
 
@@ -219,8 +218,7 @@ def calibrate(cfg: TrainConfig, cluster, model, data, log=None, model_for=None) 
     runs = [(kind, split, None) for split in (True, False)]
     skips = _skips_by_size(model, model_for)
     if model_for is not None and skips(2 * cfg.stages) is not None:
-        runs += [r for r in VIRTUAL_CALIBRATION if r[2] is None or cfg.microbatches % cfg.stages == 0
-                 if r[0] not in V_SCHEDULES or cfg.microbatches >= V_SCHEDULES[r[0]].min_microbatches(cfg.stages)]
+        runs += [r for r in VIRTUAL_CALIBRATION if _runs_at(r[0], r[2], cfg.stages, cfg.microbatches)]
     records: list = []
     edge_s: dict = {}
     virtual_records: list = []
@@ -253,6 +251,16 @@ def calibrate(cfg: TrainConfig, cluster, model, data, log=None, model_for=None) 
             return predict(s, virtual_records, virtual_edges[s.placement], signal=signal)
         return predict(s, records, edge_s, signal=signal)
     return Calibration(costs, predict_measured, max(kept, default=0.5))
+
+
+def _runs_at(kind: str, chunks, num_stages: int, num_microbatches: int) -> bool:
+    """Whether the virtual-stage family ``kind`` can be generated for these sizes (the
+    same conditions as ``auto_schedule.candidates``)."""
+    from ..pipeline.generators import V_SCHEDULES  # noqa: PLC0415
+
+    if kind in V_SCHEDULES:
+        return num_microbatches >= V_SCHEDULES[kind].min_microbatches(num_stages)
+    return chunks is None or num_microbatches % num_stages == 0
 
 
 def data_stream(cfg: TrainConfig):
