@@ -1,7 +1,13 @@
 """End-to-end pipeline training on the emulated cluster: schedules x strategies, interleaved.
 
 One emulated cluster (4 hosts, one stage each, shaped NICs, a CPU cap per host
-that the transport threads share with compute). Per model:
+that the transport threads share with compute). Configurations: 1F1B with Alpa's
+resharding (the baseline); with broadcast, eager-1F1B with the calibrated
+weight-gradient delay, ZB-H1, and the schedules over two chunks per stage
+(interleaved 1F1B, ZB-V, DualPipeV; the model is cut into 8 stages for them);
+the same eager-1F1B, ZB-H1 and ZB-V with ``signal`` (one byte per transfer: the
+no-communication bound is the fastest of them in each repeat); and whatever
+``--schedule auto`` picks. Per model:
 
 1. **Calibration**: eager-1F1B with split backward, broadcast; its measured
    stage and edge times choose the weight-gradient delay (``auto_backward``:
@@ -11,20 +17,25 @@ that the transport threads share with compute). Per model:
    forward time against the host's matmul rate under the same cap
    (``arith_fraction``), per edge its transfer time alone over the sending
    stage's forward (``transfer_over_forward``).
-2. **Interleaved repeats**: the configurations one after another (A B C ... A B
+2. **Auto**: what ``alpa-comm train --schedule auto`` does, on the same cluster:
+   its own calibration runs (``trainer.calibrate``), then every family ranked
+   (``trainer.choose_schedule``). Its pick is measured as the configuration that
+   runs the same schedule, or as a configuration added for it.
+3. **Interleaved repeats**: the configurations one after another (A B C ... A B
    C ...), each set up afresh, warmed up, then timed for ``--steps`` iterations;
    the whole set ``--repeats`` times, so slow drift of the machine spreads over
-   every configuration instead of landing on one. Speed-ups are paired within a
-   repeat; the median and the min-max across repeats are reported.
-3. **Prediction**: every (configuration, repeat) is simulated from its own
+   every configuration instead of landing on one. Speed-ups and auto's share of
+   the fastest configuration are paired within a repeat; the median and the
+   min-max across repeats are reported.
+4. **Prediction**: every (configuration, repeat) is simulated from its own
    measured action durations and edge times (``train.measure.predict``: shared
    NICs, durations drawn from the measured spread) beside the plain simulation
    from median durations.
 
-    sudo .venv/bin/python benchmarks/train_pipeline.py [--out benchmarks/results/train_emulated]   # ~20 min
+    sudo .venv/bin/python benchmarks/train_pipeline.py --steps 3 --repeats 2   # ~70 min on a slow day
 
 Writes results.md / results.json (one row per model, configuration and repeat),
-speedup.png, memory.png and Chrome traces of the baseline and of eager-1F1B.
+speedup.png, memory.png and Chrome traces of the baseline and of auto's pick.
 """
 from __future__ import annotations
 
