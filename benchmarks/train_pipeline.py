@@ -295,7 +295,8 @@ def summarize(saved: dict, model_name: str) -> dict:
         hidden = [median(by[(label, k)].get("transfer_overlap", [1.0] * S)[s] for k in repeats) for s in range(S)]
         best = [min(by[(c, k)]["iteration_seconds"] for c in dict.fromkeys(r["config"] for r in rows)
                     if c not in SIGNAL) for k in repeats]
-        out[label] = {"of_best": median(b / i for b, i in zip(best, it)), "iteration_seconds": median(it), "transfer_overlap": hidden, "iteration_range": [min(it), max(it)],
+        out[label] = {"of_best": median(b / i for b, i in zip(best, it)), "iteration_seconds": median(it),
+                      "transfer_overlap": hidden, "iteration_range": [min(it), max(it)],
                       "speedup": median(speed), "speedup_range": [min(speed), max(speed)],
                       "of_signal": median(frac), "of_signal_range": [min(frac), max(frac)],
                       "sim_error": max(err, key=abs), "sim_error_medians": max(err0, key=abs)}
@@ -347,7 +348,8 @@ def write_outputs(saved: dict, args, out: Path) -> None:
         auto = info["auto"]
         a_s = summ[auto["config"]]
         fastest = min((l for l in summ if l not in SIGNAL), key=lambda l: summ[l]["iteration_seconds"])
-        md.append(f"\n**{model_name}: `--schedule auto` picked {auto['pick']} (predicted {auto['predicted_seconds']:.3f} "
+        md.append(f"\n**{model_name}: `--schedule auto` picked {auto['pick']} "
+                  f"(predicted {auto['predicted_seconds']:.3f} "
                   f"s), measured as `{auto['config']}`: {a_s['iteration_seconds']:.3f} s, {a_s['of_best']:.3f} of the "
                   f"fastest measured configuration per repeat (fastest by median: `{fastest}`), {a_s['of_signal']:.2f} "
                   f"of the no-communication bound (the fastest signal run), {a_s['speedup']:.2f}x 1F1B + Alpa.**\n")

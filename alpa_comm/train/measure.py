@@ -97,7 +97,8 @@ def costs_from(times: dict[str, list[float]], edge_seconds: dict[str, float], nu
     return Costs(t_fwd=f, t_bwd=b, t_comm=comm["F"], t_bi=bi, t_bw=bw, t_comm_b=comm["B"])
 
 
-def action_samples(steps: list[list[dict]], busy: bool = True, by_model_stage: bool = False) -> dict[tuple, list[float]]:
+def action_samples(steps: list[list[dict]], busy: bool = True,
+                   by_model_stage: bool = False) -> dict[tuple, list[float]]:
     """Every measured duration of each (stage, compute kind) over ``steps``, in the
     order measured; with ``busy`` scaled by its host's ``busy_factor``. With
     ``by_model_stage`` keyed (stage, model stage, kind): over virtual stages a stage's
