@@ -363,13 +363,13 @@ def write_outputs(saved: dict, args, out: Path) -> None:
     log(f"wrote {out}/results.md, results.json, speedup.png, memory.png and traces")
 
 
-def _figure(models: list, height: float):
+def _figure(models: list, height: float, width: float = 6.0):
     import matplotlib  # noqa: PLC0415
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), height), squeeze=False)
+    fig, axes = plt.subplots(1, len(models), figsize=(width * len(models), height), squeeze=False)
     return plt, fig, axes[0]
 
 
@@ -377,7 +377,8 @@ def plot(saved: dict, out: Path) -> None:
     models = list(saved["models"])
     if not models:
         return
-    plt, fig, axes = _figure(models, 4.0)
+    most = max(len(saved["summary"][m]) for m in models)
+    plt, fig, axes = _figure(models, 4.6, max(6.0, 0.8 * most))
     for ax, model_name in zip(axes, models):
         summ = saved["summary"][model_name]
         labels = list(summ)
@@ -392,7 +393,9 @@ def plot(saved: dict, out: Path) -> None:
                0.4, alpha=0.6, label="simulated from measured durations")
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set_xticks(x)
-        ax.set_xticklabels([l.replace("+", "\n+") for l in labels], fontsize=7)
+        picked = saved["models"][model_name].get("auto", {}).get("config")
+        ax.set_xticklabels([l.replace("+", "\n+") + ("\n(auto's pick)" if l == picked else "") for l in labels],
+                           fontsize=7, rotation=30, ha="right")
         ax.set_ylabel("speed-up over 1f1b+alpa")
         ax.set_title(model_name, fontsize=9)
         ax.legend(fontsize=7)
