@@ -50,15 +50,14 @@ import numpy as np
 
 from alpa_comm.models import build_model
 from alpa_comm.pipeline import generate, simulate_schedule
-from alpa_comm.pipeline.edges import with_skips
+from alpa_comm.pipeline.edges import model_stage_meshes, with_skips
 from alpa_comm.pipeline.memory import memory
 from alpa_comm.pipeline.weight_delay import auto_backward
 from alpa_comm.report.tables import table
 from alpa_comm.report.trace import write_chrome_trace
 from alpa_comm.train.data import synthetic
 from alpa_comm.train.distributed import DistributedPipeline, PipelineCluster, abstract_model
-from alpa_comm.train.measure import (costs_from, iteration_seconds, mesh_of_edges, predict, stage_times,
-                                     transfer_overlap)
+from alpa_comm.train.measure import costs_from, iteration_seconds, predict, stage_times, transfer_overlap
 from alpa_comm.train.trainer import TrainConfig, calibrate as train_calibrate, choose_schedule, data_stream
 
 S = 4
@@ -168,7 +167,7 @@ def measure(cluster, model_name, kw, M, rows, configs, args, t_start) -> tuple[l
             run = run_config(cluster, model_name, kw, M, rows, sched, strategy, args.warmup, args.steps)
             recs, signal = run["records"], strategy == "signal"
             iters = [iteration_seconds(r) for r in recs]
-            costs = costs_from(stage_times(recs, S), run["edge_s"], S, mesh=mesh_of_edges(sched))
+            costs = costs_from(stage_times(recs, S), run["edge_s"], S, model_stage_meshes(sched))
             row = {"model": model_name, "config": label, "repeat": rep, "iteration_seconds": median(iters),
                    "iterations": iters, "simulated_seconds": predict(sched, recs, run["edge_s"], signal=signal),
                    "simulated_medians_seconds": simulate_schedule(sched, costs, signal=signal).iteration_time,

@@ -174,12 +174,12 @@ def test_a_prediction_from_a_run_over_the_same_model_cut_draws_each_model_stage_
     each model stage's own durations, and another V schedule over the same cut too:
     DualPipeV's whole backwards are drawn as a BI plus a BW of the same model stage."""
     from alpa_comm.pipeline import simulate_schedule
-    from alpa_comm.train.measure import costs_from, mesh_of_edges, predict, stage_times
+    from alpa_comm.train.measure import costs_from, predict, stage_times
 
     recs = _v_records(DUR)
     edges = {"F:0->1": 0.3, "B:1->0": 0.2, "F:2->3": 0.4, "B:3->2": 0.1}  # 1 -> 2 is inside mesh 1
     for s in (generate("zb-v", 2, 4), generate("dualpipev", 2, 4)):
-        costs = costs_from(stage_times(recs, 2), edges, 2, mesh=mesh_of_edges(s))
+        costs = costs_from(stage_times(recs, 2), edges, 2, model_stage_meshes(s))
 
         def own(i, kind, mb, chunk, s=s):
             v = s.virtual_stage(i, chunk)
@@ -189,11 +189,11 @@ def test_a_prediction_from_a_run_over_the_same_model_cut_draws_each_model_stage_
 
 
 def test_stage_times_sum_a_stage_s_model_stages_and_edges_read_by_the_mesh_that_sends():
-    from alpa_comm.train.measure import costs_from, mesh_of_edges, stage_times
+    from alpa_comm.train.measure import costs_from, stage_times
 
     times = stage_times(_v_records(DUR), 2, busy=False)
     assert times["F"] == pytest.approx([DUR[(0, "F")] + DUR[(3, "F")], DUR[(1, "F")] + DUR[(2, "F")]])
-    costs = costs_from(times, {"F:2->3": 0.4, "B:3->2": 0.1}, 2, mesh=mesh_of_edges(generate("zb-v", 2, 4)))
+    costs = costs_from(times, {"F:2->3": 0.4, "B:3->2": 0.1}, 2, model_stage_meshes(generate("zb-v", 2, 4)))
     assert costs.t_comm == [0.0, 0.4]   # model stage 2 sits on mesh 1 in a V
     assert costs.t_comm_b == [0.1, 0.0]  # model stage 3 on mesh 0
 

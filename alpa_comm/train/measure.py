@@ -13,7 +13,9 @@ from __future__ import annotations
 import random
 from collections import defaultdict
 from statistics import mean, median
+from typing import Sequence
 
+from ..pipeline.edges import model_stage_meshes
 from ..pipeline.ir import Schedule
 from ..pipeline.simulate import Costs, simulate_schedule
 
@@ -66,21 +68,14 @@ def stage_times(steps: list[list[dict]], num_stages: int, busy: bool = True) -> 
                    for s in range(num_stages)] for kind in kinds}
 
 
-def mesh_of_edges(schedule: Schedule):
-    """``mesh(v)``: the stage holding model stage ``v`` in ``schedule``, to read the
-    edge names ``DistributedPipeline.time_edges`` gives (by model stage) as
-    ``costs_from`` needs them (by stage)."""
-    return lambda v: schedule.place(v)[0]
-
-
 def costs_from(times: dict[str, list[float]], edge_seconds: dict[str, float], num_stages: int,
-               mesh=None) -> Costs:
+               mesh_of: Sequence[int] | None = None) -> Costs:
     """Simulator costs: measured compute per stage and each stage's outgoing edge
     time (the slowest of its forward edges and of its backward edges). Where both the
     whole backward and its halves were measured (two runs), each keeps its own time:
     a split costs more than ``B`` (two programs). Edges are named by model stage;
-    ``mesh(v)`` gives the stage that sends for model stage ``v`` (default: the same
-    number, one chunk per stage; over virtual stages ``mesh_of_edges(schedule)``)."""
+    ``mesh_of[v]`` is the stage that sends for model stage ``v`` (default: the same
+    number, one chunk per stage; over virtual stages ``edges.model_stage_meshes``)."""
     f = times.get("F", [0.0] * num_stages)
     if "B" in times:
         b = times["B"]
@@ -92,7 +87,7 @@ def costs_from(times: dict[str, list[float]], edge_seconds: dict[str, float], nu
     for name, sec in edge_seconds.items():
         direction, pair = name.split(":")
         src = int(pair.split("->")[0])
-        src = src if mesh is None else mesh(src)
+        src = src if mesh_of is None else mesh_of[src]
         comm[direction][src] = max(comm[direction][src], sec)
     return Costs(t_fwd=f, t_bwd=b, t_comm=comm["F"], t_bi=bi, t_bw=bw, t_comm_b=comm["B"])
 
@@ -148,17 +143,18 @@ def predict(schedule: Schedule, steps: list[list[dict]], edge_seconds: dict[str,
         raise ValueError(f"the records hold {measured} model stages; schedule {schedule.name!r} has "
                          f"{schedule.num_virtual_stages}: they do not come from a run over the same model cut "
                          f"or from a one-chunk run")
-    costs = costs_from(stage_times(steps, S), edge_seconds, S, mesh=mesh_of_edges(schedule) if own else None)
+    costs = costs_from(stage_times(steps, S), edge_seconds, S, model_stage_meshes(schedule) if own else None)
     rng = random.Random(seed)
     share = 1.0 if own else 1.0 / C  # from a one-chunk run a chunk is 1/C of the stage measured whole
 
     def where(stage: int, chunk: int) -> int:
         return schedule.virtual_stage(stage, chunk) if own else stage
 
-    missing = sorted({(where(i, a.chunk), a.kind.name) for i, acts in enumerate(schedule.stages) for a in acts
-                      if a.is_compute and (where(i, a.chunk), a.kind.name) not in samples
-                      and not (a.kind.name == "B" and (where(i, a.chunk), "BI") in samples
-                               and (where(i, a.chunk), "BW") in samples)})
+    def measured(v: int, kind: str) -> bool:  # a whole backward measured only split counts
+        return (v, kind) in samples or (kind == "B" and (v, "BI") in samples and (v, "BW") in samples)
+
+    missing = sorted({(v, a.kind.name) for i, acts in enumerate(schedule.stages) for a in acts if a.is_compute
+                      for v in [where(i, a.chunk)] if not measured(v, a.kind.name)})
     if missing:
         raise ValueError(f"no measured duration for (model stage, kind) {missing[:4]}: the records do not come from "
                          f"a run of this schedule")
