@@ -9,25 +9,26 @@ the same eager-1F1B, ZB-H1 and ZB-V with ``signal`` (one byte per transfer: the
 no-communication bound is the fastest of them in each repeat); and whatever
 ``--schedule auto`` picks. Per model:
 
-1. **Calibration**: eager-1F1B with split backward, broadcast; its measured
-   stage and edge times choose the weight-gradient delay (``auto_backward``:
-   the least delay per stage that shortens the iteration, or an unsplit backward
-   where no delay does) and
-   give the regime: per stage, XLA's forward flop count over the measured
-   forward time against the host's matmul rate under the same cap
-   (``arith_fraction``), per edge its transfer time alone over the sending
-   stage's forward (``transfer_over_forward``).
-2. **Auto**: what ``alpa-comm train --schedule auto`` does, on the same cluster:
-   its own calibration runs (``trainer.calibrate``), then every family ranked
+1. **Auto and calibration**: what ``alpa-comm train --schedule auto`` does, on the
+   same cluster: its calibration runs (``trainer.calibrate``: eager-1F1B split and
+   whole, interleaved 1F1B x2, ZB-V), then every family ranked
    (``trainer.choose_schedule``). Its pick is measured as the configuration that
-   runs the same schedule, or as a configuration added for it.
-3. **Interleaved repeats**: the configurations one after another (A B C ... A B
+   runs the same schedule, or as a configuration added for it. Its first run
+   (eager-1F1B split, broadcast) also chooses the weight-gradient delay of the
+   eager-1F1B configurations (``auto_backward``: the least delay per stage that
+   shortens the iteration, or an unsplit backward where no delay does) and gives
+   the regime: per stage, XLA's forward flop count over the measured forward time
+   against the host's matmul rate under the same cap (``arith_fraction``), per
+   edge its transfer time alone over the sending stage's forward
+   (``transfer_over_forward``). Every calibration run's records are saved
+   (``calibration_<model>.json``) so the predictor can be checked offline.
+2. **Interleaved repeats**: the configurations one after another (A B C ... A B
    C ...), each set up afresh, warmed up, then timed for ``--steps`` iterations;
    the whole set ``--repeats`` times, so slow drift of the machine spreads over
    every configuration instead of landing on one. Speed-ups and auto's share of
    the fastest configuration are paired within a repeat; the median and the
    min-max across repeats are reported.
-4. **Prediction**: every (configuration, repeat) is simulated from its own
+3. **Prediction**: every (configuration, repeat) is simulated from its own
    measured action durations and edge times (``train.measure.predict``: shared
    NICs, durations drawn from the measured spread) beside the plain simulation
    from median durations.
@@ -35,7 +36,7 @@ no-communication bound is the fastest of them in each repeat); and whatever
     sudo .venv/bin/python benchmarks/train_pipeline.py --steps 3 --repeats 2   # ~70 min on a slow day
 
 Writes results.md / results.json (one row per model, configuration and repeat),
-speedup.png, memory.png and Chrome traces of the baseline and of auto's pick.
+speedup.png, memory.png, calibration_<model>.json and Chrome traces of the baseline and of auto's pick.
 """
 from __future__ import annotations
 
@@ -58,7 +59,8 @@ from alpa_comm.report.trace import write_chrome_trace
 from alpa_comm.train.data import synthetic
 from alpa_comm.train.distributed import DistributedPipeline, PipelineCluster, abstract_model
 from alpa_comm.train.measure import costs_from, iteration_seconds, predict, stage_times, transfer_overlap
-from alpa_comm.train.trainer import TrainConfig, calibrate as train_calibrate, choose_schedule, data_stream
+from alpa_comm.train.trainer import (TrainConfig, calibrate as train_calibrate, calibration_from, choose_schedule,
+                                    data_stream, rank_schedules)
 
 S = 4
 # label -> (schedule kind, split backward, delay ("auto": chosen by calibration), strategy, chunks per stage)
@@ -98,18 +100,15 @@ def run_config(cluster, model_name, kw, M, rows, sched, strategy, warmup, steps)
     return {"pipe": pipe, "records": records, "edge_s": pipe.time_edges(repeats=3)}
 
 
-def calibrate(cluster, model_name, kw, M, rows, args) -> dict:
-    """Delay and regime from eager-1F1B (split backward, broadcast)."""
-    sched = schedule_for(model_name, kw, M, "eager-1f1b", True, None)
-    run = run_config(cluster, model_name, kw, M, rows, sched, "broadcast", args.warmup, 3)
+def regime_of(run: dict, pipe, M: int) -> dict:
+    """Delay and regime from auto's eager-1F1B calibration run (split backward, broadcast)."""
     times = stage_times(run["records"], S)
     raw = stage_times(run["records"], S, busy=False)
     # delays where a delay helps; None where none does (the backward then stays whole)
     delay = auto_backward("eager-1f1b", S, M, costs_from(times, run["edge_s"], S))
-    regime = run["pipe"].regime()
     fwd = raw["F"]
     stages = []
-    for r in sorted(regime, key=lambda r: r["stage"]):
+    for r in sorted(pipe.regime(), key=lambda r: r["stage"]):
         s = r["stage"]
         achieved = r["forward_flops"] / fwd[s] if fwd[s] else 0.0
         stages.append({"stage": s, "forward_flops": r["forward_flops"], "forward_seconds": fwd[s],
@@ -123,21 +122,80 @@ def calibrate(cluster, model_name, kw, M, rows, args) -> dict:
 def choose_auto(cluster, model_name, kw, M, rows) -> dict:
     """What ``alpa-comm train --schedule auto`` does on this cluster: its own calibration
     (``trainer.calibrate``), then every family ranked by the predictor over those
-    measurements (``trainer.choose_schedule``). Returns the pick and the ranking."""
+    measurements (``trainer.choose_schedule``). Returns the pick, the ranking, every
+    calibration run (saved, so the predictor can be checked offline) and the regime
+    read from its first run (eager-1F1B, split: the run that also picks the delay)."""
+    cfg = auto_config(model_name, kw, M, rows)
+    runs, regime = [], {}
+
+    def on_run(run, pipe):
+        runs.append(run)
+        if not regime:
+            regime.update(regime_of(run, pipe, M))
+
+    model = abstract_model(model_name, S, cfg.model_kwargs())
+    cal = train_calibrate(cfg, cluster, model, data_stream(cfg), log=sys.stderr, model_for=_model_for(cfg),
+                          on_run=on_run)
+    pick, ranking = rank_auto(cfg, cal)
+    log(ranking.rstrip())
+    return {"label": pick.candidate.label, "schedule": pick.schedule, "predicted_seconds": pick.predicted_s,
+            "ranking": ranking, "runs": runs, "regime": regime}
+
+
+def auto_config(model_name, kw, M, rows) -> TrainConfig:
+    """The ``alpa-comm train --schedule auto`` configuration the benchmark's sizes make."""
+    return TrainConfig(model=model_name, stages=S, layers=kw["layers"], width=kw["d"], heads=kw["heads"],
+                       seq=kw["seq"], microbatches=M, microbatch_size=rows, strategy="broadcast", cluster="emulated",
+                       optimizer="sgd", lr=0.01, data="synthetic", schedule="auto")
+
+
+def _model_for(cfg: TrainConfig):
+    return lambda n: abstract_model(cfg.model, n, cfg.model_kwargs())
+
+
+def rank_auto(cfg: TrainConfig, cal):
+    """``choose_schedule`` over a calibration: the pick and the ranking table as text."""
     import io  # noqa: PLC0415
 
-    cfg = TrainConfig(model=model_name, stages=S, layers=kw["layers"], width=kw["d"], heads=kw["heads"],
-                      seq=kw["seq"], microbatches=M, microbatch_size=rows, strategy="broadcast", cluster="emulated",
-                      optimizer="sgd", lr=0.01, data="synthetic", schedule="auto")
-    model = abstract_model(model_name, S, cfg.model_kwargs())
-    def model_for(n):
-        return abstract_model(model_name, n, cfg.model_kwargs())
-    cal = train_calibrate(cfg, cluster, model, data_stream(cfg), log=sys.stderr, model_for=model_for)
     ranking = io.StringIO()
-    pick = choose_schedule(cfg, model, cal.costs, cal.predict, ranking, cal.wgrad_fraction, model_for=model_for)
-    log(ranking.getvalue().rstrip())
-    return {"label": pick.candidate.label, "schedule": pick.schedule, "predicted_seconds": pick.predicted_s,
-            "ranking": ranking.getvalue()}
+    model = abstract_model(cfg.model, S, cfg.model_kwargs())
+    pick = choose_schedule(cfg, model, cal.costs, cal.predict, ranking, cal.wgrad_fraction,
+                           model_for=_model_for(cfg))
+    return pick, ranking.getvalue()
+
+
+def rerank(saved: dict, out: Path) -> None:
+    """``--rerank``: auto's ranking again from the saved calibration runs with today's
+    predictor (``trainer.calibration_from``), beside each candidate's measured median
+    where a configuration ran its schedule; no cluster."""
+    a = saved["args"]
+    for model_name, info in saved["models"].items():
+        path = out / f"calibration_{model_name}.json"
+        if not path.exists():
+            log(f"{model_name}: no {path} (a run before calibration records were saved); skipped")
+            continue
+        cfg = auto_config(model_name, info["model_kwargs"], a["microbatches"], a["rows"])
+        cal = calibration_from(json.loads(path.read_text()), cfg)
+        cands = rank_schedules(cfg, abstract_model(cfg.model, S, cfg.model_kwargs()), cal.costs, cal.predict,
+                               cal.wgrad_fraction, _model_for(cfg))
+        pick = cands[0]
+        summ = summarize(saved, model_name)
+        by_text = {}
+        for label, (sched, strategy) in configurations(model_name, info["model_kwargs"], a["microbatches"],
+                                                       info["delay"], {"schedule": pick.schedule,
+                                                                       "label": pick.candidate.label})[0].items():
+            if strategy == "broadcast" and label in summ:
+                by_text.setdefault(sched.to_text(), label)
+        fastest = min(s["iteration_seconds"] for l, s in summ.items() if l not in SIGNAL)
+        rows = []
+        for r in cands:
+            label = by_text.get(r.schedule.to_text())
+            got = summ[label]["iteration_seconds"] if label else None
+            rows.append([r.candidate.label, f"{r.predicted_s:.3f}", f"{got:.3f}" if got else "-",
+                         f"{fastest / got:.3f}" if got else "-"])
+        print(f"\n## {model_name}: ranking from the saved calibration (today's predictor), pick "
+              f"{pick.candidate.label}\n")
+        print(table(["candidate", "predicted s", "measured s (median)", "measured, of fastest"], rows))
 
 
 def configurations(model_name, kw, M, delay, auto) -> tuple[dict, str]:
@@ -221,6 +279,9 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=5, help="timed steps per configuration and repeat")
     p.add_argument("--repeats", type=int, default=3, help="times the whole interleaved set runs")
     p.add_argument("--render", action="store_true", help="only rewrite results.md and the PNGs from results.json")
+    p.add_argument("--rerank", action="store_true",
+                   help="only rank auto's candidates again from the saved calibration_<model>.json with today's "
+                        "predictor, beside the measured medians in results.json (no cluster)")
     args = p.parse_args(argv)
     for name in ("devices_per_host", "microbatches", "rows", "seq", "width", "ut_layers", "gpt_layers", "steps",
                  "repeats"):
@@ -237,6 +298,9 @@ def main(argv=None) -> int:
                     f"the model into {2 * S} stages; give at least {2 * S} layers")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.rerank:
+        rerank(json.loads((out / "results.json").read_text()), out)
+        return 0
     if args.render:
         saved = json.loads((out / "results.json").read_text())
         for k, v in saved["args"].items():
@@ -252,13 +316,14 @@ def main(argv=None) -> int:
         for model_name in args.models.split(","):
             layers = args.ut_layers if model_name == "utransformer" else args.gpt_layers
             kw = {"layers": layers, "d": args.width, "heads": 4, "seq": args.seq}
-            log(f"[{time.monotonic() - t_start:6.0f} s] {model_name}: calibrating (eager-1f1b split, broadcast)")
-            cal = calibrate(cluster, model_name, kw, args.microbatches, args.rows, args)
+            log(f"[{time.monotonic() - t_start:6.0f} s] {model_name}: --schedule auto (its calibration runs also "
+                f"give the delay and the regime)")
+            auto = choose_auto(cluster, model_name, kw, args.microbatches, args.rows)
+            cal = auto["regime"]
             fractions = ", ".join(f"{s['arith_fraction']:.2f}" for s in cal["stages"])
             ratios = ", ".join(f"{k} {e['over_forward']:.2f}" for k, e in cal["edges"].items())
             log(f"    delay {cal['delay']}; arith fraction {fractions}; transfer/forward {ratios}")
-            log(f"[{time.monotonic() - t_start:6.0f} s] {model_name}: --schedule auto (its own calibration)")
-            auto = choose_auto(cluster, model_name, kw, args.microbatches, args.rows)
+            (out / f"calibration_{model_name}.json").write_text(json.dumps(auto["runs"]))
             configs, auto_config = configurations(model_name, kw, args.microbatches, cal["delay"], auto)
             log(f"    auto picked {auto['label']}: measured as {auto_config}")
             rows, last = measure(cluster, model_name, kw, args.microbatches, args.rows, configs, args, t_start)

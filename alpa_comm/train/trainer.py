@@ -142,11 +142,29 @@ def build_schedule(cfg: TrainConfig, model, costs: Costs = DEFAULT_COSTS, log=No
 
 def choose_schedule(cfg: TrainConfig, model, costs: Costs, predict=None, log=None, wgrad_fraction: float = 0.5,
                     model_for=None):
-    """``--schedule auto``: every family the trainer runs, with the model's skip edges,
-    validated, predicted (``predict(schedule)``, default: the simulator with ``costs``)
-    and ranked; prints the ranking to ``log`` (a stream; None: silent) and returns the
-    pick (``auto_schedule.Ranked``), or raises naming the least peak when nothing fits
-    ``cfg.memory_cap``.
+    """``--schedule auto``: every family the trainer runs, ranked (``rank_schedules``);
+    prints the ranking to ``log`` (a stream; None: silent) and returns the pick
+    (``auto_schedule.Ranked``), or raises naming the least peak when nothing fits
+    ``cfg.memory_cap``."""
+    from ..pipeline import auto_schedule  # noqa: PLC0415
+    from ..report.tables import table  # noqa: PLC0415
+
+    ranked = rank_schedules(cfg, model, costs, predict, wgrad_fraction, model_for)
+    if log:
+        print("--schedule auto (predicted iteration time, peak live activations of the fullest stage in "
+              "microbatches):", file=log)
+        print(table(auto_schedule.HEADERS, auto_schedule.table_rows(ranked)), file=log)
+    pick = auto_schedule.choose(ranked)  # after the table, so a cap nothing fits shows every peak
+    if log:
+        print(f"picked {pick.candidate.label}", file=log, flush=True)
+    return pick
+
+
+def rank_schedules(cfg: TrainConfig, model, costs: Costs, predict=None, wgrad_fraction: float = 0.5,
+                   model_for=None) -> list:
+    """Every family the trainer runs, with the model's skip edges, validated, predicted
+    (``predict(schedule)``, default: the simulator with ``costs``) and ranked
+    (``auto_schedule.rank``).
 
     ``model_for(num_model_stages)``: the model cut into that many stages (its skips only
     are read), for a runner that holds several model chunks per stage (the distributed
@@ -154,7 +172,6 @@ def choose_schedule(cfg: TrainConfig, model, costs: Costs, predict=None, log=Non
     of the model built with one stage per chunk, where that model can be built (enough
     layers for every chunk). Without it only the one-chunk families are."""
     from ..pipeline import auto_schedule, simulate_schedule  # noqa: PLC0415
-    from ..report.tables import table  # noqa: PLC0415
 
     if predict is None:
         def predict(s):
@@ -169,16 +186,8 @@ def choose_schedule(cfg: TrainConfig, model, costs: Costs, predict=None, log=Non
     cands = auto_schedule.candidates(cfg.stages, cfg.microbatches, costs, virtual=model_for is not None)
     if model_for is not None:  # a virtual-stage candidate only where its model can be built
         cands = [c for c in cands if skips(_model_stages(c, cfg)) is not None]
-    ranked = auto_schedule.rank(cands, cfg.stages, cfg.microbatches, predict, runnable=runnable,
-                                memory_cap=cfg.memory_cap, wgrad_fraction=wgrad_fraction)
-    if log:
-        print("--schedule auto (predicted iteration time, peak live activations of the fullest stage in "
-              "microbatches):", file=log)
-        print(table(auto_schedule.HEADERS, auto_schedule.table_rows(ranked)), file=log)
-    pick = auto_schedule.choose(ranked)  # after the table, so a cap nothing fits shows every peak
-    if log:
-        print(f"picked {pick.candidate.label}", file=log, flush=True)
-    return pick
+    return auto_schedule.rank(cands, cfg.stages, cfg.microbatches, predict, runnable=runnable,
+                              memory_cap=cfg.memory_cap, wgrad_fraction=wgrad_fraction)
 
 
 def _model_stages(candidate, cfg: TrainConfig) -> int:
@@ -204,25 +213,31 @@ def _skips_by_size(model, model_for):
     return skips
 
 
-def calibrate(cfg: TrainConfig, cluster, model, data, log=None, model_for=None) -> Calibration:
+def calibrate(cfg: TrainConfig, cluster, model, data, log=None, model_for=None, on_run=None) -> Calibration:
     """Run ``CALIBRATION`` on ``cluster`` (backward split, then whole) and return what
     ``--schedule auto`` ranks with: costs, a predictor over the measured durations and
     edge times, and the measured weight-gradient share of the activation state. With
     ``model_for`` (see ``choose_schedule``) and a model that can be cut into two stages
-    per stage, also ``VIRTUAL_CALIBRATION``: virtual-stage schedules are then predicted
-    from their own model cut's durations and from the edges of their own placement."""
+    per stage, also ``VIRTUAL_CALIBRATION``: a virtual-stage schedule is then predicted
+    from the run with its own placement (loop or V), since an action's time depends on
+    the transfers its host serves meanwhile (the loop run sends every skip over the
+    network, a V keeps the U-Transformer's inside a mesh); a whole backward that run
+    did not measure is drawn as its halves, scaled as the one-chunk runs measured B
+    against BI + BW (``measure.whole_over_split``).
+
+    ``on_run(run, pipe)``, if given, sees each calibration run as it ends: ``run`` holds
+    ``kind``, ``split``, ``chunks``, ``placement``, ``model_stages``, ``records`` (per
+    timed step, the hosts' records) and ``edge_s`` (edge times, empty where not
+    timed); e.g. to save them (``calibration_from`` reads them back), or to read the
+    pipeline's regime without a run of its own."""
     from .distributed import DistributedPipeline  # noqa: PLC0415
-    from .measure import costs_from, predict, stage_times  # noqa: PLC0415
 
     kind, steps = CALIBRATION
     runs = [(kind, split, None) for split in (True, False)]
     skips = _skips_by_size(model, model_for)
     if model_for is not None and skips(2 * cfg.stages) is not None:
         runs += [r for r in VIRTUAL_CALIBRATION if _runs_at(r[0], r[2], cfg.stages, cfg.microbatches)]
-    records: list = []
-    edge_s: dict = {}
-    virtual_records: list = []
-    virtual_edges: dict[str, dict] = {}  # placement -> edge times
+    done = []
     for kind, split, chunks in runs:
         sched = generate(kind, cfg.stages, cfg.microbatches, split_backward=split, chunks=chunks)
         sched = with_skips(sched, skips(sched.num_virtual_stages))
@@ -234,21 +249,35 @@ def calibrate(cfg: TrainConfig, cluster, model, data, log=None, model_for=None) 
                                    optimizer=cfg.optimizer, lr=cfg.lr)
         pipe.step(next(data))
         got = [pipe.step(next(data)).per_host for _ in range(steps)]
-        if sched.virtual:
-            virtual_records += got
-            virtual_edges[sched.placement] = pipe.time_edges(repeats=3)
-            continue
-        records += got
-        if split:
-            edge_s = pipe.time_edges(repeats=3)
+        times = pipe.time_edges(repeats=3) if sched.virtual or split else {}
+        done.append({"kind": kind, "split": split, "chunks": chunks, "records": got, "edge_s": times,
+                     "placement": sched.placement, "model_stages": sched.num_virtual_stages})
+        if on_run is not None:
+            on_run(done[-1], pipe)
+    return calibration_from(done, cfg)
+
+
+def calibration_from(runs: list[dict], cfg: TrainConfig) -> Calibration:
+    """``calibrate``'s result from its runs (as ``on_run`` sees them; e.g. saved by a
+    benchmark and read back, to check the predictor offline): costs and the weight
+    share from the one-chunk runs, and a predictor that takes each virtual-stage
+    schedule's durations from the run with its placement over its model cut."""
+    from .measure import costs_from, predict, stage_times, whole_over_split  # noqa: PLC0415
+
+    one_chunk = [r for r in runs if r["model_stages"] == cfg.stages]
+    records = [step for r in one_chunk for step in r["records"]]
+    edge_s = next((r["edge_s"] for r in one_chunk if r["split"]), {})
+    virtual = {r["placement"]: r for r in runs if r["model_stages"] != cfg.stages}
     costs = costs_from(stage_times(records, cfg.stages), edge_s, cfg.stages)
     kept = [rec["state_bytes"]["BI"] / rec["state_bytes"]["F"] for rec in records[0]
             if rec.get("state_bytes", {}).get("F") and "BI" in rec["state_bytes"]]
     signal = cfg.strategy == "signal"
+    ratio = whole_over_split(records, cfg.stages)
 
     def predict_measured(s: Schedule) -> float:
-        if s.virtual and s.placement in virtual_edges and s.num_virtual_stages == 2 * cfg.stages:
-            return predict(s, virtual_records, virtual_edges[s.placement], signal=signal)
+        own = virtual.get(s.placement) if s.virtual else None
+        if own is not None and own["model_stages"] == s.num_virtual_stages:
+            return predict(s, own["records"], own["edge_s"], signal=signal, whole_over_split=ratio)
         return predict(s, records, edge_s, signal=signal)
     return Calibration(costs, predict_measured, max(kept, default=0.5))
 
