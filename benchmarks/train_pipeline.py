@@ -97,7 +97,7 @@ def run_config(cluster, model_name, kw, M, rows, sched, strategy, warmup, steps)
     for _ in range(warmup):
         pipe.step(next(data))
     records = [pipe.step(next(data)).per_host for _ in range(steps)]
-    return {"pipe": pipe, "records": records, "edge_s": pipe.time_edges(repeats=3)}
+    return {"pipe": pipe, "records": records, "edge_s": pipe.time_edges(repeats=3), "link_s": pipe.link_seconds()}
 
 
 def regime_of(run: dict, pipe, M: int) -> dict:
@@ -234,6 +234,7 @@ def measure(cluster, model_name, kw, M, rows, configs, args, t_start) -> tuple[l
                    "transfer_overlap": [median(transfer_overlap(rec) for r in recs for rec in r if rec["stage"] == s)
                                         for s in range(S)],
                    "stage_seconds": stage_times(recs, S, busy=False), "edge_seconds": run["edge_s"],
+                   "link_seconds": run["link_s"],
                    "schedule": sched.name, "strategy": strategy}
             rows_out.append(row)
             log(f"    iteration {row['iteration_seconds']:.3f} s (simulated {row['simulated_seconds']:.3f} s)")
@@ -359,12 +360,37 @@ def summarize(saved: dict, model_name: str) -> dict:
         hidden = [median(by[(label, k)].get("transfer_overlap", [1.0] * S)[s] for k in repeats) for s in range(S)]
         best = [min(by[(c, k)]["iteration_seconds"] for c in dict.fromkeys(r["config"] for r in rows)
                     if c not in SIGNAL) for k in repeats]
+        link = by[(label, repeats[0])].get("link_seconds")
+        if link is None:  # a run from before rows kept it: plan the configuration again, offline
+            link = offline_link_seconds(saved, model_name, label)
+        cpu = [max(by[(label, k)]["cpu_seconds"]) / saved["args"]["host_cpus"] for k in repeats]
+        phys = [max(b, link or 0.0) / by[(label, k)]["iteration_seconds"] for b, k in zip(bound, repeats)]
         out[label] = {"of_best": median(b / i for b, i in zip(best, it)), "iteration_seconds": median(it),
+                      "link_seconds": link, "cpu_floor_seconds": median(cpu), "of_physical": median(phys),
                       "transfer_overlap": hidden, "iteration_range": [min(it), max(it)],
                       "speedup": median(speed), "speedup_range": [min(speed), max(speed)],
                       "of_signal": median(frac), "of_signal_range": [min(frac), max(frac)],
                       "sim_error": max(err, key=abs), "sim_error_medians": max(err0, key=abs)}
     return out
+
+
+def offline_link_seconds(saved: dict, model_name: str, label: str) -> float | None:
+    """``link_seconds`` of a configuration of ``CONFIGS`` planned again without a cluster
+    (the bytes depend on the placement and the edges, not on delays or splits); None
+    for one added for auto."""
+    if label not in CONFIGS:
+        return None
+    from alpa_comm.runtime.emulated.netns import rate_gbps  # noqa: PLC0415
+    from alpa_comm.runtime.launch import EMULATED_LATENCY_S  # noqa: PLC0415
+    from alpa_comm.topology import ClusterSpec  # noqa: PLC0415
+    from alpa_comm.train.distributed import plan_pipeline  # noqa: PLC0415
+
+    a, kw = saved["args"], saved["models"][model_name]["model_kwargs"]
+    kind, _, _, strategy, chunks = CONFIGS[label]
+    spec = ClusterSpec(num_hosts=S, devices_per_host=a["devices_per_host"], nic_send_gbps=rate_gbps(a["nic"]),
+                       latency_s=EMULATED_LATENCY_S)
+    sched = schedule_for(model_name, kw, a["microbatches"], kind, False, None, chunks)
+    return plan_pipeline(model_name, kw, sched, a["rows"], 1, spec, strategy).link_seconds(spec)
 
 
 def write_outputs(saved: dict, args, out: Path) -> None:
@@ -394,16 +420,22 @@ def write_outputs(saved: dict, args, out: Path) -> None:
                         [[k, f"{e['seconds']:.3f}", f"{e['over_forward']:.2f}"] for k, e in info["regime_edges"].items()]))
         md.append("")
         md.append(table(["configuration", "iteration s", "vs 1f1b+alpa", "of fastest", "of signal bound",
-                         "simulated error",
+                         "link bound s", "of physical bound", "host CPU s / cap", "simulated error",
                          "error, median-duration sim", "sending time hidden by compute, per stage"],
                         [[label, f"{s['iteration_seconds']:.3f} [{s['iteration_range'][0]:.3f}-"
                                  f"{s['iteration_range'][1]:.3f}]",
                           f"{s['speedup']:.2f}x [{s['speedup_range'][0]:.2f}-{s['speedup_range'][1]:.2f}]",
                           "-" if label in SIGNAL else f"{s['of_best']:.3f}",
                           f"{s['of_signal']:.2f} [{s['of_signal_range'][0]:.2f}-{s['of_signal_range'][1]:.2f}]",
+                          "-" if s["link_seconds"] is None else f"{s['link_seconds']:.2f}", f"{s['of_physical']:.2f}",
+                          f"{s['cpu_floor_seconds']:.2f}",
                           f"{s['sim_error']:+.0%}", f"{s['sim_error_medians']:+.0%}",
                           " ".join(f"{h:.2f}" for h in s["transfer_overlap"])] for label, s in summ.items()]))
-        md.append("\n(simulated error: the worst over repeats of (simulated - measured) / measured.)\n")
+        md.append("\n(simulated error: the worst over repeats of (simulated - measured) / measured. Link bound: the "
+                  "least time a step's transfers hold the busiest NIC, bytes over rate (`DistributedPipeline."
+                  "link_seconds`); physical bound: the larger of it and the signal bound, per repeat. Host CPU s / "
+                  "cap: the busiest host's CPU seconds per step (compute, transport threads, runtime) over its "
+                  "core cap: the least wall time that host's work takes under the cap.)\n")
         mem = info["peak_memory"]
         md.append("Peak live activation MiB per stage, measured / memory model (last repeat):\n")
         md.append(table(["configuration"] + [f"stage {s}" for s in range(S)],

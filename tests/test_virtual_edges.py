@@ -235,3 +235,39 @@ def test_a_measured_trace_names_the_model_stage_of_a_chunk():
     trace = chrome_trace(_v_records(DUR))
     names = {e["name"] for e in trace["traceEvents"] if e["ph"] == "X"}
     assert {"F0", "F0 (model stage 3)", "BI0 (model stage 2)"} <= names and "F0 (model stage 0)" not in names
+
+
+def test_the_link_bound_is_the_busiest_nic_s_bytes_over_its_rate_times_the_microbatches():
+    """One host sends a 1 MB array to two others: its NIC pushes 1 MB per microbatch once
+    (broadcast: the second receiver is fed by the first) or twice (send/recv); each
+    receiver's NIC takes 1 MB in. At 8 Gbit/s (1e9 B/s) and 5 microbatches: 5 ms or 10 ms."""
+    from alpa_comm.pipeline.edges import link_seconds
+    from alpa_comm.resharding import plan_resharding
+    from alpa_comm.topology import ClusterSpec
+
+    spec = ClusterSpec(num_hosts=3, devices_per_host=1, nic_send_gbps=8.0)
+    bcast = plan_resharding((250_000,), "float32", "1x1@0", "R", "2x1@1,2", "R", cluster=spec, strategy="broadcast")
+    sendrecv = plan_resharding((250_000,), "float32", "1x1@0", "R", "2x1@1,2", "R", cluster=spec, strategy="send_recv")
+    assert link_seconds([bcast], spec, 5) == pytest.approx(5e-3)
+    assert link_seconds([sendrecv], spec, 5) == pytest.approx(10e-3)
+    assert link_seconds([], spec, 5) == 0.0
+
+
+def test_a_v_keeps_the_u_transformer_s_skips_off_the_links():
+    """Planned offline (``plan_pipeline``): over the same 4-stage cut into 8 model stages,
+    the loop placement sends every skip over a NIC, the V none, so its busiest NIC moves
+    fewer bytes; GPT (no skips) moves the same in both."""
+    from alpa_comm.models import build_model
+    from alpa_comm.pipeline.edges import with_skips
+    from alpa_comm.topology import ClusterSpec
+    from alpa_comm.train.distributed import plan_pipeline
+
+    kw = {"layers": 8, "d": 16, "heads": 2, "seq": 8}
+    spec = ClusterSpec(num_hosts=4, devices_per_host=2, nic_send_gbps=1.0)
+
+    def link(model, kind, chunks=None):
+        s = generate(kind, 4, 8, chunks=chunks)
+        s = with_skips(s, build_model(model, s.num_virtual_stages, **kw).skips)
+        return plan_pipeline(model, kw, s, 4, 1, spec, "broadcast").link_seconds(spec)
+    assert link("utransformer", "zb-v") < link("utransformer", "interleaved-1f1b", 2)
+    assert link("gpt", "zb-v") == pytest.approx(link("gpt", "interleaved-1f1b", 2))

@@ -23,8 +23,9 @@ one mesh are local hand-offs (``split_edges``, ``local_producers``).
 """
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from ..mesh import DeviceMesh
 from ..resharding import plan_resharding
@@ -180,6 +181,25 @@ def edge_plans(edges: list[Edge], shapes: dict[tuple[int, str], tuple[int, ...]]
                                            strategy=strategy, loadbalance=loadbalance))
         plans[e] = per_key
     return plans
+
+
+def link_seconds(plans: Iterable[ReshardingPlan], cluster: ClusterSpec, num_microbatches: int) -> float:
+    """The least time one step's transfers hold the busiest NIC: per host, the bytes the
+    edge plans (one microbatch each) send and receive through it, times the
+    microbatches, over its rate; the most over hosts and directions. However well
+    compute hides them, a step is no shorter; with the compute-only (``signal``) time
+    it gives the physical bound of a pipeline on a cluster."""
+    sent: dict[int, int] = defaultdict(int)
+    recv: dict[int, int] = defaultdict(int)
+    for plan in plans:
+        s, r = plan.network_bytes()
+        for h, n in s.items():
+            sent[h] += n
+        for h, n in r.items():
+            recv[h] += n
+    times = ([n / cluster.send_rate(h) for h, n in sent.items()]
+             + [n / cluster.recv_rate(h) for h, n in recv.items()])
+    return num_microbatches * max(times, default=0.0)
 
 
 def with_skips(schedule: Schedule, skips: Sequence[tuple[int, int]]) -> Schedule:

@@ -27,12 +27,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import InvalidOptionError
-from ..pipeline.edges import (Edge, check_transfers, edge_hosts, edge_plans, model_edges, model_stage_meshes,
-                              split_edges, stage_hosts)
+from ..pipeline.edges import (Edge, check_transfers, edge_hosts, edge_plans, link_seconds, model_edges,
+                              model_stage_meshes, split_edges, stage_hosts)
 from ..pipeline.ir import Schedule, ScheduleError
 from ..resharding.host_job import HostJob
 from ..resharding.strategies import STRATEGIES
 from ..runtime.cluster import Cluster
+from ..topology import ClusterSpec
 from .stage_setup import StageSetup
 from .worker import PipelineWorker
 
@@ -87,6 +88,41 @@ def activation_shapes(model, microbatch_size: int, seq: int) -> tuple[dict[tuple
     return shapes, dtypes.pop()
 
 
+@dataclass
+class PipelinePlan:
+    """What a pipeline plans before any host runs: model stage -> mesh, the abstract
+    model, activation shapes and dtype, the edges between meshes, their plans (one
+    microbatch each) and how many microbatches a step moves."""
+
+    mesh_of: list[int]
+    model: object
+    shapes: dict
+    dtype: str
+    edges: list[Edge]
+    plans: dict
+    num_microbatches: int
+
+    def link_seconds(self, cluster: ClusterSpec) -> float:
+        """Per step, the least time the busiest NIC needs for these plans (``edges.link_seconds``)."""
+        return link_seconds([p for plans in self.plans.values() for p in plans], cluster, self.num_microbatches)
+
+
+def plan_pipeline(model: str, model_kwargs: dict, schedule: Schedule, microbatch_size: int, dp: int,
+                  cluster: ClusterSpec, strategy: str, loadbalance: str = "auto") -> PipelinePlan:
+    """Plan a pipeline without a cluster (only its spec): what ``DistributedPipeline``
+    sets its hosts up with, and what a benchmark needs to bound a configuration offline."""
+    mesh_of = model_stage_meshes(schedule)  # one model stage per chunk of every stage
+    abstract = abstract_model(model, len(mesh_of), model_kwargs)
+    shapes, dtype = activation_shapes(abstract, microbatch_size, model_kwargs.get("seq", 16))
+    # edges inside one mesh are local hand-offs: only those between meshes are planned
+    edges: list[Edge] = split_edges(model_edges(abstract.consumes), mesh_of)[0]
+    if schedule.virtual:  # a missing skip named now, not as a stage without its inputs mid-step
+        check_transfers(schedule, edges)
+    plans = edge_plans(edges, shapes, dtype, dp, cluster.devices_per_host, cluster, strategy, loadbalance,
+                       mesh_of=mesh_of)
+    return PipelinePlan(mesh_of, abstract, shapes, dtype, edges, plans, schedule.num_microbatches)
+
+
 class DistributedPipeline:
     def __init__(self, cluster: Cluster, model: str, num_stages: int, schedule: Schedule, *, microbatch_size: int,
                  model_kwargs: dict | None = None, dp: int = 1, strategy: str = "broadcast",
@@ -112,16 +148,11 @@ class DistributedPipeline:
         self.num_stages, self.microbatch_size = num_stages, microbatch_size
         self.model_kwargs = dict(model_kwargs or {})
         # one model stage per chunk of every stage; model stage v runs on mesh_of[v]
-        self.mesh_of = model_stage_meshes(schedule)
-        self.model = abstract_model(model, len(self.mesh_of), self.model_kwargs)
-        seq = self.model_kwargs.get("seq", 16)
-        self.shapes, self.dtype = activation_shapes(self.model, microbatch_size, seq)
-        # edges inside one mesh are local hand-offs: only those between meshes are planned
-        self.edges: list[Edge] = split_edges(model_edges(self.model.consumes), self.mesh_of)[0]
-        if schedule.virtual:  # a missing skip named now, not as a stage without its inputs mid-step
-            check_transfers(schedule, self.edges)
-        self.plans = edge_plans(self.edges, self.shapes, self.dtype, dp, k, cluster.spec, strategy, loadbalance,
-                                mesh_of=self.mesh_of)
+        self.planned = plan_pipeline(model, self.model_kwargs, schedule, microbatch_size, dp, cluster.spec,
+                                     strategy, loadbalance)
+        planned = self.planned
+        self.mesh_of, self.model, self.shapes, self.dtype = planned.mesh_of, planned.model, planned.shapes, planned.dtype
+        self.edges, self.plans = planned.edges, planned.plans
         edge_index = {e.name: i for i, e in enumerate(self.edges)}
         edge_keys = {e.name: list(e.keys) for e in self.edges}
         self.hosts = list(range(need))
@@ -193,6 +224,11 @@ class DistributedPipeline:
             h = stage_hosts(s, self.dp)[0]
             out += self.cluster._wait([(self.cluster.workers[h].regime.remote(), h)], "measuring its regime")
         return out
+
+    def link_seconds(self) -> float:
+        """Per step, the least time the busiest NIC of the cluster needs for this pipeline's
+        transfers (bytes over rate): with the compute-only time, the physical bound."""
+        return self.planned.link_seconds(self.cluster.spec)
 
     def time_edges(self, repeats: int = 3) -> dict[str, float]:
         """Each planned edge's transfer alone (median of ``repeats``), in seconds, by edge
