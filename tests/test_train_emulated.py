@@ -171,7 +171,7 @@ def test_train_schedule_auto_can_pick_and_run_a_virtual_schedule(cluster, monkey
     """``alpa-comm train --schedule auto`` on a cluster ranks the virtual-stage schedules
     too (the model cut into 2 stages x 2 chunks), each predicted from the calibration's
     run over that cut with its own placement (loop: interleaved 1F1B, backward whole; V:
-    ZB-V, split, DualPipeV's whole backwards scaled from the halves); a predictor that
+    ZB-V, split, DualPipeV's whole backwards drawn as the halves); a predictor that
     favours them makes one the pick, and the run trains it: the first step's loss is the
     single-device one."""
     import contextlib
@@ -181,13 +181,12 @@ def test_train_schedule_auto_can_pick_and_run_a_virtual_schedule(cluster, monkey
     monkeypatch.setattr(trainer, "CALIBRATION", ("eager-1f1b", 1))  # one timed step per calibration run
     monkeypatch.setattr(trainer, "open_cluster", lambda cfg, log=None: contextlib.nullcontext(cluster))
     real = measure.predict
-    seen = set()  # (placement, model stages, kinds, scaled) of the records each virtual schedule is predicted from
+    seen = set()  # (placement, model stages, kinds) of the records each virtual schedule is predicted from
 
     def favour_virtual(s, records, *a, **k):
         if s.virtual:
             events = [e for per_host in records for rec in per_host for e in rec["events"] if e[0] != "UPDATE"]
-            seen.add((s.placement, 1 + max(e[4] for e in events), frozenset(e[0] for e in events if e[0][0] in "FB"),
-                      k.get("whole_over_split") is not None))
+            seen.add((s.placement, 1 + max(e[4] for e in events), frozenset(e[0] for e in events if e[0][0] in "FB")))
         return real(s, records, *a, **k) * (0.01 if s.virtual else 1.0)
     monkeypatch.setattr(measure, "predict", favour_virtual)
     cfg = trainer.TrainConfig(model="gpt", stages=2, layers=KW["layers"], width=KW["d"], heads=KW["heads"],
@@ -196,7 +195,7 @@ def test_train_schedule_auto_can_pick_and_run_a_virtual_schedule(cluster, monkey
     result = trainer.train(cfg, log=None)
     assert result.schedule.virtual and len(result.losses) == 2
     # from the calibration's own runs over 2 stages x 2 chunks, not halved one-chunk ones, by placement
-    assert seen == {("loop", 4, frozenset({"F", "B"}), True), ("v", 4, frozenset({"F", "BI", "BW"}), True)}
+    assert seen == {("loop", 4, frozenset({"F", "B"})), ("v", 4, frozenset({"F", "BI", "BW"}))}
     first = next(trainer.data_stream(cfg))
     ref_loss, _ = _reference_steps("gpt", 4, [first])
     assert result.losses[0] == pytest.approx(ref_loss[0], rel=1e-5)

@@ -188,28 +188,6 @@ def test_a_prediction_from_a_run_over_the_same_model_cut_draws_each_model_stage_
         assert predict(s, recs, edges) == pytest.approx(want)
 
 
-def test_a_whole_backward_drawn_from_its_halves_is_scaled_as_the_one_chunk_runs_measured_it():
-    """DualPipeV's whole backwards predicted from a ZB-V run (halves only) cost what the
-    one-chunk runs measured a whole backward to cost against its halves, per stage."""
-    from alpa_comm.pipeline import simulate_schedule
-    from alpa_comm.train.measure import costs_from, predict, stage_times, whole_over_split
-
-    one_chunk = [[{"host": s, "stage": s, "events": [("B", 0, 0.0, 1.6 + s, s), ("BI", 0, 2.0, 3.0 + s, s),
-                                                     ("BW", 0, 4.0, 5.0, s)], "transfers": []} for s in range(2)]]
-    ratio = whole_over_split(one_chunk, 2)
-    assert ratio == pytest.approx([0.8, 2.6 / 3.0])
-    assert whole_over_split(_v_records(DUR), 2) is None  # no whole backward measured: nothing to scale by
-    recs, s = _v_records(DUR), generate("dualpipev", 2, 4)
-    costs = costs_from(stage_times(recs, 2), {}, 2, model_stage_meshes(s))
-
-    def own(i, kind, mb, chunk):
-        v = s.virtual_stage(i, chunk)
-        return (DUR[(v, "BI")] + DUR[(v, "BW")]) * ratio[i] if kind == "B" else DUR[(v, kind)]
-    want = simulate_schedule(s, costs, shared_nic=True, action_time=own).iteration_time
-    assert predict(s, recs, {}, whole_over_split=ratio) == pytest.approx(want)
-    assert predict(s, recs, {}, whole_over_split=ratio) < predict(s, recs, {})
-
-
 def test_stage_times_sum_a_stage_s_model_stages_and_edges_read_by_the_mesh_that_sends():
     from alpa_comm.train.measure import costs_from, stage_times
 

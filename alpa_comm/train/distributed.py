@@ -233,6 +233,12 @@ class DistributedPipeline:
     def time_edges(self, repeats: int = 3) -> dict[str, float]:
         """Each planned edge's transfer alone (median of ``repeats``), in seconds, by edge
         name (model stages: with virtual stages not the stages ``measure.costs_from`` reads)."""
+        return {name: got["seconds"] for name, got in self.edge_costs(repeats).items()}
+
+    def edge_costs(self, repeats: int = 3) -> dict[str, dict]:
+        """Each planned edge run alone ``repeats`` times, by edge name: ``seconds`` (first
+        byte posted to last byte in, over its hosts; median), ``cpu_seconds`` (its hosts'
+        CPU meanwhile, summed; median) and ``bytes`` (through NICs, sent, per run)."""
         out = {}
         for e in self.edges:
             # every host takes the barrier; one outside this pipeline (a smaller pipeline on a
@@ -241,5 +247,7 @@ class DistributedPipeline:
                     for h, w in enumerate(self.cluster.workers)]
             runs = [r for r in self.cluster._wait(refs, f"timing edge {e.name}") if r]
             per_rep = [max(run[i][1] for run in runs) - min(run[i][0] for run in runs) for i in range(repeats)]
-            out[e.name] = float(np.median(per_rep))
+            cpu = [sum(run[i][2] for run in runs) for i in range(repeats)]
+            sent = sum(n for p in self.plans[e] for n in p.network_bytes()[0].values())
+            out[e.name] = {"seconds": float(np.median(per_rep)), "cpu_seconds": float(np.median(cpu)), "bytes": sent}
         return out

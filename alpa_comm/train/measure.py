@@ -109,20 +109,8 @@ def action_samples(steps: list[list[dict]], busy: bool = True,
     return dict(got)
 
 
-def whole_over_split(steps: list[list[dict]], num_stages: int) -> list[float] | None:
-    """Per stage, its whole backward's median over the sum of its halves' medians, from
-    records that hold both (a one-chunk run with the backward whole and one with it
-    split): about 0.8-0.95 on CPU, one program costing less than two. None where the
-    records lack one of the three kinds. ``predict`` scales a whole backward drawn as
-    ``BI + BW`` by it."""
-    times = stage_times(steps, num_stages)
-    if not all(k in times for k in ("B", "BI", "BW")):
-        return None
-    return [b / (bi + bw) if bi + bw > 0 else 1.0 for b, bi, bw in zip(times["B"], times["BI"], times["BW"])]
-
-
 def predict(schedule: Schedule, steps: list[list[dict]], edge_seconds: dict[str, float], signal: bool = False,
-            draws: int = 64, seed: int = 0, whole_over_split: Sequence[float] | None = None) -> float:
+            draws: int = 64, seed: int = 0) -> float:
     """The simulator's iteration time for a measured run: the mean over ``draws``
     simulations in which every compute action takes a duration drawn from that
     model stage's measured durations of its kind, and transfers share their hosts'
@@ -131,9 +119,8 @@ def predict(schedule: Schedule, steps: list[list[dict]], edge_seconds: dict[str,
     The records may come from runs of other schedules over the same model cut (as
     many model stages as ``schedule`` has; several runs' records pooled, e.g. the
     calibration's): each model stage keeps its own durations wherever it ran, and a
-    whole backward missing from them is drawn as a ``BI`` plus a ``BW``, times the
-    stage's ``whole_over_split[stage]`` where given (see ``whole_over_split``: one
-    program costs less than two; default 1). Records of a
+    whole backward missing from them is drawn as a ``BI`` plus a ``BW`` (the runner's
+    ``B`` is those two programs back to back). Records of a
     one-chunk run serve a schedule over virtual stages (C chunks per stage, the model
     cut C times finer) too, each chunk's action charged 1/C of its stage's draw, as
     the simulator charges costs; that misses each action's fixed cost, which is why
@@ -175,9 +162,8 @@ def predict(schedule: Schedule, steps: list[list[dict]], edge_seconds: dict[str,
 
     def action_time(stage: int, kind: str, mb: int, chunk: int = 0) -> float:
         v = where(stage, chunk)
-        if (v, kind) not in samples:  # a whole backward measured only split: its halves, as one program
-            scale = whole_over_split[stage] if whole_over_split is not None else 1.0
-            return (rng.choice(samples[(v, "BI")]) + rng.choice(samples[(v, "BW")])) * share * scale
+        if (v, kind) not in samples:  # a whole backward measured only split: its halves
+            return (rng.choice(samples[(v, "BI")]) + rng.choice(samples[(v, "BW")])) * share
         return rng.choice(samples[(v, kind)]) * share
 
     return mean(simulate_schedule(schedule, costs, signal=signal, shared_nic=True,

@@ -27,7 +27,8 @@ DEFAULT_COSTS = Costs(1.0, 2.0, 0.5)
 AUTO = "auto"
 CALIBRATION = ("eager-1f1b", 3)
 """``--schedule auto`` first runs this family twice, with its backward split (BI and BW
-timed apart) and whole (B: one program costs less than two), each for this many timed
+timed apart) and whole (the whole-backward families are predicted from a run of their own:
+an action's time depends on how busy the run keeps its host), each for this many timed
 steps after one warm-up, on the cluster and strategy of the run."""
 VIRTUAL_CALIBRATION = (("interleaved-1f1b", False, 2), ("zb-v", True, None))
 """Where the virtual-stage schedules are candidates, ``calibrate`` also runs these
@@ -222,8 +223,7 @@ def calibrate(cfg: TrainConfig, cluster, model, data, log=None, model_for=None, 
     from the run with its own placement (loop or V), since an action's time depends on
     the transfers its host serves meanwhile (the loop run sends every skip over the
     network, a V keeps the U-Transformer's inside a mesh); a whole backward that run
-    did not measure is drawn as its halves, scaled as the one-chunk runs measured B
-    against BI + BW (``measure.whole_over_split``).
+    did not measure is drawn as its two halves (``B`` runs them back to back).
 
     ``on_run(run, pipe)``, if given, sees each calibration run as it ends: ``run`` holds
     ``kind``, ``split``, ``chunks``, ``placement``, ``model_stages``, ``records`` (per
@@ -262,7 +262,7 @@ def calibration_from(runs: list[dict], cfg: TrainConfig) -> Calibration:
     benchmark and read back, to check the predictor offline): costs and the weight
     share from the one-chunk runs, and a predictor that takes each virtual-stage
     schedule's durations from the run with its placement over its model cut."""
-    from .measure import costs_from, predict, stage_times, whole_over_split  # noqa: PLC0415
+    from .measure import costs_from, predict, stage_times  # noqa: PLC0415
 
     one_chunk = [r for r in runs if r["model_stages"] == cfg.stages]
     records = [step for r in one_chunk for step in r["records"]]
@@ -272,12 +272,11 @@ def calibration_from(runs: list[dict], cfg: TrainConfig) -> Calibration:
     kept = [rec["state_bytes"]["BI"] / rec["state_bytes"]["F"] for rec in records[0]
             if rec.get("state_bytes", {}).get("F") and "BI" in rec["state_bytes"]]
     signal = cfg.strategy == "signal"
-    ratio = whole_over_split(records, cfg.stages)
 
     def predict_measured(s: Schedule) -> float:
         own = virtual.get(s.placement) if s.virtual else None
         if own is not None and own["model_stages"] == s.num_virtual_stages:
-            return predict(s, own["records"], own["edge_s"], signal=signal, whole_over_split=ratio)
+            return predict(s, own["records"], own["edge_s"], signal=signal)
         return predict(s, records, edge_s, signal=signal)
     return Calibration(costs, predict_measured, max(kept, default=0.5))
 

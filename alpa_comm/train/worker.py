@@ -303,19 +303,20 @@ class PipelineWorker(HostWorker):
         return {v: jax.tree_util.tree_map(lambda x: np.asarray(x.addressable_shards[0].data), p)
                 for v, p in self.params.items()}
 
-    def time_edge(self, edge: str | None, repeats: int) -> list[tuple[float, float]]:
+    def time_edge(self, edge: str | None, repeats: int) -> list[tuple[float, float, float]]:
         """Run ``edge``'s plans alone ``repeats`` times (zeros as data); every host of
         the gloo group calls this together, so hosts off the edge (or given None: outside
-        the pipeline being timed) only take the barrier."""
+        the pipeline being timed) only take the barrier. Per run: start, end and the CPU
+        seconds this host's process spent meanwhile (every thread: the transport's cost)."""
         out = []
         for r in range(repeats):
             self.backend.barrier(self.cfg.timeout)
             if self.mailbox is None or edge not in self.mailbox.jobs:
                 continue
             srcs = self.mailbox.zero_sources(edge)
-            t0 = time.time()
+            t0, cpu0 = time.time(), time.process_time()
             self.mailbox._run(edge, r % self.mailbox.M, srcs)
-            out.append((t0, time.time()))
+            out.append((t0, time.time(), time.process_time() - cpu0))
         return out
 
     def close(self) -> None:

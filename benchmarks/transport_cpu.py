@@ -1,0 +1,112 @@
+"""What a pipeline edge's transfer costs its hosts' CPU, at several NIC rates.
+
+On the emulated cluster the transport's threads share each host's core cap with
+compute, so CPU a transfer spends is compute time lost. Bytes cost CPU (copies,
+syscalls, the kernel's TCP path); if the CPU per byte also grows as the link gets
+slower, something waits by working (a poll, a wakeup per packet). Per NIC rate:
+a fresh emulated cluster (2 hosts, ``--host-cpus`` each), a two-stage GPT
+pipeline with broadcast, every edge run alone ``--repeats`` times
+(``DistributedPipeline.edge_costs``): seconds, the bytes' time at the link rate,
+and the CPU its hosts spent, per MB moved.
+
+    sudo .venv/bin/python benchmarks/transport_cpu.py               # ~4 min
+
+Writes results.md, results.json and cpu_per_mb.png under ``--out``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from alpa_comm.errors import AlpaCommError
+from alpa_comm.pipeline import generate
+from alpa_comm.report.tables import table
+from alpa_comm.runtime.emulated.netns import rate_gbps
+from alpa_comm.train.distributed import DistributedPipeline, PipelineCluster
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def measure(nic: str, args) -> list[dict]:
+    kw = {"layers": 2, "d": args.width, "heads": 4, "seq": args.seq}
+    with PipelineCluster.emulated(2, 2, nic=nic, timeout=60, cpu=args.host_cpus) as cluster:
+        pipe = DistributedPipeline(cluster, "gpt", 2, generate("1f1b", 2, 2), microbatch_size=args.rows,
+                                   model_kwargs=kw, strategy="broadcast")
+        got = pipe.edge_costs(repeats=args.repeats)
+    rate = rate_gbps(nic) * 1e9 / 8
+    return [{"nic": nic, "edge": name, "mb": c["bytes"] / 1e6, "seconds": c["seconds"],
+             "wire_seconds": c["bytes"] / rate, "cpu_seconds": c["cpu_seconds"],
+             "cpu_s_per_mb": c["cpu_seconds"] / (c["bytes"] / 1e6) if c["bytes"] else 0.0}
+            for name, c in got.items()]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="benchmarks/results/transport_cpu")
+    p.add_argument("--nics", default="400mbit,200mbit,100mbit", help="NIC rates, comma-separated (tc syntax)")
+    p.add_argument("--host-cpus", type=float, default=0.5, help="CPU cores per emulated host (default 0.5)")
+    p.add_argument("--rows", type=int, default=16, help="rows per microbatch")
+    p.add_argument("--seq", type=int, default=64, help="tokens per row")
+    p.add_argument("--width", type=int, default=256, help="model width d")
+    p.add_argument("--repeats", type=int, default=5, help="runs of each edge (median)")
+    args = p.parse_args(argv)
+    for name in ("rows", "seq", "width", "repeats"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if not args.host_cpus > 0:
+        p.error(f"--host-cpus must be > 0, got {args.host_cpus}")
+    nics = [n for n in args.nics.split(",") if n]
+    for n in nics:
+        try:
+            rate_gbps(n)
+        except AlpaCommError as e:
+            p.error(f"--nics: cannot read rate {n!r} ({e})")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows, t0 = [], time.monotonic()
+    for i, nic in enumerate(nics):
+        log(f"[{time.monotonic() - t0:5.0f} s] {i + 1}/{len(nics)}: NIC {nic}")
+        rows += measure(nic, args)
+    md = ["# Transport CPU per MB at several NIC rates\n",
+          f"2 emulated hosts x 2 devices, {args.host_cpus} cores each; a GPT edge of {args.rows} x {args.seq} x "
+          f"{args.width} float32 per microbatch, broadcast, each edge alone, median of {args.repeats}. CPU: both "
+          "hosts' processes (every thread) during the run. Command: `sudo .venv/bin/python "
+          "benchmarks/transport_cpu.py`.\n",
+          table(["NIC", "edge", "MB through NICs", "seconds", "bytes at link rate, s", "CPU s (both hosts)",
+                 "CPU s per MB"],
+                [[r["nic"], r["edge"], f"{r['mb']:.2f}", f"{r['seconds']:.3f}", f"{r['wire_seconds']:.3f}",
+                  f"{r['cpu_seconds']:.3f}", f"{r['cpu_s_per_mb']:.4f}"] for r in rows])]
+    (out / "results.md").write_text("\n".join(md) + "\n")
+    (out / "results.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
+    plot(rows, out)
+    print("\n".join(md))
+    log(f"wrote {out}/results.md, results.json and cpu_per_mb.png")
+    return 0
+
+
+def plot(rows: list[dict], out: Path) -> None:
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    for edge in dict.fromkeys(r["edge"] for r in rows):
+        pts = sorted((rate_gbps(r["nic"]) * 1000, r["cpu_s_per_mb"]) for r in rows if r["edge"] == edge)
+        ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=edge)
+    ax.set_xlabel("NIC rate (Mbit/s)")
+    ax.set_ylabel("CPU seconds per MB moved (both hosts)")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "cpu_per_mb.png", dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
