@@ -59,8 +59,8 @@ from alpa_comm.report.trace import write_chrome_trace
 from alpa_comm.train.data import synthetic
 from alpa_comm.train.distributed import DistributedPipeline, PipelineCluster, abstract_model
 from alpa_comm.train.measure import costs_from, iteration_seconds, predict, stage_times, transfer_overlap
-from alpa_comm.train.trainer import (TrainConfig, calibrate as train_calibrate, calibration_from, choose_schedule,
-                                    data_stream, rank_schedules)
+from alpa_comm.train.trainer import (TrainConfig, calibrate as train_calibrate, calibration_from, data_stream,
+                                    models_by_size, pick_schedule, rank_schedules)
 
 S = 4
 # label -> (schedule kind, split backward, delay ("auto": chosen by calibration), strategy, chunks per stage)
@@ -124,22 +124,21 @@ def choose_auto(cluster, model_name, kw, M, rows) -> dict:
     (``trainer.calibrate``), then every family ranked by the predictor over those
     measurements (``trainer.choose_schedule``). Returns the pick, the ranking, every
     calibration run (saved, so the predictor can be checked offline) and the regime
-    read from its first run (eager-1F1B, split: the run that also picks the delay)."""
+    read from its eager-1F1B split run (the run that also picks the delay)."""
     cfg = auto_config(model_name, kw, M, rows)
     runs, regime = [], {}
 
     def on_run(run, pipe):
         runs.append(run)
-        if not regime:
+        if run["split"] and run["model_stages"] == S:
             regime.update(regime_of(run, pipe, M))
 
     model = abstract_model(model_name, S, cfg.model_kwargs())
-    cal = train_calibrate(cfg, cluster, model, data_stream(cfg), log=sys.stderr, model_for=_model_for(cfg),
+    cal = train_calibrate(cfg, cluster, model, data_stream(cfg), log=sys.stderr, model_for=models_by_size(cfg),
                           on_run=on_run)
-    pick, ranking = rank_auto(cfg, cal)
-    log(ranking.rstrip())
-    return {"label": pick.candidate.label, "schedule": pick.schedule, "predicted_seconds": pick.predicted_s,
-            "ranking": ranking, "runs": runs, "regime": regime}
+    got = rank_auto(cfg, cal)
+    log(got["ranking"].rstrip())
+    return {**got, "runs": runs, "regime": regime}
 
 
 def auto_config(model_name, kw, M, rows) -> TrainConfig:
@@ -149,19 +148,17 @@ def auto_config(model_name, kw, M, rows) -> TrainConfig:
                        optimizer="sgd", lr=0.01, data="synthetic", schedule="auto")
 
 
-def _model_for(cfg: TrainConfig):
-    return lambda n: abstract_model(cfg.model, n, cfg.model_kwargs())
-
-
-def rank_auto(cfg: TrainConfig, cal):
-    """``choose_schedule`` over a calibration: the pick and the ranking table as text."""
+def rank_auto(cfg: TrainConfig, cal) -> dict:
+    """``choose_schedule`` over a calibration: the pick (label, schedule, prediction), the
+    ranking table as text and every ranked candidate."""
     import io  # noqa: PLC0415
 
     ranking = io.StringIO()
     model = abstract_model(cfg.model, S, cfg.model_kwargs())
-    pick = choose_schedule(cfg, model, cal.costs, cal.predict, ranking, cal.wgrad_fraction,
-                           model_for=_model_for(cfg))
-    return pick, ranking.getvalue()
+    ranked = rank_schedules(cfg, model, cal.costs, cal.predict, cal.wgrad_fraction, models_by_size(cfg))
+    pick = pick_schedule(ranked, ranking)
+    return {"label": pick.candidate.label, "schedule": pick.schedule, "predicted_seconds": pick.predicted_s,
+            "ranking": ranking.getvalue(), "ranked": ranked}
 
 
 def rerank(saved: dict, out: Path) -> None:
@@ -175,26 +172,22 @@ def rerank(saved: dict, out: Path) -> None:
             log(f"{model_name}: no {path} (a run before calibration records were saved); skipped")
             continue
         cfg = auto_config(model_name, info["model_kwargs"], a["microbatches"], a["rows"])
-        cal = calibration_from(json.loads(path.read_text()), cfg)
-        cands = rank_schedules(cfg, abstract_model(cfg.model, S, cfg.model_kwargs()), cal.costs, cal.predict,
-                               cal.wgrad_fraction, _model_for(cfg))
-        pick = cands[0]
+        got = rank_auto(cfg, calibration_from(json.loads(path.read_text()), cfg))
         summ = summarize(saved, model_name)
+        configs, _ = configurations(model_name, info["model_kwargs"], a["microbatches"], info["delay"], got)
         by_text = {}
-        for label, (sched, strategy) in configurations(model_name, info["model_kwargs"], a["microbatches"],
-                                                       info["delay"], {"schedule": pick.schedule,
-                                                                       "label": pick.candidate.label})[0].items():
+        for label, (sched, strategy) in configs.items():
             if strategy == "broadcast" and label in summ:
                 by_text.setdefault(sched.to_text(), label)
         fastest = min(s["iteration_seconds"] for l, s in summ.items() if l not in SIGNAL)
         rows = []
-        for r in cands:
+        for r in got["ranked"]:
             label = by_text.get(r.schedule.to_text())
-            got = summ[label]["iteration_seconds"] if label else None
-            rows.append([r.candidate.label, f"{r.predicted_s:.3f}", f"{got:.3f}" if got else "-",
-                         f"{fastest / got:.3f}" if got else "-"])
-        print(f"\n## {model_name}: ranking from the saved calibration (today's predictor), pick "
-              f"{pick.candidate.label}\n")
+            it = summ[label]["iteration_seconds"] if label else None
+            rows.append([r.candidate.label, f"{r.predicted_s:.3f}", f"{it:.3f}" if it else "-",
+                         f"{fastest / it:.3f}" if it else "-"])
+        print(f"\n## {model_name}: ranking from the saved calibration (today's predictor): pick {got['label']} "
+              f"(the run picked {info['auto']['pick']})\n")
         print(table(["candidate", "predicted s", "measured s (median)", "measured, of fastest"], rows))
 
 
@@ -320,21 +313,22 @@ def main(argv=None) -> int:
             log(f"[{time.monotonic() - t_start:6.0f} s] {model_name}: --schedule auto (its calibration runs also "
                 f"give the delay and the regime)")
             auto = choose_auto(cluster, model_name, kw, args.microbatches, args.rows)
-            cal = auto["regime"]
-            fractions = ", ".join(f"{s['arith_fraction']:.2f}" for s in cal["stages"])
-            ratios = ", ".join(f"{k} {e['over_forward']:.2f}" for k, e in cal["edges"].items())
-            log(f"    delay {cal['delay']}; arith fraction {fractions}; transfer/forward {ratios}")
+            regime = auto["regime"]
+            fractions = ", ".join(f"{s['arith_fraction']:.2f}" for s in regime["stages"])
+            ratios = ", ".join(f"{k} {e['over_forward']:.2f}" for k, e in regime["edges"].items())
+            log(f"    delay {regime['delay']}; arith fraction {fractions}; transfer/forward {ratios}")
             (out / f"calibration_{model_name}.json").write_text(json.dumps(auto["runs"]))
-            configs, auto_config = configurations(model_name, kw, args.microbatches, cal["delay"], auto)
-            log(f"    auto picked {auto['label']}: measured as {auto_config}")
+            configs, auto_label = configurations(model_name, kw, args.microbatches, regime["delay"], auto)
+            log(f"    auto picked {auto['label']}: measured as {auto_label}")
             rows, last = measure(cluster, model_name, kw, args.microbatches, args.rows, configs, args, t_start)
             saved["rows"] += rows
-            saved["models"][model_name] = {"model_kwargs": kw, "delay": cal["delay"], "regime_stages": cal["stages"],
-                                           "regime_edges": cal["edges"], "peak_memory": peak_memory(last),
-                                           "auto": {"pick": auto["label"], "config": auto_config,
+            saved["models"][model_name] = {"model_kwargs": kw, "delay": regime["delay"],
+                                           "regime_stages": regime["stages"], "regime_edges": regime["edges"],
+                                           "peak_memory": peak_memory(last),
+                                           "auto": {"pick": auto["label"], "config": auto_label,
                                                     "predicted_seconds": auto["predicted_seconds"],
                                                     "ranking": auto["ranking"]}}
-            for label, tag in ((BASELINE, "baseline"), (auto_config, "auto")):
+            for label, tag in ((BASELINE, "baseline"), (auto_label, "auto")):
                 write_chrome_trace(last[label]["records"][-2:], out / f"trace_{model_name}_{tag}.json")
     write_outputs(saved, args, out)
     return 0
@@ -364,9 +358,10 @@ def summarize(saved: dict, model_name: str) -> dict:
         if link is None:  # a run from before rows kept it: plan the configuration again, offline
             link = offline_link_seconds(saved, model_name, label)
         cpu = [max(by[(label, k)]["cpu_seconds"]) / saved["args"]["host_cpus"] for k in repeats]
-        phys = [max(b, link or 0.0) / by[(label, k)]["iteration_seconds"] for b, k in zip(bound, repeats)]
+        phys = (None if link is None else
+                median(max(b, link) / by[(label, k)]["iteration_seconds"] for b, k in zip(bound, repeats)))
         out[label] = {"of_best": median(b / i for b, i in zip(best, it)), "iteration_seconds": median(it),
-                      "link_seconds": link, "cpu_floor_seconds": median(cpu), "of_physical": median(phys),
+                      "link_seconds": link, "cpu_floor_seconds": median(cpu), "of_physical": phys,
                       "transfer_overlap": hidden, "iteration_range": [min(it), max(it)],
                       "speedup": median(speed), "speedup_range": [min(speed), max(speed)],
                       "of_signal": median(frac), "of_signal_range": [min(frac), max(frac)],
@@ -380,17 +375,14 @@ def offline_link_seconds(saved: dict, model_name: str, label: str) -> float | No
     for one added for auto."""
     if label not in CONFIGS:
         return None
-    from alpa_comm.runtime.emulated.netns import rate_gbps  # noqa: PLC0415
-    from alpa_comm.runtime.launch import EMULATED_LATENCY_S  # noqa: PLC0415
-    from alpa_comm.topology import ClusterSpec  # noqa: PLC0415
+    from alpa_comm.runtime.launch import emulated_spec  # noqa: PLC0415
     from alpa_comm.train.distributed import plan_pipeline  # noqa: PLC0415
 
     a, kw = saved["args"], saved["models"][model_name]["model_kwargs"]
     kind, _, _, strategy, chunks = CONFIGS[label]
-    spec = ClusterSpec(num_hosts=S, devices_per_host=a["devices_per_host"], nic_send_gbps=rate_gbps(a["nic"]),
-                       latency_s=EMULATED_LATENCY_S)
+    spec = emulated_spec(S, a["devices_per_host"], a["nic"])
     sched = schedule_for(model_name, kw, a["microbatches"], kind, False, None, chunks)
-    return plan_pipeline(model_name, kw, sched, a["rows"], 1, spec, strategy).link_seconds(spec)
+    return plan_pipeline(model_name, kw, sched, a["rows"], 1, spec, strategy).link_seconds()
 
 
 def write_outputs(saved: dict, args, out: Path) -> None:
@@ -427,15 +419,17 @@ def write_outputs(saved: dict, args, out: Path) -> None:
                           f"{s['speedup']:.2f}x [{s['speedup_range'][0]:.2f}-{s['speedup_range'][1]:.2f}]",
                           "-" if label in SIGNAL else f"{s['of_best']:.3f}",
                           f"{s['of_signal']:.2f} [{s['of_signal_range'][0]:.2f}-{s['of_signal_range'][1]:.2f}]",
-                          "-" if s["link_seconds"] is None else f"{s['link_seconds']:.2f}", f"{s['of_physical']:.2f}",
+                          "-" if s["link_seconds"] is None else f"{s['link_seconds']:.2f}",
+                          "-" if s["of_physical"] is None else f"{s['of_physical']:.2f}",
                           f"{s['cpu_floor_seconds']:.2f}",
                           f"{s['sim_error']:+.0%}", f"{s['sim_error_medians']:+.0%}",
                           " ".join(f"{h:.2f}" for h in s["transfer_overlap"])] for label, s in summ.items()]))
         md.append("\n(simulated error: the worst over repeats of (simulated - measured) / measured. Link bound: the "
                   "least time a step's transfers hold the busiest NIC, bytes over rate (`DistributedPipeline."
-                  "link_seconds`); physical bound: the larger of it and the signal bound, per repeat. Host CPU s / "
-                  "cap: the busiest host's CPU seconds per step (compute, transport threads, runtime) over its "
-                  "core cap: the least wall time that host's work takes under the cap.)\n")
+                  "link_seconds`; edge transfers, not the data-parallel mean); physical bound: the larger of it "
+                  "and the signal bound, per repeat. Host CPU s / cap: the busiest host's CPU seconds per step "
+                  "(compute, transport threads, runtime, the optimizer update included) over its core cap: the "
+                  "least wall time that host's work takes under the cap.)\n")
         mem = info["peak_memory"]
         md.append("Peak live activation MiB per stage, measured / memory model (last repeat):\n")
         md.append(table(["configuration"] + [f"stage {s}" for s in range(S)],

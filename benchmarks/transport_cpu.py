@@ -25,6 +25,7 @@ from alpa_comm.errors import AlpaCommError
 from alpa_comm.pipeline import generate
 from alpa_comm.report.tables import table
 from alpa_comm.runtime.emulated.netns import rate_gbps
+from alpa_comm.runtime.launch import emulated_spec
 from alpa_comm.train.distributed import DistributedPipeline, PipelineCluster
 
 
@@ -38,7 +39,7 @@ def measure(nic: str, args) -> list[dict]:
         pipe = DistributedPipeline(cluster, "gpt", 2, generate("1f1b", 2, 2), microbatch_size=args.rows,
                                    model_kwargs=kw, strategy="broadcast")
         got = pipe.edge_costs(repeats=args.repeats)
-    rate = rate_gbps(nic) * 1e9 / 8
+    rate = emulated_spec(2, 2, nic).send_rate(0)  # bytes/s, as the planner sees the link
     return [{"nic": nic, "edge": name, "mb": c["bytes"] / 1e6, "seconds": c["seconds"],
              "wire_seconds": c["bytes"] / rate, "cpu_seconds": c["cpu_seconds"],
              "cpu_s_per_mb": c["cpu_seconds"] / (c["bytes"] / 1e6) if c["bytes"] else 0.0}
@@ -58,6 +59,8 @@ def main(argv=None) -> int:
     for name in ("rows", "seq", "width", "repeats"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.rows % 2:
+        p.error(f"--rows must divide over a host's 2 devices, got {args.rows}")
     if not args.host_cpus > 0:
         p.error(f"--host-cpus must be > 0, got {args.host_cpus}")
     nics = [n for n in args.nics.split(",") if n]

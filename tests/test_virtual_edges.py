@@ -246,6 +246,6 @@ def test_a_v_keeps_the_u_transformer_s_skips_off_the_links():
     def link(model, kind, chunks=None):
         s = generate(kind, 4, 8, chunks=chunks)
         s = with_skips(s, build_model(model, s.num_virtual_stages, **kw).skips)
-        return plan_pipeline(model, kw, s, 4, 1, spec, "broadcast").link_seconds(spec)
+        return plan_pipeline(model, kw, s, 4, 1, spec, "broadcast").link_seconds()
     assert link("utransformer", "zb-v") < link("utransformer", "interleaved-1f1b", 2)
     assert link("gpt", "zb-v") == pytest.approx(link("gpt", "interleaved-1f1b", 2))

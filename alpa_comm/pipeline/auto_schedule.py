@@ -110,7 +110,7 @@ def rank(cands: Sequence[Candidate], num_stages: int, num_microbatches: int,
 
     def key(r: Ranked):
         tied = r.predicted_s <= best * (1 + TIE)
-        # a whole backward (one program) before a split one (two)
+        # a whole backward (one action to dispatch and record) before a split one (two)
         return (not r.fits, not tied, r.predicted_s if not tied else 0.0, r.peak_activations,
                 r.schedule.split_backward, r.predicted_s)
     return sorted(out, key=key)

@@ -17,6 +17,18 @@ from .emulated.ray_nodes import host_resource
 EMULATED_LATENCY_S = 350e-6
 
 
+def emulated_spec(num_hosts: int, devices_per_host: int, nic: str | None, **cluster_kw) -> ClusterSpec:
+    """The spec the planner gets for an emulated cluster: its NIC rate (``nic``, tc syntax;
+    None: unshaped, the spec's default) and the per-message latency measured on it;
+    ``cluster_kw`` overrides either. Also for planning offline what such a cluster runs."""
+    if nic is not None:
+        cluster_kw.setdefault("nic_send_gbps", netns.rate_gbps(nic))
+    # gloo over veth costs about 0.35 ms per message here (measured with
+    # benchmarks/runtime_1_to_m.py); it sets the broadcast chunk count the planner picks.
+    cluster_kw.setdefault("latency_s", EMULATED_LATENCY_S)
+    return ClusterSpec(num_hosts=num_hosts, devices_per_host=devices_per_host, **cluster_kw)
+
+
 class ClusterLaunchers:
     """The constructors of ``Cluster`` (a mixin: ``cls`` is the cluster class, so each
     returns a ``Cluster``; this module never imports ``cluster.py``, which imports it)."""
@@ -110,12 +122,7 @@ class ClusterLaunchers:
             ray.init(address=network.info["address"], _node_ip_address=netns.LAUNCHER_IP, log_to_driver=False,
                      configure_logging=False)
             ray_nodes.wait_for_hosts(network.num_hosts)
-            if network.rate is not None:
-                cluster_kw.setdefault("nic_send_gbps", netns.rate_gbps(network.rate))
-            # gloo over veth costs about 0.35 ms per message here (measured with
-            # benchmarks/runtime_1_to_m.py); it sets the broadcast chunk count the planner picks.
-            cluster_kw.setdefault("latency_s", EMULATED_LATENCY_S)
-            spec = ClusterSpec(num_hosts=network.num_hosts, devices_per_host=devices_per_host, **cluster_kw)
+            spec = emulated_spec(network.num_hosts, devices_per_host, network.rate, **cluster_kw)
             cluster = cls._start(spec, timeout, ifname=None, network=network if owns_network else None,
                                  emulated=True)
             cluster._saved_env = saved_env

@@ -91,20 +91,25 @@ def activation_shapes(model, microbatch_size: int, seq: int) -> tuple[dict[tuple
 @dataclass
 class PipelinePlan:
     """What a pipeline plans before any host runs: model stage -> mesh, the abstract
-    model, activation shapes and dtype, the edges between meshes, their plans (one
-    microbatch each) and how many microbatches a step moves."""
+    model, tokens per row, activation shapes and dtype, the edges between meshes, their
+    plans (one microbatch each), how many microbatches a step moves and the cluster spec
+    the plans were made for."""
 
     mesh_of: list[int]
     model: object
+    seq: int
     shapes: dict
     dtype: str
     edges: list[Edge]
     plans: dict
     num_microbatches: int
+    cluster: ClusterSpec
 
-    def link_seconds(self, cluster: ClusterSpec) -> float:
-        """Per step, the least time the busiest NIC needs for these plans (``edges.link_seconds``)."""
-        return link_seconds([p for plans in self.plans.values() for p in plans], cluster, self.num_microbatches)
+    def link_seconds(self) -> float:
+        """Per step, the least time the busiest NIC needs for these plans' transfers
+        (``edges.link_seconds``; the data-parallel gradient mean not counted)."""
+        return link_seconds([p for plans in self.plans.values() for p in plans], self.cluster,
+                            self.num_microbatches)
 
 
 def plan_pipeline(model: str, model_kwargs: dict, schedule: Schedule, microbatch_size: int, dp: int,
@@ -113,14 +118,15 @@ def plan_pipeline(model: str, model_kwargs: dict, schedule: Schedule, microbatch
     sets its hosts up with, and what a benchmark needs to bound a configuration offline."""
     mesh_of = model_stage_meshes(schedule)  # one model stage per chunk of every stage
     abstract = abstract_model(model, len(mesh_of), model_kwargs)
-    shapes, dtype = activation_shapes(abstract, microbatch_size, model_kwargs.get("seq", 16))
+    seq = model_kwargs.get("seq", 16)
+    shapes, dtype = activation_shapes(abstract, microbatch_size, seq)
     # edges inside one mesh are local hand-offs: only those between meshes are planned
     edges: list[Edge] = split_edges(model_edges(abstract.consumes), mesh_of)[0]
     if schedule.virtual:  # a missing skip named now, not as a stage without its inputs mid-step
         check_transfers(schedule, edges)
     plans = edge_plans(edges, shapes, dtype, dp, cluster.devices_per_host, cluster, strategy, loadbalance,
                        mesh_of=mesh_of)
-    return PipelinePlan(mesh_of, abstract, shapes, dtype, edges, plans, schedule.num_microbatches)
+    return PipelinePlan(mesh_of, abstract, seq, shapes, dtype, edges, plans, schedule.num_microbatches, cluster)
 
 
 class DistributedPipeline:
@@ -148,9 +154,8 @@ class DistributedPipeline:
         self.num_stages, self.microbatch_size = num_stages, microbatch_size
         self.model_kwargs = dict(model_kwargs or {})
         # one model stage per chunk of every stage; model stage v runs on mesh_of[v]
-        self.planned = plan_pipeline(model, self.model_kwargs, schedule, microbatch_size, dp, cluster.spec,
-                                     strategy, loadbalance)
-        planned = self.planned
+        self.pipeline_plan = planned = plan_pipeline(model, self.model_kwargs, schedule, microbatch_size, dp,
+                                                     cluster.spec, strategy, loadbalance)
         self.mesh_of, self.model, self.shapes, self.dtype = planned.mesh_of, planned.model, planned.shapes, planned.dtype
         self.edges, self.plans = planned.edges, planned.plans
         edge_index = {e.name: i for i, e in enumerate(self.edges)}
@@ -165,7 +170,7 @@ class DistributedPipeline:
                     stage=s, replica=r, dp=dp, num_stages=num_stages, model=model, model_kwargs=self.model_kwargs,
                     schedule=schedule, jobs=jobs, edge_index=edge_index, edge_keys=edge_keys,
                     timeout=cluster.timeout, strategy=strategy, optimizer=optimizer, lr=lr,
-                    input_shapes=self._input_shapes(s), batch_shape=(microbatch_size // dp, seq))
+                    input_shapes=self._input_shapes(s), batch_shape=(microbatch_size // dp, planned.seq))
                 refs.append((cluster.workers[h].setup_stage.remote(cfg), h))
         # set-up compiles the stage's programs (minutes on a slow host the first time)
         self.setup = cluster._wait(refs, "setting up its pipeline stage (compiling)",
@@ -228,11 +233,11 @@ class DistributedPipeline:
     def link_seconds(self) -> float:
         """Per step, the least time the busiest NIC of the cluster needs for this pipeline's
         transfers (bytes over rate): with the compute-only time, the physical bound."""
-        return self.planned.link_seconds(self.cluster.spec)
+        return self.pipeline_plan.link_seconds()
 
     def time_edges(self, repeats: int = 3) -> dict[str, float]:
         """Each planned edge's transfer alone (median of ``repeats``), in seconds, by edge
-        name (model stages: with virtual stages not the stages ``measure.costs_from`` reads)."""
+        name (model stages; ``measure.costs_from`` maps them to meshes with ``mesh_of``)."""
         return {name: got["seconds"] for name, got in self.edge_costs(repeats).items()}
 
     def edge_costs(self, repeats: int = 3) -> dict[str, dict]:

@@ -73,9 +73,10 @@ def costs_from(times: dict[str, list[float]], edge_seconds: dict[str, float], nu
     """Simulator costs: measured compute per stage and each stage's outgoing edge
     time (the slowest of its forward edges and of its backward edges). Where both the
     whole backward and its halves were measured (two runs), each keeps its own time:
-    a split costs more than ``B`` (two programs). Edges are named by model stage;
-    ``mesh_of[v]`` is the stage that sends for model stage ``v`` (default: the same
-    number, one chunk per stage; over virtual stages ``edges.model_stage_meshes``)."""
+    the runs load their hosts differently, so the same two programs take different
+    times. Edges are named by model stage; ``mesh_of[v]`` is the stage that sends for
+    model stage ``v`` (default: the same number, one chunk per stage; over virtual
+    stages ``edges.model_stage_meshes``)."""
     f = times.get("F", [0.0] * num_stages)
     if "B" in times:
         b = times["B"]

@@ -27,8 +27,8 @@ DEFAULT_COSTS = Costs(1.0, 2.0, 0.5)
 AUTO = "auto"
 CALIBRATION = ("eager-1f1b", 3)
 """``--schedule auto`` first runs this family twice, with its backward split (BI and BW
-timed apart) and whole (the whole-backward families are predicted from a run of their own:
-an action's time depends on how busy the run keeps its host), each for this many timed
+timed apart) and whole (B timed as the one-chunk whole-backward families run it: an
+action's time depends on how busy the run keeps its host), each for this many timed
 steps after one warm-up, on the cluster and strategy of the run."""
 VIRTUAL_CALIBRATION = (("interleaved-1f1b", False, 2), ("zb-v", True, None))
 """Where the virtual-stage schedules are candidates, ``calibrate`` also runs these
@@ -147,10 +147,15 @@ def choose_schedule(cfg: TrainConfig, model, costs: Costs, predict=None, log=Non
     prints the ranking to ``log`` (a stream; None: silent) and returns the pick
     (``auto_schedule.Ranked``), or raises naming the least peak when nothing fits
     ``cfg.memory_cap``."""
+    return pick_schedule(rank_schedules(cfg, model, costs, predict, wgrad_fraction, model_for), log)
+
+
+def pick_schedule(ranked: list, log=None):
+    """The first of ``rank_schedules``' list (``auto_schedule.choose``), the ranking printed
+    to ``log`` first (a stream; None: silent), so a cap nothing fits shows every peak."""
     from ..pipeline import auto_schedule  # noqa: PLC0415
     from ..report.tables import table  # noqa: PLC0415
 
-    ranked = rank_schedules(cfg, model, costs, predict, wgrad_fraction, model_for)
     if log:
         print("--schedule auto (predicted iteration time, peak live activations of the fullest stage in "
               "microbatches):", file=log)
@@ -259,17 +264,23 @@ def calibrate(cfg: TrainConfig, cluster, model, data, log=None, model_for=None, 
 
 def calibration_from(runs: list[dict], cfg: TrainConfig) -> Calibration:
     """``calibrate``'s result from its runs (as ``on_run`` sees them; e.g. saved by a
-    benchmark and read back, to check the predictor offline): costs and the weight
-    share from the one-chunk runs, and a predictor that takes each virtual-stage
-    schedule's durations from the run with its placement over its model cut."""
+    benchmark and read back, to check the predictor offline): costs from the one-chunk
+    runs, the weight share from the split one, and a predictor that takes each
+    virtual-stage schedule's durations and edge times from the run with its placement
+    over its model cut (other schedules: the one-chunk runs pooled)."""
     from .measure import costs_from, predict, stage_times  # noqa: PLC0415
 
     one_chunk = [r for r in runs if r["model_stages"] == cfg.stages]
+    split = [r for r in one_chunk if r["split"]]
+    if not split:
+        raise ValueError(f"no one-chunk calibration run with the backward split among {len(runs)} run(s) over "
+                         f"{sorted({r['model_stages'] for r in runs})} model stages; {cfg.stages} stages need "
+                         f"one (it gives BI, BW and the edge times)")
     records = [step for r in one_chunk for step in r["records"]]
-    edge_s = next((r["edge_s"] for r in one_chunk if r["split"]), {})
+    edge_s = split[0]["edge_s"]
     virtual = {r["placement"]: r for r in runs if r["model_stages"] != cfg.stages}
     costs = costs_from(stage_times(records, cfg.stages), edge_s, cfg.stages)
-    kept = [rec["state_bytes"]["BI"] / rec["state_bytes"]["F"] for rec in records[0]
+    kept = [rec["state_bytes"]["BI"] / rec["state_bytes"]["F"] for rec in split[0]["records"][0]
             if rec.get("state_bytes", {}).get("F") and "BI" in rec["state_bytes"]]
     signal = cfg.strategy == "signal"
 
@@ -363,14 +374,20 @@ def _rate(cfg: TrainConfig, seconds: list[float]) -> float:
     return len(timed) * cfg.microbatches * cfg.microbatch_size / sum(timed)
 
 
+def models_by_size(cfg: TrainConfig):
+    """``model_for(num_model_stages)`` for ``choose_schedule``/``calibrate``: ``cfg``'s model
+    cut into that many stages, abstract (shapes only), for the virtual-stage candidates."""
+    from .distributed import abstract_model  # noqa: PLC0415
+
+    return lambda num_model_stages: abstract_model(cfg.model, num_model_stages, cfg.model_kwargs())
+
+
 def _train_distributed(cfg: TrainConfig, log) -> TrainResult:
     from .distributed import DistributedPipeline, abstract_model  # noqa: PLC0415
     from ..report.trace import write_chrome_trace  # noqa: PLC0415
 
     model = abstract_model(cfg.model, cfg.stages, cfg.model_kwargs())  # the schedule needs its edges only
-
-    def model_for(num_model_stages: int):  # virtual-stage candidates: the model with one stage per chunk
-        return abstract_model(cfg.model, num_model_stages, cfg.model_kwargs())
+    model_for = models_by_size(cfg)
     auto = cfg.schedule == AUTO
     # auto: a cap nothing fits fails here, before any host starts (peaks do not depend on costs)
     sched = build_schedule(cfg, model, model_for=model_for)
