@@ -149,8 +149,8 @@ def auto_config(model_name, kw, M, rows) -> TrainConfig:
 
 
 def rank_auto(cfg: TrainConfig, cal) -> dict:
-    """``choose_schedule`` over a calibration: the pick (label, schedule, prediction), the
-    ranking table as text and every ranked candidate."""
+    """What ``choose_schedule`` does over a calibration, keeping every ranked candidate:
+    the pick (label, schedule, prediction), the ranking table as text and the list."""
     import io  # noqa: PLC0415
 
     ranking = io.StringIO()
@@ -292,6 +292,9 @@ def main(argv=None) -> int:
                     f"the model into {2 * S} stages; give at least {2 * S} layers")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if (args.rerank or args.render) and not (out / "results.json").exists():
+        p.error(f"--{'rerank' if args.rerank else 'render'} reads {out / 'results.json'}, which does not exist: "
+                f"run the benchmark with --out {out} first")
     if args.rerank:
         rerank(json.loads((out / "results.json").read_text()), out)
         return 0

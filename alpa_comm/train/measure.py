@@ -119,7 +119,7 @@ def predict(schedule: Schedule, steps: list[list[dict]], edge_seconds: dict[str,
 
     The records may come from runs of other schedules over the same model cut (as
     many model stages as ``schedule`` has; several runs' records pooled, e.g. the
-    calibration's): each model stage keeps its own durations wherever it ran, and a
+    calibration's two one-chunk runs): each model stage keeps its own durations wherever it ran, and a
     whole backward missing from them is drawn as a ``BI`` plus a ``BW`` (the runner's
     ``B`` is those two programs back to back). Records of a
     one-chunk run serve a schedule over virtual stages (C chunks per stage, the model
