@@ -12,8 +12,12 @@ no-communication bound is the fastest of them in each repeat); and whatever
 1. **Auto and calibration**: what ``alpa-comm train --schedule auto`` does, on the
    same cluster: its calibration runs (``trainer.calibrate``: eager-1F1B split and
    whole, interleaved 1F1B x2, ZB-V), then every family ranked
-   (``trainer.choose_schedule``). Its pick is measured as the configuration that
-   runs the same schedule, or as a configuration added for it. Its first run
+   (``trainer.rank_schedules``), the finalists (predicted within
+   ``auto_schedule.TRIAL_MARGIN`` of the fastest) measured for a few steps
+   (``trainer.trial_finalists``; a calibration run of the same schedule counts)
+   and the measured fastest picked. Its pick is then measured, like every other
+   configuration, as the configuration that runs the same schedule, or as a
+   configuration added for it. Its first run
    (eager-1F1B split, broadcast) also chooses the weight-gradient delay of the
    eager-1F1B configurations (``auto_backward``: the least delay per stage that
    shortens the iteration, or an unsplit backward where no delay does) and gives
@@ -60,7 +64,7 @@ from alpa_comm.train.data import synthetic
 from alpa_comm.train.distributed import DistributedPipeline, PipelineCluster, abstract_model
 from alpa_comm.train.measure import costs_from, iteration_seconds, predict, stage_times, transfer_overlap
 from alpa_comm.train.trainer import (TrainConfig, calibrate as train_calibrate, calibration_from, data_stream,
-                                    models_by_size, pick_schedule, rank_schedules)
+                                    models_by_size, pick_schedule, rank_schedules, trial_finalists)
 
 S = 4
 # label -> (schedule kind, split backward, delay ("auto": chosen by calibration), strategy, chunks per stage)
@@ -121,10 +125,12 @@ def regime_of(run: dict, pipe, M: int) -> dict:
 
 def choose_auto(cluster, model_name, kw, M, rows) -> dict:
     """What ``alpa-comm train --schedule auto`` does on this cluster: its own calibration
-    (``trainer.calibrate``), then every family ranked by the predictor over those
-    measurements (``trainer.choose_schedule``). Returns the pick, the ranking, every
-    calibration run (saved, so the predictor can be checked offline) and the regime
-    read from its eager-1F1B split run (the run that also picks the delay)."""
+    (``trainer.calibrate``), every family ranked by the predictor over those
+    measurements (``trainer.rank_schedules``), the finalists measured
+    (``trainer.trial_finalists``) and the measured fastest picked. Returns the pick, the
+    ranking, what the trial measured, every calibration run (saved, so the predictor can
+    be checked offline) and the regime read from its eager-1F1B split run (the run that
+    also picks the delay)."""
     cfg = auto_config(model_name, kw, M, rows)
     runs, regime = [], {}
 
@@ -134,9 +140,9 @@ def choose_auto(cluster, model_name, kw, M, rows) -> dict:
             regime.update(regime_of(run, pipe, M))
 
     model = abstract_model(model_name, S, cfg.model_kwargs())
-    cal = train_calibrate(cfg, cluster, model, data_stream(cfg), log=sys.stderr, model_for=models_by_size(cfg),
-                          on_run=on_run)
-    got = rank_auto(cfg, cal)
+    data = data_stream(cfg)
+    cal = train_calibrate(cfg, cluster, model, data, log=sys.stderr, model_for=models_by_size(cfg), on_run=on_run)
+    got = rank_auto(cfg, cal, lambda ranked: trial_finalists(cfg, cluster, ranked, data, cal.runs, log=sys.stderr))
     log(got["ranking"].rstrip())
     return {**got, "runs": runs, "regime": regime}
 
@@ -148,17 +154,20 @@ def auto_config(model_name, kw, M, rows) -> TrainConfig:
                        optimizer="sgd", lr=0.01, data="synthetic", schedule="auto")
 
 
-def rank_auto(cfg: TrainConfig, cal) -> dict:
-    """What ``choose_schedule`` does over a calibration, keeping every ranked candidate:
-    the pick (label, schedule, prediction), the ranking table as text and the list."""
+def rank_auto(cfg: TrainConfig, cal, trial=None) -> dict:
+    """What ``--schedule auto`` does over a calibration, keeping every ranked candidate:
+    the pick (label, schedule, prediction, measured time), the ranking table as text, the
+    list and what ``trial(ranked)`` measured (label -> (seconds, where); without
+    ``trial``, as offline, the predicted pick)."""
     import io  # noqa: PLC0415
 
     ranking = io.StringIO()
     model = abstract_model(cfg.model, S, cfg.model_kwargs())
     ranked = rank_schedules(cfg, model, cal.costs, cal.predict, cal.wgrad_fraction, models_by_size(cfg))
-    pick = pick_schedule(ranked, ranking)
+    measured = trial(ranked) if trial is not None else {}
+    pick = pick_schedule(ranked, ranking, measured)
     return {"label": pick.candidate.label, "schedule": pick.schedule, "predicted_seconds": pick.predicted_s,
-            "ranking": ranking.getvalue(), "ranked": ranked}
+            "ranking": ranking.getvalue(), "ranked": ranked, "measured": measured}
 
 
 def rerank(saved: dict, out: Path) -> None:
@@ -330,7 +339,7 @@ def main(argv=None) -> int:
                                            "peak_memory": peak_memory(last),
                                            "auto": {"pick": auto["label"], "config": auto_label,
                                                     "predicted_seconds": auto["predicted_seconds"],
-                                                    "ranking": auto["ranking"]}}
+                                                    "trial": auto["measured"], "ranking": auto["ranking"]}}
             for label, tag in ((BASELINE, "baseline"), (auto_label, "auto")):
                 write_chrome_trace(last[label]["records"][-2:], out / f"trace_{model_name}_{tag}.json")
     write_outputs(saved, args, out)
@@ -441,12 +450,14 @@ def write_outputs(saved: dict, args, out: Path) -> None:
         auto = info["auto"]
         a_s = summ[auto["config"]]
         fastest = min((l for l in summ if l not in SIGNAL), key=lambda l: summ[l]["iteration_seconds"])
+        trial = auto.get("trial") or {}
+        in_trial = f", {trial[auto['pick']][0]:.3f} s in its trial" if auto["pick"] in trial else ""
         md.append(f"\n**{model_name}: `--schedule auto` picked {auto['pick']} "
-                  f"(predicted {auto['predicted_seconds']:.3f} "
-                  f"s), measured as `{auto['config']}`: {a_s['iteration_seconds']:.3f} s, {a_s['of_best']:.3f} of the "
+                  f"(predicted {auto['predicted_seconds']:.3f} s{in_trial}), measured as `{auto['config']}`: {a_s['iteration_seconds']:.3f} s, {a_s['of_best']:.3f} of the "
                   f"fastest measured configuration per repeat (fastest by median: `{fastest}`), {a_s['of_signal']:.2f} "
                   f"of the no-communication bound (the fastest signal run), {a_s['speedup']:.2f}x 1F1B + Alpa.**\n")
-        md.append("`--schedule auto`'s ranking (from its own calibration run, before any configuration ran):\n")
+        md.append("`--schedule auto`'s ranking (from its own calibration runs" + (" and its trial of the finalists"
+                  if trial else "") + ", before any configuration ran):\n")
         md.append("```\n" + auto["ranking"].rstrip() + "\n```\n")
     saved["summary"] = summaries
     (out / "results.md").write_text("\n".join(md) + "\n")

@@ -79,3 +79,50 @@ def test_cli_prints_the_ranking_and_draws_the_pick(capsys):
     assert main(["schedule", "--schedule", "auto", "--stages", "3", "--microbatches", "6", "--format", "json"]) == 0
     captured = capsys.readouterr()
     assert Schedule.from_json(captured.out).num_stages == 3 and "picked " in captured.err
+
+
+@settings(max_examples=25, deadline=None)
+@given(S=st.integers(2, 4), per=st.integers(1, 3), comm=st.floats(0, 2), margin=st.floats(0, 1),
+       noise=st.lists(st.floats(0.7, 1.3), min_size=12, max_size=12), cap_share=st.floats(0.3, 1.2))
+def test_the_trial_measures_the_finalists_and_keeps_the_measured_fastest(S, per, comm, margin, noise, cap_share):
+    """Finalists: every candidate that fits, predicted within the margin of the fastest
+    that fits, and none else; the pick after a trial is the measured fastest of them (a
+    tie to the lower peak), whatever the predicted order was."""
+    M = S * per
+    costs = Costs(1.0, 2.0, comm)
+    ranked = _rank(S, M, costs)
+    ranked = _rank(S, M, costs, cap_share * max(r.peak_activations for r in ranked))
+    final = auto_schedule.finalists(ranked, margin)
+    fit = [r for r in ranked if r.fits]
+    if not fit:
+        assert final == []
+        return
+    best = min(r.predicted_s for r in fit)
+    assert {id(r) for r in final} == {id(r) for r in fit if r.predicted_s <= best * (1 + margin) + 1e-12}
+    assert final[0] is auto_schedule.choose(ranked)  # the predicted pick is always measured
+    measured = {r.candidate.label: r.predicted_s * noise[k % len(noise)] for k, r in enumerate(final)}
+    pick = auto_schedule.choose_measured(ranked, measured)
+    fastest = min(measured.values())
+    assert pick in final and measured[pick.candidate.label] <= fastest * (1 + auto_schedule.TIE)
+    tied = [r for r in final if measured[r.candidate.label] <= fastest * (1 + auto_schedule.TIE)]
+    assert pick.peak_activations == min(r.peak_activations for r in tied)
+
+
+def test_a_trial_without_measurements_keeps_the_predicted_pick_and_a_bad_margin_is_named():
+    ranked = _rank(4, 8, Costs(1.0, 2.0, 0.5))
+    assert auto_schedule.choose_measured(ranked, {}) is auto_schedule.choose(ranked)
+    for bad in (-0.1, float("nan"), float("inf"), True):
+        with pytest.raises(InvalidOptionError, match="trial margin must be a finite fraction >= 0"):
+            auto_schedule.finalists(ranked, bad)
+
+
+def test_the_ranking_table_shows_what_the_trial_measured():
+    ranked = _rank(4, 8, Costs(1.0, 2.0, 0.5))
+    second = ranked[1]
+    measured = {ranked[0].candidate.label: (9.0, "calibration"), second.candidate.label: (8.0, "trial")}
+    pick = auto_schedule.choose_measured(ranked, {k: v[0] for k, v in measured.items()})
+    assert pick is second
+    rows = auto_schedule.table_rows(ranked, measured, pick)
+    assert len(rows[0]) == len(auto_schedule.HEADERS) + len(auto_schedule.MEASURED_HEADERS)
+    assert rows[1][-3:] == ["8", "trial", "<-"] and rows[0][-3:] == ["9", "calibration", ""]
+    assert rows[2][-3:-1] == ["-", "-"]

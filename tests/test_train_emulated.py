@@ -172,10 +172,13 @@ def test_train_schedule_auto_can_pick_and_run_a_virtual_schedule(cluster, monkey
     too (the model cut into 2 stages x 2 chunks), each predicted from the calibration's
     run over that cut with its own placement (loop: interleaved 1F1B, backward whole; V:
     ZB-V, split, DualPipeV's whole backwards drawn as the halves); a predictor that
-    favours them makes one the pick, and the run trains it: the first step's loss is the
+    favours them makes them the finalists, the trial measures each (reusing the
+    calibration's own runs of ZB-V and interleaved 1F1B, running the others), the measured
+    fastest is the pick, and the run trains it: the first step's loss is the
     single-device one."""
     import contextlib
 
+    from alpa_comm.pipeline import auto_schedule
     from alpa_comm.train import measure, trainer
 
     monkeypatch.setattr(trainer, "CALIBRATION", ("eager-1f1b", 1))  # one timed step per calibration run
@@ -189,13 +192,26 @@ def test_train_schedule_auto_can_pick_and_run_a_virtual_schedule(cluster, monkey
             seen.add((s.placement, 1 + max(e[4] for e in events), frozenset(e[0] for e in events if e[0][0] in "FB")))
         return real(s, records, *a, **k) * (0.01 if s.virtual else 1.0)
     monkeypatch.setattr(measure, "predict", favour_virtual)
+    trials = []
+    real_trial = trainer.trial_finalists
+
+    def recorded(*a, **k):
+        trials.append(real_trial(*a, **k))
+        return trials[-1]
+    monkeypatch.setattr(trainer, "trial_finalists", recorded)
     cfg = trainer.TrainConfig(model="gpt", stages=2, layers=KW["layers"], width=KW["d"], heads=KW["heads"],
                               seq=KW["seq"], microbatches=4, microbatch_size=4, schedule="auto", optimizer="sgd",
-                              lr=LR, cluster="emulated", data="synthetic", steps=2, timeout=30)
+                              lr=LR, cluster="emulated", data="synthetic", steps=2, timeout=30,
+                              trial_margin=10.0)  # every virtual candidate (0.01x), no one-chunk one (1x)
     result = trainer.train(cfg, log=None)
     assert result.schedule.virtual and len(result.losses) == 2
     # from the calibration's own runs over 2 stages x 2 chunks, not halved one-chunk ones, by placement
     assert seen == {("loop", 4, frozenset({"F", "B"})), ("v", 4, frozenset({"F", "BI", "BW"}))}
+    measured, = trials
+    where = {label: got[1] for label, got in measured.items()}
+    assert where == {"zb-v": "calibration", "interleaved-1f1b x2 chunks": "calibration", "dualpipev": "trial"}
+    picked = [label for label in measured if label.split(" ")[0] == result.schedule.name.split(" ")[0]]
+    assert picked and measured[picked[0]][0] <= min(v[0] for v in measured.values()) * (1 + auto_schedule.TIE)
     first = next(trainer.data_stream(cfg))
     ref_loss, _ = _reference_steps("gpt", 4, [first])
     assert result.losses[0] == pytest.approx(ref_loss[0], rel=1e-5)

@@ -85,6 +85,12 @@ def test_train_cli_schedule_auto_prints_its_ranking(capsys):
     assert "--memory-cap applies to --schedule auto, not '1f1b'" in capsys.readouterr().err
     assert main(["train", "--cluster", "inprocess", "--schedule", "auto", "--delay-wgrad", "1", "--steps", "1"]) == 2
     assert "leave out --split-backward and --delay-wgrad" in capsys.readouterr().err
+    assert main(["train", "--cluster", "local", "--schedule", "1f1b", "--trial-margin", "0.1", "--steps", "1"]) == 2
+    assert "--trial-margin applies to --schedule auto, not '1f1b'" in capsys.readouterr().err
+    assert main(["train", "--cluster", "inprocess", "--schedule", "auto", "--trial-margin", "0.1", "--steps", "1"]) == 2
+    assert "--trial-margin needs host workers" in capsys.readouterr().err
+    assert main(["train", "--cluster", "local", "--schedule", "auto", "--trial-margin", "-1", "--steps", "1"]) == 2
+    assert "argument --trial-margin: must be >= 0, got '-1'" in capsys.readouterr().err
 
 
 def test_split_backward_does_no_extra_work():

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from ..errors import AlpaCommError
+from ..pipeline.auto_schedule import TRIAL_MARGIN
 from ..topology import ClusterSpec
 from .options import (add_alpa_baseline_arg, add_emulated_host_args, add_live_cluster_args, add_schedule_args,
                       add_strategy_arg, alpa_baseline, reject_unused)
@@ -85,6 +86,10 @@ def _register_train(sub) -> None:
     add_schedule_args(p, "delay weight gradients: N or one N per stage (implies --split-backward), or 'auto': "
                          "the least delay per stage that shortens the simulated iteration, the backward kept "
                          "whole where no delay does", auto=True)
+    p.add_argument("--trial-margin", type=number(0, maximum=10), default=None,
+                   help="with --schedule auto on host workers: after calibrating, run every candidate predicted "
+                        "within this fraction of the fastest for a few steps and keep the measured fastest "
+                        f"(default {TRIAL_MARGIN:g}; 0: only the predicted pick and its ties)")
     add_strategy_arg(p, "; signal: one byte, the no-communication bound")
     p.add_argument("--dp", type=count(1, 64), default=1, help="data-parallel hosts per stage (default 1)")
     add_live_cluster_args(p, "local", "inprocess (one process), local (Ray on this machine), emulated (root: "

@@ -127,14 +127,65 @@ def choose(ranked: Sequence[Ranked]) -> Ranked:
     return ranked[0]
 
 
+TRIAL_MARGIN = 0.2
+"""``finalists``: candidates predicted within this fraction of the fastest that fits are
+measured before the pick. The predictor drew each action's time from runs of other
+schedules; on the emulated cluster its ranking erred by up to 17 % between two
+candidates (ZB-H1 predicted 1.16x eager-1F1B, measured 0.98x: GPT, 200 Mbit/s), so a
+margin below that would keep the measured fastest out of the trial."""
+
+
+def finalists(ranked: Sequence[Ranked], margin: float = TRIAL_MARGIN) -> list[Ranked]:
+    """The candidates worth measuring: those that fit the cap, predicted within ``margin``
+    of the fastest that fits, in ranked order (the predicted pick first)."""
+    import math  # noqa: PLC0415
+
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not math.isfinite(margin) or margin < 0:
+        raise InvalidOptionError(f"trial margin must be a finite fraction >= 0, got {margin!r}")
+    fit = [r for r in ranked if r.fits]
+    if not fit:
+        return []
+    best = min(r.predicted_s for r in fit)
+    return [r for r in fit if r.predicted_s <= best * (1 + margin) + 1e-12]
+
+
+def choose_measured(ranked: Sequence[Ranked], measured: dict[str, float]) -> Ranked:
+    """The pick after a trial: of the candidates with a measured iteration time
+    (``measured``: candidate label -> seconds), the fastest; times within ``TIE`` of it
+    go to the lower peak memory, then to the earlier ranked. Without any measurement,
+    the predicted pick (``choose``)."""
+    timed = [(k, r) for k, r in enumerate(ranked) if r.candidate.label in measured and r.fits]
+    if not timed:
+        return choose(ranked)
+    best = min(measured[r.candidate.label] for _, r in timed)
+    tied = [(k, r) for k, r in timed if measured[r.candidate.label] <= best * (1 + TIE)]
+    return min(tied, key=lambda kr: (kr[1].peak_activations, kr[0]))[1]
+
+
 HEADERS = ["schedule", "predicted time", "x fastest", "peak activations", "fits cap", "pick"]
 """The ranking's columns: the predicted time is in the costs' unit (seconds where they were
 measured), "x fastest" relative to the fastest candidate that fits the cap."""
 
 
-def table_rows(ranked: Sequence[Ranked]) -> list[list[str]]:
-    """Rows for ``report.tables.table``: the ranking as printed, the pick marked."""
+MEASURED_HEADERS = ["measured time", "measured in"]
+"""With a trial, two more columns before "pick": each finalist's measured iteration time
+and where it was measured (a calibration run of the same schedule, or a trial run)."""
+
+
+def table_rows(ranked: Sequence[Ranked], measured: dict[str, tuple[float, str]] | None = None,
+               pick: Ranked | None = None) -> list[list[str]]:
+    """Rows for ``report.tables.table``: the ranking as printed, the pick marked (``pick``,
+    default the first ranked). With ``measured`` (label -> (seconds, where)), the
+    ``MEASURED_HEADERS`` columns too, "-" for a candidate not measured."""
     best = min((r.predicted_s for r in ranked if r.fits), default=0.0)
-    return [[r.candidate.label, f"{r.predicted_s:.4g}", f"{r.predicted_s / best:.3f}" if best else "-",
-             f"{r.peak_activations:g}", "yes" if r.fits else "no", "<-" if k == 0 and r.fits else ""]
-            for k, r in enumerate(ranked)]
+    if pick is None:
+        pick = ranked[0] if ranked and ranked[0].fits else None
+    rows = []
+    for r in ranked:
+        row = [r.candidate.label, f"{r.predicted_s:.4g}", f"{r.predicted_s / best:.3f}" if best else "-",
+               f"{r.peak_activations:g}", "yes" if r.fits else "no"]
+        if measured is not None:
+            got = measured.get(r.candidate.label)
+            row += [f"{got[0]:.4g}", got[1]] if got else ["-", "-"]
+        rows.append(row + ["<-" if r is pick else ""])
+    return rows

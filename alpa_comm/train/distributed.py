@@ -248,7 +248,7 @@ class DistributedPipeline:
         for e in self.edges:
             # every host takes the barrier; one outside this pipeline (a smaller pipeline on a
             # cluster an earlier, larger one set up) must not run its stale plan of the same name
-            refs = [(w.time_edge.remote(e.name if h in self.hosts else None, repeats), h)
+            refs = [(w.time_edge.remote(e.name if h in self.hosts else None, repeats, self.cluster.timeout), h)
                     for h, w in enumerate(self.cluster.workers)]
             runs = [r for r in self.cluster._wait(refs, f"timing edge {e.name}") if r]
             per_rep = [max(run[i][1] for run in runs) - min(run[i][0] for run in runs) for i in range(repeats)]

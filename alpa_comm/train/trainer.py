@@ -47,6 +47,7 @@ class Calibration:
     costs: Costs
     predict: object
     wgrad_fraction: float = 0.5
+    runs: list = field(default_factory=list)  # calibrate's runs (``on_run``'s dicts): the trial reuses their times
 
 
 @dataclass
@@ -61,6 +62,7 @@ class TrainConfig:
     microbatch_size: int = 4
     schedule: str = "eager-1f1b"  # or "auto": calibrated, simulated, the fastest that fits ``memory_cap``
     memory_cap: float | None = None  # --schedule auto: most live activations per stage (whole-stage microbatches)
+    trial_margin: float | None = None  # --schedule auto: measure candidates predicted within this (default TRIAL_MARGIN)
     split_backward: bool = False
     delay_wgrad: object = None  # None, "auto", an int or one per stage
     strategy: str = "broadcast"
@@ -101,8 +103,16 @@ class TrainConfig:
         from ..pipeline.auto_schedule import check_memory_cap  # noqa: PLC0415
 
         check_memory_cap(self.memory_cap)
-        if self.memory_cap is not None and self.schedule != AUTO:
-            raise InvalidOptionError(f"--memory-cap applies to --schedule auto, not {self.schedule!r}")
+        for name in ("memory_cap", "trial_margin"):
+            if getattr(self, name) is not None and self.schedule != AUTO:
+                raise InvalidOptionError(f"--{name.replace('_', '-')} applies to --schedule auto, not "
+                                         f"{self.schedule!r}")
+        if self.trial_margin is not None and (not isinstance(self.trial_margin, (int, float))
+                                              or not math.isfinite(self.trial_margin) or self.trial_margin < 0):
+            raise InvalidOptionError(f"--trial-margin must be a finite fraction >= 0, got {self.trial_margin!r}")
+        if self.trial_margin is not None and self.cluster == "inprocess":
+            raise InvalidOptionError("--trial-margin needs host workers to measure on (--cluster local, emulated or "
+                                     "ray://...): --cluster inprocess ranks by the simulator alone")
         if self.schedule == AUTO and (self.split_backward or self.delay_wgrad is not None):
             raise InvalidOptionError("--schedule auto chooses the split and the weight-gradient delay itself: "
                                      "leave out --split-backward and --delay-wgrad")
@@ -150,20 +160,67 @@ def choose_schedule(cfg: TrainConfig, model, costs: Costs, predict=None, log=Non
     return pick_schedule(rank_schedules(cfg, model, costs, predict, wgrad_fraction, model_for), log)
 
 
-def pick_schedule(ranked: list, log=None):
-    """The first of ``rank_schedules``' list (``auto_schedule.choose``), the ranking printed
-    to ``log`` first (a stream; None: silent), so a cap nothing fits shows every peak."""
+def pick_schedule(ranked: list, log=None, measured: dict | None = None):
+    """The pick of ``rank_schedules``' list, the ranking printed to ``log`` first (a stream;
+    None: silent), so a cap nothing fits shows every peak: the first ranked
+    (``auto_schedule.choose``), or with ``measured`` (a trial's label -> (seconds, where))
+    the fastest measured (``auto_schedule.choose_measured``)."""
     from ..pipeline import auto_schedule  # noqa: PLC0415
     from ..report.tables import table  # noqa: PLC0415
 
+    if measured:
+        pick = auto_schedule.choose_measured(ranked, {k: v[0] for k, v in measured.items()})
+        headers = auto_schedule.HEADERS[:-1] + auto_schedule.MEASURED_HEADERS + auto_schedule.HEADERS[-1:]
+    else:
+        pick, headers = None, auto_schedule.HEADERS
     if log:
         print("--schedule auto (predicted iteration time, peak live activations of the fullest stage in "
-              "microbatches):", file=log)
-        print(table(auto_schedule.HEADERS, auto_schedule.table_rows(ranked)), file=log)
-    pick = auto_schedule.choose(ranked)  # after the table, so a cap nothing fits shows every peak
+              "microbatches" + ("; finalists measured" if measured else "") + "):", file=log)
+        print(table(headers, auto_schedule.table_rows(ranked, measured, pick)), file=log)
+    if pick is None:
+        pick = auto_schedule.choose(ranked)  # after the table, so a cap nothing fits shows every peak
     if log:
         print(f"picked {pick.candidate.label}", file=log, flush=True)
     return pick
+
+
+TRIAL_STEPS = 2
+"""Timed steps (after one warm-up) a finalist the calibration did not already run gets in
+``trial_finalists``; its median is its measured time, as a calibration run's is."""
+
+
+def trial_finalists(cfg: TrainConfig, cluster, ranked: list, data, runs=(), margin: float | None = None,
+                    log=None) -> dict[str, tuple[float, str]]:
+    """``--schedule auto``'s last step: measure the finalists (``auto_schedule.finalists``:
+    predicted within ``margin`` of the fastest, default ``TRIAL_MARGIN``) on ``cluster``.
+    A finalist whose schedule a calibration run (``runs``, as ``calibrate`` keeps them)
+    already ran takes that run's median step time; every other one runs one warm-up
+    and ``TRIAL_STEPS`` timed steps. Returns candidate label -> (median seconds, where:
+    "calibration" or "trial"), for ``pick_schedule``. Why measure at all: the predictor
+    draws each action's time from other schedules' runs, and how busy a schedule keeps a
+    host changes its actions' times (``auto_schedule.TRIAL_MARGIN`` says by how much)."""
+    import numpy as np  # noqa: PLC0415
+
+    from ..pipeline import auto_schedule  # noqa: PLC0415
+    from .distributed import DistributedPipeline  # noqa: PLC0415
+
+    ran = {r["schedule"]: float(np.median(r["seconds"])) for r in runs if r.get("schedule") and r.get("seconds")}
+    out: dict[str, tuple[float, str]] = {}
+    final = auto_schedule.finalists(ranked, auto_schedule.TRIAL_MARGIN if margin is None else margin)
+    for k, r in enumerate(final):
+        label, text = r.candidate.label, r.schedule.to_text()
+        if text in ran:
+            out[label] = (ran[text], "calibration")
+            continue
+        if log:
+            print(f"--schedule auto: trial {k + 1}/{len(final)}: {label} (predicted {r.predicted_s:.4g} s, "
+                  f"1 + {TRIAL_STEPS} steps)", file=log, flush=True)
+        pipe = DistributedPipeline(cluster, cfg.model, cfg.stages, r.schedule, microbatch_size=cfg.microbatch_size,
+                                   model_kwargs=cfg.model_kwargs(), dp=cfg.dp, strategy=cfg.strategy,
+                                   optimizer=cfg.optimizer, lr=cfg.lr)
+        pipe.step(next(data))
+        out[label] = (float(np.median([pipe.step(next(data)).seconds for _ in range(TRIAL_STEPS)])), "trial")
+    return out
 
 
 def rank_schedules(cfg: TrainConfig, model, costs: Costs, predict=None, wgrad_fraction: float = 0.5,
@@ -231,9 +288,9 @@ def calibrate(cfg: TrainConfig, cluster, model, data, log=None, model_for=None, 
     did not measure is drawn as its two halves (``B`` runs them back to back).
 
     ``on_run(run, pipe)``, if given, sees each calibration run as it ends: ``run`` holds
-    ``kind``, ``split``, ``chunks``, ``placement``, ``model_stages``, ``records`` (per
-    timed step, the hosts' records) and ``edge_s`` (edge times, empty where not
-    timed); e.g. to save them (``calibration_from`` reads them back), or to read the
+    ``kind``, ``split``, ``chunks``, ``placement``, ``model_stages``, ``schedule`` (its
+    text), ``records`` (per timed step, the hosts' records), ``seconds`` (per timed
+    step) and ``edge_s`` (edge times, empty where not timed); e.g. to save them (``calibration_from`` reads them back), or to read the
     pipeline's regime without a run of its own."""
     from .distributed import DistributedPipeline  # noqa: PLC0415
 
@@ -253,9 +310,10 @@ def calibrate(cfg: TrainConfig, cluster, model, data, log=None, model_for=None, 
                                    model_kwargs=cfg.model_kwargs(), dp=cfg.dp, strategy=cfg.strategy,
                                    optimizer=cfg.optimizer, lr=cfg.lr)
         pipe.step(next(data))
-        got = [pipe.step(next(data)).per_host for _ in range(steps)]
+        got = [pipe.step(next(data)) for _ in range(steps)]
         times = pipe.time_edges(repeats=3) if sched.virtual or split else {}
-        done.append({"kind": kind, "split": split, "chunks": chunks, "records": got, "edge_s": times,
+        done.append({"kind": kind, "split": split, "chunks": chunks, "records": [g.per_host for g in got],
+                     "seconds": [g.seconds for g in got], "schedule": sched.to_text(), "edge_s": times,
                      "placement": sched.placement, "model_stages": sched.num_virtual_stages})
         if on_run is not None:
             on_run(done[-1], pipe)
@@ -289,7 +347,7 @@ def calibration_from(runs: list[dict], cfg: TrainConfig) -> Calibration:
         if own is not None and own["model_stages"] == s.num_virtual_stages:
             return predict(s, own["records"], own["edge_s"], signal=signal)
         return predict(s, records, edge_s, signal=signal)
-    return Calibration(costs, predict_measured, max(kept, default=0.5))
+    return Calibration(costs, predict_measured, max(kept, default=0.5), list(runs))
 
 
 def _runs_at(kind: str, chunks, num_stages: int, num_microbatches: int) -> bool:
@@ -395,9 +453,11 @@ def _train_distributed(cfg: TrainConfig, log) -> TrainResult:
     losses, seconds, records = [], [], []
     with open_cluster(cfg, log) as cluster:
         if auto:  # measured on this cluster, then ranked; training starts afresh with the pick
-            cal = calibrate(cfg, cluster, model, data_stream(cfg), log, model_for=model_for)
-            sched = choose_schedule(cfg, model, cal.costs, cal.predict, log, cal.wgrad_fraction,
-                                    model_for=model_for).schedule
+            trial_data = data_stream(cfg)
+            cal = calibrate(cfg, cluster, model, trial_data, log, model_for=model_for)
+            ranked = rank_schedules(cfg, model, cal.costs, cal.predict, cal.wgrad_fraction, model_for)
+            measured = trial_finalists(cfg, cluster, ranked, trial_data, cal.runs, cfg.trial_margin, log)
+            sched = pick_schedule(ranked, log, measured).schedule
         if log:
             print(f"setting up {cfg.stages} stages x {cfg.dp} data-parallel hosts ({cfg.strategy}, {sched.name})",
                   file=log, flush=True)

@@ -303,14 +303,16 @@ class PipelineWorker(HostWorker):
         return {v: jax.tree_util.tree_map(lambda x: np.asarray(x.addressable_shards[0].data), p)
                 for v, p in self.params.items()}
 
-    def time_edge(self, edge: str | None, repeats: int) -> list[tuple[float, float, float]]:
+    def time_edge(self, edge: str | None, repeats: int, timeout: float) -> list[tuple[float, float, float]]:
         """Run ``edge``'s plans alone ``repeats`` times (zeros as data); every host of
         the gloo group calls this together, so hosts off the edge (or given None: outside
         the pipeline being timed) only take the barrier. Per run: start, end and the CPU
-        seconds this host's process spent meanwhile (every thread: the transport's cost)."""
+        seconds this host's process spent meanwhile (every thread: the transport's cost).
+        ``timeout``: the barrier's, from the driver (a host outside every pipeline set up so
+        far has no stage configuration to read one from)."""
         out = []
         for r in range(repeats):
-            self.backend.barrier(self.cfg.timeout)
+            self.backend.barrier(timeout)
             if self.mailbox is None or edge not in self.mailbox.jobs:
                 continue
             srcs = self.mailbox.zero_sources(edge)
