@@ -156,9 +156,10 @@ def auto_config(model_name, kw, M, rows) -> TrainConfig:
 
 def rank_auto(cfg: TrainConfig, cal, trial=None) -> dict:
     """What ``--schedule auto`` does over a calibration, keeping every ranked candidate:
-    the pick (label, schedule, prediction, measured time), the ranking table as text, the
-    list and what ``trial(ranked)`` measured (label -> (seconds, where); without
-    ``trial``, as offline, the predicted pick)."""
+    the pick (``label``, ``schedule``, ``predicted_seconds``), the ranking table as text
+    (``ranking``), the list (``ranked``) and what ``trial(ranked)`` measured
+    (``measured``: label -> (seconds, where)); without ``trial`` (offline) the pick is
+    the predicted one."""
     import io  # noqa: PLC0415
 
     ranking = io.StringIO()
@@ -189,15 +190,19 @@ def rerank(saved: dict, out: Path) -> None:
             if strategy == "broadcast" and label in summ:
                 by_text.setdefault(sched.to_text(), label)
         fastest = min(s["iteration_seconds"] for l, s in summ.items() if l not in SIGNAL)
+        trial = info["auto"].get("trial") or {}
         rows = []
         for r in got["ranked"]:
             label = by_text.get(r.schedule.to_text())
             it = summ[label]["iteration_seconds"] if label else None
-            rows.append([r.candidate.label, f"{r.predicted_s:.3f}", f"{it:.3f}" if it else "-",
-                         f"{fastest / it:.3f}" if it else "-"])
-        print(f"\n## {model_name}: ranking from the saved calibration (today's predictor): pick {got['label']} "
-              f"(the run picked {info['auto']['pick']})\n")
-        print(table(["candidate", "predicted s", "measured s (median)", "measured, of fastest"], rows))
+            tried = trial.get(r.candidate.label)
+            rows.append([r.candidate.label, f"{r.predicted_s:.3f}", f"{tried[0]:.3f} ({tried[1]})" if tried else "-",
+                         f"{it:.3f}" if it else "-", f"{fastest / it:.3f}" if it else "-"])
+        print(f"\n## {model_name}: ranking from the saved calibration (today's predictor): predicted pick "
+              f"{got['label']} (the run picked {info['auto']['pick']}"
+              + (", the measured fastest of its trial" if trial else "") + ")\n")
+        print(table(["candidate", "predicted s", "run's trial s", "measured s (median)", "measured, of fastest"],
+                    rows))
 
 
 def configurations(model_name, kw, M, delay, auto) -> tuple[dict, str]:
@@ -370,15 +375,33 @@ def summarize(saved: dict, model_name: str) -> dict:
         if link is None:  # a run from before rows kept it: plan the configuration again, offline
             link = offline_link_seconds(saved, model_name, label)
         cpu = [max(by[(label, k)]["cpu_seconds"]) / saved["args"]["host_cpus"] for k in repeats]
+        fill = None if label in SIGNAL else fill_seconds(saved["models"][model_name].get("regime_edges", {}))
         phys = (None if link is None else
                 median(max(b, link) / by[(label, k)]["iteration_seconds"] for b, k in zip(bound, repeats)))
         out[label] = {"of_best": median(b / i for b, i in zip(best, it)), "iteration_seconds": median(it),
-                      "link_seconds": link, "cpu_floor_seconds": median(cpu), "of_physical": phys,
+                      "link_seconds": link, "fill_seconds": fill, "cpu_floor_seconds": median(cpu),
+                      "of_physical": phys,
                       "transfer_overlap": hidden, "iteration_range": [min(it), max(it)],
                       "speedup": median(speed), "speedup_range": [min(speed), max(speed)],
                       "of_signal": median(frac), "of_signal_range": [min(frac), max(frac)],
                       "sim_error": max(err, key=abs), "sim_error_medians": max(err0, key=abs)}
     return out
+
+
+def fill_seconds(edges: dict) -> float | None:
+    """The transfers on the fill and drain path: the first microbatch's forward crosses
+    every forward edge before the last stage can start, the last one's gradient every
+    backward edge before the first stage can finish its last input gradient. Their sum
+    over the one-chunk edges (``F:s->s+1`` and ``B:s+1->s``, each timed alone in the
+    calibration run, with broadcast) is how much later than in the no-communication run
+    that path ends where nothing else hides it: an estimate of what communication costs
+    a pipeline whose signal run has no slack on that path, not a bound (a schedule with
+    slack there, or a bottleneck stage that never waits, hides part of it). None where an
+    edge was not timed."""
+    try:
+        return sum(edges[f"F:{s}->{s + 1}"]["seconds"] + edges[f"B:{s + 1}->{s}"]["seconds"] for s in range(S - 1))
+    except KeyError:
+        return None
 
 
 def offline_link_seconds(saved: dict, model_name: str, label: str) -> float | None:
@@ -424,7 +447,7 @@ def write_outputs(saved: dict, args, out: Path) -> None:
                         [[k, f"{e['seconds']:.3f}", f"{e['over_forward']:.2f}"] for k, e in info["regime_edges"].items()]))
         md.append("")
         md.append(table(["configuration", "iteration s", "vs 1f1b+alpa", "of fastest", "of signal bound",
-                         "link bound s", "of physical bound", "host CPU s / cap", "simulated error",
+                         "link bound s", "fill s", "of physical bound", "host CPU s / cap", "simulated error",
                          "error, median-duration sim", "sending time hidden by compute, per stage"],
                         [[label, f"{s['iteration_seconds']:.3f} [{s['iteration_range'][0]:.3f}-"
                                  f"{s['iteration_range'][1]:.3f}]",
@@ -432,6 +455,7 @@ def write_outputs(saved: dict, args, out: Path) -> None:
                           "-" if label in SIGNAL else f"{s['of_best']:.3f}",
                           f"{s['of_signal']:.2f} [{s['of_signal_range'][0]:.2f}-{s['of_signal_range'][1]:.2f}]",
                           "-" if s["link_seconds"] is None else f"{s['link_seconds']:.2f}",
+                          "-" if s.get("fill_seconds") is None else f"{s['fill_seconds']:.2f}",
                           "-" if s["of_physical"] is None else f"{s['of_physical']:.2f}",
                           f"{s['cpu_floor_seconds']:.2f}",
                           f"{s['sim_error']:+.0%}", f"{s['sim_error_medians']:+.0%}",
@@ -439,7 +463,10 @@ def write_outputs(saved: dict, args, out: Path) -> None:
         md.append("\n(simulated error: the worst over repeats of (simulated - measured) / measured. Link bound: the "
                   "least time a step's transfers hold the busiest NIC, bytes over rate (`DistributedPipeline."
                   "link_seconds`; edge transfers, not the data-parallel mean); physical bound: the larger of it "
-                  "and the signal bound, per repeat. Host CPU s / cap: the busiest host's CPU seconds per step "
+                  "and the signal bound, per repeat. Fill: the one-chunk edges' transfers, each timed alone with "
+                  "broadcast, that the first microbatch's forward and the last one's backward cross in turn: an "
+                  "estimate of what the fill and drain add to the signal bound where the signal run has no slack "
+                  "on that path (not a bound). Host CPU s / cap: the busiest host's CPU seconds per step "
                   "(compute, transport threads, runtime, the optimizer update included) over its core cap: the "
                   "least wall time that host's work takes under the cap.)\n")
         mem = info["peak_memory"]
@@ -451,7 +478,9 @@ def write_outputs(saved: dict, args, out: Path) -> None:
         a_s = summ[auto["config"]]
         fastest = min((l for l in summ if l not in SIGNAL), key=lambda l: summ[l]["iteration_seconds"])
         trial = auto.get("trial") or {}
-        in_trial = f", {trial[auto['pick']][0]:.3f} s in its trial" if auto["pick"] in trial else ""
+        in_trial = (f", {trial[auto['pick']][0]:.3f} s measured in its "
+                    f"{'calibration run' if trial[auto['pick']][1] == 'calibration' else 'trial'}"
+                    if auto["pick"] in trial else "")
         md.append(f"\n**{model_name}: `--schedule auto` picked {auto['pick']} "
                   f"(predicted {auto['predicted_seconds']:.3f} s{in_trial}), measured as `{auto['config']}`: {a_s['iteration_seconds']:.3f} s, {a_s['of_best']:.3f} of the "
                   f"fastest measured configuration per repeat (fastest by median: `{fastest}`), {a_s['of_signal']:.2f} "

@@ -29,6 +29,12 @@ from alpa_comm.runtime.launch import emulated_spec
 from alpa_comm.train.distributed import DistributedPipeline, PipelineCluster
 
 
+GLOO_IO_THREAD = "gloo_tcp_loop"
+"""The name gloo gives its TCP transport's I/O thread (epoll loop: receives, and sends
+that do not fit the socket at once); every other thread of a worker is the executor's or
+Ray's."""
+
+
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
@@ -42,6 +48,7 @@ def measure(nic: str, args) -> list[dict]:
     rate = emulated_spec(2, 2, nic).send_rate(0)  # bytes/s, as the planner sees the link
     return [{"nic": nic, "edge": name, "mb": c["bytes"] / 1e6, "seconds": c["seconds"],
              "wire_seconds": c["bytes"] / rate, "cpu_seconds": c["cpu_seconds"],
+             "gloo_io_cpu_seconds": c["cpu_by_thread"].get(GLOO_IO_THREAD, 0.0),
              "cpu_s_per_mb": c["cpu_seconds"] / (c["bytes"] / 1e6) if c["bytes"] else 0.0}
             for name, c in got.items()]
 
@@ -78,12 +85,14 @@ def main(argv=None) -> int:
     md = ["# Transport CPU per MB at several NIC rates\n",
           f"2 emulated hosts x 2 devices, {args.host_cpus} cores each; a GPT edge of {args.rows} x {args.seq} x "
           f"{args.width} float32 per microbatch, broadcast, each edge alone, median of {args.repeats}. CPU: both "
-          "hosts' processes (every thread) during the run. Command: `sudo .venv/bin/python "
+          "hosts' processes (every thread) during the run; gloo's I/O thread (`gloo_tcp_loop`) apart, by "
+          "`runtime.thread_cpu`. Command: `sudo .venv/bin/python "
           "benchmarks/transport_cpu.py`.\n",
           table(["NIC", "edge", "MB through NICs", "seconds", "bytes at link rate, s", "CPU s (both hosts)",
-                 "CPU s per MB"],
+                 "CPU s per MB", "of it gloo's I/O thread, s per MB"],
                 [[r["nic"], r["edge"], f"{r['mb']:.2f}", f"{r['seconds']:.3f}", f"{r['wire_seconds']:.3f}",
-                  f"{r['cpu_seconds']:.3f}", f"{r['cpu_s_per_mb']:.4f}"] for r in rows])]
+                  f"{r['cpu_seconds']:.3f}", f"{r['cpu_s_per_mb']:.4f}",
+                  f"{r['gloo_io_cpu_seconds'] / r['mb']:.4f}" if r["mb"] else "-"] for r in rows])]
     (out / "results.md").write_text("\n".join(md) + "\n")
     (out / "results.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
     plot(rows, out)

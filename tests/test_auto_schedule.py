@@ -126,3 +126,15 @@ def test_the_ranking_table_shows_what_the_trial_measured():
     assert len(rows[0]) == len(auto_schedule.HEADERS) + len(auto_schedule.MEASURED_HEADERS)
     assert rows[1][-3:] == ["8", "trial", "<-"] and rows[0][-3:] == ["9", "calibration", ""]
     assert rows[2][-3:-1] == ["-", "-"]
+
+
+def test_a_zero_margin_still_measures_the_predicted_pick_and_its_ties():
+    """``rank`` ties times within ``TIE`` and puts the lower peak first, so the predicted
+    pick can be slower than the fastest prediction by less than ``TIE``: a margin of 0
+    must still keep it (regression: it once kept only the fastest prediction)."""
+    S, M = 4, 8
+    ranked = _rank(S, M, Costs(1.0, 2.0, 0.01))
+    final = auto_schedule.finalists(ranked, 0)
+    assert final[0] is auto_schedule.choose(ranked)
+    fastest = min(r.predicted_s for r in ranked if r.fits)
+    assert all(r.predicted_s <= fastest * (1 + auto_schedule.TIE) + 1e-12 for r in final)

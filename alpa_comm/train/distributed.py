@@ -243,7 +243,9 @@ class DistributedPipeline:
     def edge_costs(self, repeats: int = 3) -> dict[str, dict]:
         """Each planned edge run alone ``repeats`` times, by edge name: ``seconds`` (first
         byte posted to last byte in, over its hosts; median), ``cpu_seconds`` (its hosts'
-        CPU meanwhile, summed; median) and ``bytes`` (through NICs, sent, per run)."""
+        CPU meanwhile, summed; median), ``cpu_by_thread`` (the same by thread name,
+        ``runtime.thread_cpu``; each name's median) and ``bytes`` (through NICs, sent,
+        per run)."""
         out = {}
         for e in self.edges:
             # every host takes the barrier; one outside this pipeline (a smaller pipeline on a
@@ -253,6 +255,10 @@ class DistributedPipeline:
             runs = [r for r in self.cluster._wait(refs, f"timing edge {e.name}") if r]
             per_rep = [max(run[i][1] for run in runs) - min(run[i][0] for run in runs) for i in range(repeats)]
             cpu = [sum(run[i][2] for run in runs) for i in range(repeats)]
+            names = {n for run in runs for rep in run for n in rep[3]}
+            by_thread = {n: float(np.median([sum(run[i][3].get(n, 0.0) for run in runs) for i in range(repeats)]))
+                         for n in sorted(names)}
             sent = sum(n for p in self.plans[e] for n in p.network_bytes()[0].values())
-            out[e.name] = {"seconds": float(np.median(per_rep)), "cpu_seconds": float(np.median(cpu)), "bytes": sent}
+            out[e.name] = {"seconds": float(np.median(per_rep)), "cpu_seconds": float(np.median(cpu)),
+                           "cpu_by_thread": by_thread, "bytes": sent}
         return out

@@ -100,16 +100,15 @@ class TrainConfig:
                 raise InvalidOptionError(f"--{name} must be a positive finite number, got {v!r}")
         if self.host_cpus is not None and (not math.isfinite(self.host_cpus) or self.host_cpus <= 0):
             raise InvalidOptionError(f"--host-cpus must be a positive number, got {self.host_cpus!r}")
-        from ..pipeline.auto_schedule import check_memory_cap  # noqa: PLC0415
+        from ..pipeline.auto_schedule import check_memory_cap, check_trial_margin  # noqa: PLC0415
 
         check_memory_cap(self.memory_cap)
         for name in ("memory_cap", "trial_margin"):
             if getattr(self, name) is not None and self.schedule != AUTO:
                 raise InvalidOptionError(f"--{name.replace('_', '-')} applies to --schedule auto, not "
                                          f"{self.schedule!r}")
-        if self.trial_margin is not None and (not isinstance(self.trial_margin, (int, float))
-                                              or not math.isfinite(self.trial_margin) or self.trial_margin < 0):
-            raise InvalidOptionError(f"--trial-margin must be a finite fraction >= 0, got {self.trial_margin!r}")
+        if self.trial_margin is not None:
+            check_trial_margin(self.trial_margin)
         if self.trial_margin is not None and self.cluster == "inprocess":
             raise InvalidOptionError("--trial-margin needs host workers to measure on (--cluster local, emulated or "
                                      "ray://...): --cluster inprocess ranks by the simulator alone")
@@ -168,17 +167,19 @@ def pick_schedule(ranked: list, log=None, measured: dict | None = None):
     from ..pipeline import auto_schedule  # noqa: PLC0415
     from ..report.tables import table  # noqa: PLC0415
 
+    headers = auto_schedule.HEADERS
+    try:
+        pick = auto_schedule.choose_measured(ranked, {k: v[0] for k, v in (measured or {}).items()})
+    except InvalidOptionError:  # nothing fits the cap: raised again after the table shows every peak
+        pick = None
     if measured:
-        pick = auto_schedule.choose_measured(ranked, {k: v[0] for k, v in measured.items()})
         headers = auto_schedule.HEADERS[:-1] + auto_schedule.MEASURED_HEADERS + auto_schedule.HEADERS[-1:]
-    else:
-        pick, headers = None, auto_schedule.HEADERS
     if log:
         print("--schedule auto (predicted iteration time, peak live activations of the fullest stage in "
               "microbatches" + ("; finalists measured" if measured else "") + "):", file=log)
         print(table(headers, auto_schedule.table_rows(ranked, measured, pick)), file=log)
     if pick is None:
-        pick = auto_schedule.choose(ranked)  # after the table, so a cap nothing fits shows every peak
+        pick = auto_schedule.choose(ranked)  # raises, naming the least peak
     if log:
         print(f"picked {pick.candidate.label}", file=log, flush=True)
     return pick
@@ -207,14 +208,16 @@ def trial_finalists(cfg: TrainConfig, cluster, ranked: list, data, runs=(), marg
     ran = {r["schedule"]: float(np.median(r["seconds"])) for r in runs if r.get("schedule") and r.get("seconds")}
     out: dict[str, tuple[float, str]] = {}
     final = auto_schedule.finalists(ranked, auto_schedule.TRIAL_MARGIN if margin is None else margin)
-    for k, r in enumerate(final):
-        label, text = r.candidate.label, r.schedule.to_text()
-        if text in ran:
-            out[label] = (ran[text], "calibration")
-            continue
+    for r in final:
+        if r.schedule.to_text() in ran:
+            out[r.candidate.label] = (ran[r.schedule.to_text()], "calibration")
+    to_run, reused = [r for r in final if r.candidate.label not in out], len(out)
+    for k, r in enumerate(to_run):
+        label = r.candidate.label
         if log:
-            print(f"--schedule auto: trial {k + 1}/{len(final)}: {label} (predicted {r.predicted_s:.4g} s, "
-                  f"1 + {TRIAL_STEPS} steps)", file=log, flush=True)
+            print(f"--schedule auto: trial {k + 1}/{len(to_run)}: {label} (predicted {r.predicted_s:.4g} s, "
+                  f"1 + {TRIAL_STEPS} steps; {reused} of {len(final)} finalists timed in calibration already)",
+                  file=log, flush=True)
         pipe = DistributedPipeline(cluster, cfg.model, cfg.stages, r.schedule, microbatch_size=cfg.microbatch_size,
                                    model_kwargs=cfg.model_kwargs(), dp=cfg.dp, strategy=cfg.strategy,
                                    optimizer=cfg.optimizer, lr=cfg.lr)

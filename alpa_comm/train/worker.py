@@ -24,6 +24,7 @@ import time
 import numpy as np
 
 from ..runtime.allreduce import allreduce_mean
+from ..runtime.thread_cpu import difference, thread_cpu_seconds
 from ..runtime.worker import HostWorker
 from .stage_setup import StageSetup
 from .transport import ALLREDUCE_TAG_BASE, make_mailbox
@@ -303,11 +304,12 @@ class PipelineWorker(HostWorker):
         return {v: jax.tree_util.tree_map(lambda x: np.asarray(x.addressable_shards[0].data), p)
                 for v, p in self.params.items()}
 
-    def time_edge(self, edge: str | None, repeats: int, timeout: float) -> list[tuple[float, float, float]]:
+    def time_edge(self, edge: str | None, repeats: int, timeout: float) -> list[tuple[float, float, float, dict]]:
         """Run ``edge``'s plans alone ``repeats`` times (zeros as data); every host of
         the gloo group calls this together, so hosts off the edge (or given None: outside
         the pipeline being timed) only take the barrier. Per run: start, end and the CPU
-        seconds this host's process spent meanwhile (every thread: the transport's cost).
+        seconds this host's process spent meanwhile (every thread: the transport's cost),
+        and the same by thread name (``runtime.thread_cpu``: gloo's I/O thread apart).
         ``timeout``: the barrier's, from the driver (a host outside every pipeline set up so
         far has no stage configuration to read one from)."""
         out = []
@@ -316,9 +318,9 @@ class PipelineWorker(HostWorker):
             if self.mailbox is None or edge not in self.mailbox.jobs:
                 continue
             srcs = self.mailbox.zero_sources(edge)
-            t0, cpu0 = time.time(), time.process_time()
+            t0, cpu0, threads0 = time.time(), time.process_time(), thread_cpu_seconds()
             self.mailbox._run(edge, r % self.mailbox.M, srcs)
-            out.append((t0, time.time(), time.process_time() - cpu0))
+            out.append((t0, time.time(), time.process_time() - cpu0, difference(thread_cpu_seconds(), threads0)))
         return out
 
     def close(self) -> None:
