@@ -482,7 +482,8 @@ def write_outputs(saved: dict, args, out: Path) -> None:
                     f"{'calibration run' if trial[auto['pick']][1] == 'calibration' else 'trial'}"
                     if auto["pick"] in trial else "")
         md.append(f"\n**{model_name}: `--schedule auto` picked {auto['pick']} "
-                  f"(predicted {auto['predicted_seconds']:.3f} s{in_trial}), measured as `{auto['config']}`: {a_s['iteration_seconds']:.3f} s, {a_s['of_best']:.3f} of the "
+                  f"(predicted {auto['predicted_seconds']:.3f} s{in_trial}), measured as `{auto['config']}`: "
+                  f"{a_s['iteration_seconds']:.3f} s, {a_s['of_best']:.3f} of the "
                   f"fastest measured configuration per repeat (fastest by median: `{fastest}`), {a_s['of_signal']:.2f} "
                   f"of the no-communication bound (the fastest signal run), {a_s['speedup']:.2f}x 1F1B + Alpa.**\n")
         md.append("`--schedule auto`'s ranking (from its own calibration runs" + (" and its trial of the finalists"

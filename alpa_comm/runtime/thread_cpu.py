@@ -2,9 +2,9 @@
 
 Why: a transfer's CPU is spent on several threads (the caller's Python threads, a
 transport's own I/O thread), and which one grows tells what to fix. On the emulated
-cluster gloo's receiving I/O thread (``gloo_tcp_loop``) spent 1.5 ms per MB at 400
-Mbit/s and 4 ms at 100 Mbit/s (``benchmarks/transport_cpu.py``): it wakes for what each
-paced burst brings, so its cost follows time, not bytes. Python's own threads all carry
+cluster gloo's I/O thread (``gloo_tcp_loop``) spent 1.5 ms per MB moved at 400 Mbit/s
+and 3.8 ms at 100 Mbit/s (``benchmarks/transport_cpu.py``): it wakes for what each paced
+burst brings, so its cost follows time, not bytes. Python's own threads all carry
 the process's name (3.11 does not name OS threads). Linux only (``/proc``); elsewhere an
 empty dict.
 """

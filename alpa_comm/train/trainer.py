@@ -62,7 +62,7 @@ class TrainConfig:
     microbatch_size: int = 4
     schedule: str = "eager-1f1b"  # or "auto": calibrated, simulated, the fastest that fits ``memory_cap``
     memory_cap: float | None = None  # --schedule auto: most live activations per stage (whole-stage microbatches)
-    trial_margin: float | None = None  # --schedule auto: measure candidates predicted within this (default TRIAL_MARGIN)
+    trial_margin: float | None = None  # --schedule auto: measure those predicted within this (None: TRIAL_MARGIN)
     split_backward: bool = False
     delay_wgrad: object = None  # None, "auto", an int or one per stage
     strategy: str = "broadcast"
@@ -293,8 +293,9 @@ def calibrate(cfg: TrainConfig, cluster, model, data, log=None, model_for=None, 
     ``on_run(run, pipe)``, if given, sees each calibration run as it ends: ``run`` holds
     ``kind``, ``split``, ``chunks``, ``placement``, ``model_stages``, ``schedule`` (its
     text), ``records`` (per timed step, the hosts' records), ``seconds`` (per timed
-    step) and ``edge_s`` (edge times, empty where not timed); e.g. to save them (``calibration_from`` reads them back), or to read the
-    pipeline's regime without a run of its own."""
+    step) and ``edge_s`` (edge times, empty where not timed); e.g. to save them
+    (``calibration_from`` reads them back), or to read the pipeline's regime without a
+    run of its own."""
     from .distributed import DistributedPipeline  # noqa: PLC0415
 
     kind, steps = CALIBRATION
