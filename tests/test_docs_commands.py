@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PLACEHOLDERS = ("...", "<", "DIR", "ADDR", "/simulate")
 NEEDS_A_CLUSTER = re.compile(r"alpa-comm (bench|cluster)\b|--cluster (local|emulated|ray)|^sudo|runtime_1_to_m"
                              r"|allreduce|train_pipeline|gpu_check|alpa_nm_suite"
-                             r"|scale_fuzz")  # minutes of planning: tests/test_scale_fuzz.py runs it CI-sized
+                             r"|scale_fuzz"  # minutes of planning: tests/test_scale_fuzz.py runs it CI-sized
+                             r"|predictor_check")  # reads committed results: tests/test_predictor_check.py runs it
 
 
 def shown_commands() -> list[tuple[str, str]]:
