@@ -118,18 +118,6 @@ def test_busy_factor_charges_work_between_actions_but_not_waits():
 
 
 # ------------------------------------------------------------------ the simulator as a predictor
-def test_a_shared_nic_serializes_a_skip_edge_behind_its_neighbour_edge():
-    from alpa_comm.pipeline.edges import with_skips
-    s = with_skips(generate("gpipe", 4, 1), [(0, 3)])  # stage 0 sends to stage 1 and, over the skip, to 3
-    costs = Costs(1.0, 2.0, 0.5)
-    free = simulate_schedule(s, costs)
-    shared = simulate_schedule(s, costs, shared_nic=True)
-    first = {(t.src, t.dst): t for t in shared.transfers if t.kind == "F" and t.src == 0}
-    assert sorted(t.end - t.start for t in first.values()) == [0.5, 0.5]
-    assert abs(first[(0, 1)].start - first[(0, 3)].start) == pytest.approx(0.5)  # one after the other
-    assert shared.iteration_time >= free.iteration_time
-
-
 @settings(max_examples=40, deadline=None)
 @given(st.sampled_from(["gpipe", "1f1b", "eager-1f1b", "zb-h1"]), st.integers(2, 5), st.integers(1, 6),
        st.floats(0.1, 3.0), st.floats(0.1, 3.0))
@@ -141,15 +129,6 @@ def test_signal_ignores_the_nic_model_and_constant_action_times_change_nothing(k
     c = costs.resolve(S)
     same = simulate_schedule(s, costs, shared_nic=True, action_time=lambda i, k, mb, chunk: c[k][i])
     assert same.iteration_time == pytest.approx(simulate_schedule(s, costs, shared_nic=True).iteration_time)
-
-
-def test_nic_bookings_made_out_of_time_order_take_the_first_gap_that_fits():
-    from alpa_comm.pipeline.simulate import _book
-    nic = [(2.0, 3.0)]
-    assert _book([nic], 0.0, 1.0) == 0.0      # fits before the later booking
-    assert _book([nic], 0.5, 1.0) == 1.0      # [0.5, 1.5) overlaps the one just booked; [1, 2) is free
-    assert _book([nic, [(3.0, 4.5)]], 0.0, 0.5) == 4.5  # this NIC is full until 3, the other until 4.5
-    assert _book([nic], 7.0, 0.0) == 7.0 and len(nic) == 4
 
 
 def _records(durations_f, durations_b, S=2):

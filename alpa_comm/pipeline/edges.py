@@ -31,7 +31,7 @@ from ..mesh import DeviceMesh
 from ..resharding import plan_resharding
 from ..resharding.plan import ReshardingPlan
 from ..topology import ClusterSpec
-from .ir import Action, ActionKind, Schedule, ScheduleError
+from .ir import Action, ActionKind, Schedule, ScheduleError, edge_name
 
 OUT = "out"   # batch over (hosts, devices)
 IN = "in"     # batch over hosts, replicated over a host's devices
@@ -40,11 +40,6 @@ IN = "in"     # batch over hosts, replicated over a host's devices
 def spec_text(layout: str, ndim: int) -> str:
     """The sharding spec of an ``ndim``-dimensional activation in ``layout``."""
     return ("S01" if layout == OUT else "S0") + "R" * (ndim - 1)
-
-
-def edge_name(direction: str, src: int, dst: int) -> str:
-    """The name of the edge ``direction`` ("F" or "B") from stage ``src`` to ``dst``: "F:0->1"."""
-    return f"{direction}:{src}->{dst}"
 
 
 def stage_hosts(stage: int, dp: int) -> list[int]:

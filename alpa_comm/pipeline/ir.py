@@ -36,6 +36,12 @@ from typing import Iterable
 
 from ..errors import AlpaCommError
 
+def edge_name(direction: str, src: int, dst: int) -> str:
+    """The name of the edge ``direction`` ("F" or "B") from model stage ``src`` to ``dst``:
+    "F:0->1". Measured edge times, plans and the trainer's mailbox are keyed by it."""
+    return f"{direction}:{src}->{dst}"
+
+
 class ActionKind(str, Enum):
     """What an action does. A ``str`` enum: it compares, hashes and serializes as its
     text (``ActionKind.F == "F"``), so schedules written as text need no translation."""
@@ -202,6 +208,10 @@ class Schedule:
             return self.virtual_stage(a.peer, a.peer_chunk)
         v = self.virtual_stage(stage, a.chunk)
         return v + 1 if a.kind in (ActionKind.SEND_F, ActionKind.RECV_B) else v - 1
+
+    def send_edge(self, stage: int, a: Action) -> str:
+        """The model-stage edge (``edge_name``) that SEND ``a`` of ``stage`` crosses."""
+        return edge_name(a.kind.value[-1], self.virtual_stage(stage, a.chunk), self.peer_virtual_stage(stage, a))
 
     @property
     def num_microbatches(self) -> int:

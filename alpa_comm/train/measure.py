@@ -90,7 +90,8 @@ def costs_from(times: dict[str, list[float]], edge_seconds: dict[str, float], nu
         src = int(pair.split("->")[0])
         src = src if mesh_of is None else mesh_of[src]
         comm[direction][src] = max(comm[direction][src], sec)
-    return Costs(t_fwd=f, t_bwd=b, t_comm=comm["F"], t_bi=bi, t_bw=bw, t_comm_b=comm["B"])
+    return Costs(t_fwd=f, t_bwd=b, t_comm=comm["F"], t_bi=bi, t_bw=bw, t_comm_b=comm["B"], t_edge=edge_seconds,
+                 edge_model_stages=num_stages if mesh_of is None else len(mesh_of))
 
 
 def action_samples(steps: list[list[dict]], busy: bool = True,
