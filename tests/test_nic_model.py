@@ -1,6 +1,7 @@
-"""The simulator's link model: transfers on one channel (a directed stage pair) go one
-after another; transfers on different channels through one NIC share it max-min fairly
-(``shared_nic``); every edge may carry its own measured time (``Costs.t_edge``)."""
+"""The simulator's link model: on free links (the paper's model) each directed stage pair
+carries its transfers one after another; over shared NICs (the trainer's runtime) every
+transfer in flight shares its sender's and its receiver's NIC max-min fairly; every edge
+may carry its own measured time (``Costs.t_edge``)."""
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -22,25 +23,36 @@ def test_a_skip_edge_and_its_neighbour_edge_share_the_nic_and_neither_waits():
     assert shared.iteration_time >= free.iteration_time
 
 
-def test_transfers_on_one_channel_go_one_after_another():
+def test_a_free_link_carries_its_transfers_in_order_a_shared_nic_all_at_once():
     s = generate("gpipe", 2, 3)
-    res = simulate_schedule(s, Costs(t_fwd=0.0, t_bwd=0.0, t_comm=1.0), shared_nic=True)
-    fwd = sorted((t.start, t.end) for t in res.transfers if t.kind == "F")
+    costs = Costs(t_fwd=0.0, t_bwd=0.0, t_comm=1.0)
+    fwd = sorted((t.start, t.end) for t in simulate_schedule(s, costs).transfers if t.kind == "F")
     assert fwd == [(0.0, 1.0), (1.0, 2.0), (2.0, 3.0)]
+    fwd = sorted((t.start, t.end) for t in simulate_schedule(s, costs, shared_nic=True).transfers if t.kind == "F")
+    assert fwd == [(0.0, pytest.approx(3.0))] * 3  # three threads, their chunks interleaved on one wire
 
 
 def test_rates_are_max_min_fair():
     """in-NIC of 3 carries three flows (1/3 each); the out-NIC of 0 gives its rest to 0->1."""
     links = _Links(shared_nic=True)
-    for key, (src, dst) in enumerate([(0, 1), (0, 3), (2, 3), (1, 3)]):
+    pairs = [(0, 1), (0, 3), (2, 3), (1, 3)]
+    for key, (src, dst) in enumerate(pairs):
         links.send(key, 1.0, src, dst, "F", 0)
-    assert links.rate == {(0, 1): pytest.approx(2 / 3), (0, 3): pytest.approx(1 / 3),
-                          (2, 3): pytest.approx(1 / 3), (1, 3): pytest.approx(1 / 3)}
+    rate = {ch[:2]: q[0].rate for ch, q in links.queues.items()}
+    assert rate == {(0, 1): pytest.approx(2 / 3), (0, 3): pytest.approx(1 / 3),
+                    (2, 3): pytest.approx(1 / 3), (1, 3): pytest.approx(1 / 3)}
     t, channel = links.next_completion()
-    assert channel == (0, 1) and t == pytest.approx(1.5)
-    links.advance(t)
-    links.complete(channel)  # 0->3 now has the out-NIC of 0 to itself, but in-NIC 3 still holds it at 1/3
-    assert links.rate[(0, 3)] == pytest.approx(1 / 3)
+    assert channel[:2] == (0, 1) and t == pytest.approx(1.5)
+    key, done = links.complete(channel)  # 0->3 has the out-NIC of 0 to itself, but in-NIC 3 holds it at 1/3
+    assert key == 0 and (done.start, done.end) == (0.0, pytest.approx(1.5))
+    assert {ch[:2]: q[0].rate for ch, q in links.queues.items()}[(0, 3)] == pytest.approx(1 / 3)
+
+
+def test_a_transfer_sent_twice_is_an_error_not_a_silent_merge():
+    from alpa_comm.pipeline import Schedule
+    s = Schedule.from_text("stage 0: F0 SEND_F0 SEND_F0\nstage 1: RECV_F0 F0\n")
+    with pytest.raises(ScheduleError, match="twice"):
+        simulate_schedule(s, Costs())
 
 
 def test_each_edge_takes_its_own_time_where_the_schedule_cuts_the_model_as_measured():
@@ -78,9 +90,10 @@ def test_a_shared_nic_carries_no_more_than_its_rate_and_never_speeds_a_step_up(k
     own = simulate_schedule(s, costs)
     shared = simulate_schedule(s, costs, shared_nic=True)
     c = costs.resolve(S)
-    for res in (own, shared):
-        for t in res.transfers:  # no transfer goes faster than alone on an idle link
-            assert t.end - t.start >= c["comm" if t.kind == "F" else "comm_b"][t.src] - 1e-9
+    for t in own.transfers:  # a link of its own carries each transfer at its time alone, to the bit
+        assert t.end - t.start == pytest.approx(c["comm" if t.kind == "F" else "comm_b"][t.src], abs=1e-12)
+    for t in shared.transfers:  # no transfer goes faster than alone on an idle link
+        assert t.end - t.start >= c["comm" if t.kind == "F" else "comm_b"][t.src] - 1e-9
     for host in range(S):  # a NIC is busy at least as long as its transfers take alone, one after another
         for side in ("src", "dst"):
             mine = [t for t in shared.transfers if getattr(t, side) == host]

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from ..errors import InvalidOptionError
 from .generators import SCHEDULES, V_SCHEDULES, VIRTUAL_SCHEDULES, generate, schedule_kind
-from .ir import Schedule
+from .ir import Schedule, edge_name
 from .memory import memory
 from .simulate import Costs, PipelineResult, simulate_schedule
 from .weight_delay import auto_delay_schedule
@@ -20,9 +20,13 @@ def signal_bound(num_stages: int, num_microbatches: int, costs: Costs, kinds=SCH
 
 def comm_limit(num_stages: int, num_microbatches: int, costs: Costs) -> float:
     """The fill and drain transfers are on every schedule's critical path: the first
-    microbatch crosses S-1 boundaries forward and the last one S-1 backward."""
-    t_comm = costs.resolve(num_stages)["comm"]
-    return signal_bound(num_stages, num_microbatches, costs) + 2 * sum(t_comm[:-1])
+    microbatch crosses S-1 boundaries forward and the last one S-1 backward, each
+    transfer at its edge's time where ``costs.t_edge`` names it, else its sender's."""
+    c = costs.resolve(num_stages)
+    edges = dict(costs.t_edge or ()) if costs.edge_model_stages in (None, num_stages) else {}
+    fill = sum(edges.get(edge_name("F", i, i + 1), c["comm"][i]) + edges.get(edge_name("B", i + 1, i), c["comm_b"][i + 1])
+               for i in range(num_stages - 1))
+    return signal_bound(num_stages, num_microbatches, costs) + fill
 
 
 @dataclass

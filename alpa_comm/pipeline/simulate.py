@@ -10,11 +10,12 @@ bound the paper measures with one-byte messages.
 
 Three refinements let the simulator predict a real run rather than an ideal one:
 ``shared_nic`` puts every transfer out of a host on that host's one sending
-NIC and every transfer into a host on its receiving NIC, where transfers in
-flight at once share it fairly (a U-Transformer stage sends to its neighbour
-and over its skip edge through the same NIC, both at once, as TCP shares a
-link); ``Costs.t_edge`` gives each model-stage edge its own measured time (the
-skip edge and the neighbour edge move different tensors); and
+NIC and every transfer into a host on its receiving NIC, where all transfers in
+flight share them fairly (the trainer's mailbox runs each transfer on its own
+thread, so a U-Transformer stage's neighbour edge and skip edge, or two
+microbatches on one edge, move at once, as TCP shares a link);
+``Costs.t_edge`` gives each model-stage edge its own measured time (the skip
+edge and the neighbour edge move different tensors); and
 ``action_time`` gives each compute action its own duration, so a Monte Carlo
 over measured durations (``train.measure.predict``) sees what variance along
 dependency chains costs — a chain waits for its slowest link, which mean
@@ -117,75 +118,92 @@ class PipelineResult:
         return num_microbatches / self.iteration_time if self.iteration_time > 0 else float("inf")
 
 
+@dataclass
+class _Flow:
+    """A transfer on a link: ``work`` seconds alone left as of ``since``, going at ``rate``."""
+    key: tuple
+    work: float
+    start: float
+    src: int
+    dst: int
+    kind: str
+    mb: int
+    since: float = 0.0
+    rate: float = 0.0
+    finish: float = float("inf")
+
+
 class _Links:
-    """Transfers in flight, as fluids. A channel (a directed stage pair) carries its
-    transfers one after another, in the order they were sent — one connection, as
-    gloo's pair or a TCP socket carries messages. The transfers at the head of their
-    channels share the resources they cross max-min fairly: each channel alone
-    (``shared_nic=False``), or the sender's outgoing and the receiver's incoming NIC
-    (``shared_nic=True``), so a stage's neighbour edge and its skip edge each go at
-    half speed while both are in flight, as TCP shares a link, and neither waits
-    for the other. A transfer's work is its time alone on an idle link."""
+    """Transfers in flight, as fluids sharing the resources they cross max-min fairly.
+
+    ``shared_nic=False`` (the paper's model): each directed stage pair is its own link
+    and carries its transfers one after another, in send order. ``shared_nic=True``
+    (the distributed trainer's runtime): every transfer in flight is a flow of its own
+    through the sender's outgoing and the receiver's incoming NIC — the mailbox runs
+    each transfer on its own thread and their chunks interleave on the wire — so a
+    stage's neighbour edge and its skip edge each go at half speed while both are in
+    flight, as do two microbatches queued on one edge. A transfer's work is its time
+    alone on an idle link."""
 
     def __init__(self, shared_nic: bool):
         self.shared_nic = shared_nic
-        self.queues: dict[tuple[int, int], list[list]] = {}  # channel -> [key, work left, start, src, dst, kind, mb]
-        self.rate: dict[tuple[int, int], float] = {}         # channel -> its head's share of the link
+        # channel -> its transfers, the head in flight; a channel is a stage pair (one
+        # transfer at a time, in send order) or, over shared NICs, a single transfer
+        self.queues: dict[tuple, list[_Flow]] = {}
         self.now = 0.0
 
-    def _resources(self, channel: tuple[int, int]) -> tuple:
-        src, dst = channel
-        return (("out", src), ("in", dst)) if self.shared_nic else (channel,)
+    def _resources(self, channel: tuple) -> tuple:
+        src, dst = channel[:2]
+        return (("out", src), ("in", dst)) if self.shared_nic else ((src, dst),)
 
     def _share(self) -> None:
-        """Max-min fair rates of the channels' heads (progressive filling, capacity 1)."""
-        active = [ch for ch, q in self.queues.items() if q]
+        """Max-min fair rates of the channels' heads (progressive filling, capacity 1).
+        A head whose rate changes is brought up to ``now`` and gets a new finish time;
+        one whose rate stays keeps its own, so a transfer alone ends at exactly its
+        start plus its time."""
         users: dict = {}
-        for ch in active:
+        for ch in self.queues:
             for r in self._resources(ch):
                 users.setdefault(r, []).append(ch)
         cap = dict.fromkeys(users, 1.0)
-        self.rate = {}
-        while len(self.rate) < len(active):
+        rate: dict[tuple, float] = {}
+        while len(rate) < len(self.queues):
             level, tight = min((cap[r] / n, r) for r, chs in users.items()
-                               if (n := sum(ch not in self.rate for ch in chs)))
+                               if (n := sum(ch not in rate for ch in chs)))
             for ch in users[tight]:
-                if ch not in self.rate:
-                    self.rate[ch] = level
+                if ch not in rate:
+                    rate[ch] = level
                     for r in self._resources(ch):
                         cap[r] -= level
-
-    def advance(self, to: float) -> None:
-        """Move the fluids on to time ``to`` (no transfer completes before it)."""
-        dt = to - self.now
-        if dt > 0:
-            for ch, rate in self.rate.items():
-                self.queues[ch][0][1] -= rate * dt
-        self.now = max(self.now, to)
+        for ch, r in rate.items():
+            f = self.queues[ch][0]
+            if r != f.rate:
+                f.work -= f.rate * (self.now - f.since)
+                f.since, f.rate = self.now, r
+                f.finish = self.now + max(f.work, 0.0) / r
 
     def send(self, key: tuple, work: float, src: int, dst: int, kind: str, mb: int) -> None:
-        q = self.queues.setdefault((src, dst), [])
-        q.append([key, work, self.now, src, dst, kind, mb])
+        q = self.queues.setdefault((src, dst, key) if self.shared_nic else (src, dst), [])
+        q.append(_Flow(key, work, self.now, src, dst, kind, mb))
         if len(q) == 1:
+            q[0].start = q[0].since = self.now
             self._share()
 
-    def next_completion(self) -> tuple[float, tuple[int, int]] | None:
+    def next_completion(self) -> tuple[float, tuple] | None:
         """(time, channel) of the head transfer that completes first, if any is in flight."""
-        best = None
-        for ch, rate in self.rate.items():
-            head = self.queues[ch][0]
-            t = self.now if head[1] <= 0 else self.now + head[1] / rate
-            if best is None or t < best[0]:
-                best = (t, ch)
-        return best
+        return min(((q[0].finish, ch) for ch, q in self.queues.items()), default=None, key=lambda x: x[0])
 
-    def complete(self, channel: tuple[int, int]) -> tuple[tuple, TransferEvent]:
-        """Finish the head of ``channel`` (at ``now``); the next in its queue starts."""
-        key, _, start, src, dst, kind, mb = self.queues[channel].pop(0)
-        if self.queues[channel]:
-            self.queues[channel][0][2] = self.now
+    def complete(self, channel: tuple) -> tuple[tuple, TransferEvent]:
+        """Finish the head of ``channel`` at its finish time; the next in its queue starts."""
+        q = self.queues[channel]
+        f = q.pop(0)
+        self.now = max(self.now, f.finish)
+        if q:
+            q[0].start = q[0].since = self.now
+        else:
+            del self.queues[channel]
         self._share()
-        return key, TransferEvent(src, dst, kind, mb, start, self.now)
+        return f.key, TransferEvent(f.src, f.dst, f.kind, f.mb, f.start, self.now)
 
 
 def simulate_schedule(schedule: Schedule, costs: Costs = Costs(), signal: bool = False, shared_nic: bool = False,
@@ -193,9 +211,9 @@ def simulate_schedule(schedule: Schedule, costs: Costs = Costs(), signal: bool =
     """Run ``schedule``; raises ``ScheduleError`` naming every blocked stage on a deadlock.
 
     Events are taken in time order: a stage's next action at its clock, or the first
-    transfer to complete (``_Links``), whichever comes first. ``shared_nic``: transfers
-    out of a host share its NIC, transfers into a host share its NIC (else each directed
-    stage pair is its own link). A transfer takes its edge's time alone
+    transfer to complete (``_Links``), whichever comes first. ``shared_nic``: every
+    transfer in flight shares its sender's outgoing and its receiver's incoming NIC with
+    the others (else each directed stage pair is its own link, one transfer at a time). A transfer takes its edge's time alone
     (``Costs.t_edge``, by model-stage edge name) or else its sending stage's
     ``t_comm``/``t_comm_b``. ``action_time(stage, kind, mb, chunk)``: each compute
     action's duration (else the stage's cost of that kind; with virtual stages each of
@@ -211,6 +229,7 @@ def simulate_schedule(schedule: Schedule, costs: Costs = Costs(), signal: bool =
     busy = [0.0] * S
     waiting: dict[tuple, int] = {}  # transfer key -> the stage blocked on its RECV
     arrival: dict[tuple, float] = {}
+    sent: set[tuple] = set()
     events: list[Event] = []
     transfers: list[TransferEvent] = []
     links = _Links(shared_nic)
@@ -219,7 +238,6 @@ def simulate_schedule(schedule: Schedule, costs: Costs = Costs(), signal: bool =
     while True:
         done = links.next_completion()
         if done is not None and (not ready or done[0] <= ready[0][0]):
-            links.advance(done[0])
             key, tr = links.complete(done[1])
             transfers.append(tr)
             arrival[key] = tr.end
@@ -231,7 +249,7 @@ def simulate_schedule(schedule: Schedule, costs: Costs = Costs(), signal: bool =
         if not ready:
             break
         _, i = heapq.heappop(ready)
-        links.advance(t[i])
+        links.now = max(links.now, t[i])
         a = schedule.stages[i][pc[i]]
         if a.is_compute:
             d = c[a.kind][i] * share if action_time is None else action_time(i, a.kind, a.mb, a.chunk)
@@ -239,9 +257,13 @@ def simulate_schedule(schedule: Schedule, costs: Costs = Costs(), signal: bool =
             t[i] += d
             busy[i] += d
         elif a.kind.is_send:
+            key = schedule.transfer_key(i, a)
+            if key in sent:
+                raise ScheduleError(f"stage {i} sends {a} twice (transfer {key})")
+            sent.add(key)
             direction = a.kind[-1]
             d = 0.0 if signal else edge_time.get(schedule.send_edge(i, a), c["comm" if direction == "F" else "comm_b"][i])
-            links.send(schedule.transfer_key(i, a), d, i, schedule.peer(i, a), direction, a.mb)
+            links.send(key, d, i, schedule.peer(i, a), direction, a.mb)
         else:
             key = schedule.transfer_key(i, a)
             if key not in arrival:
