@@ -24,8 +24,8 @@ def comm_limit(num_stages: int, num_microbatches: int, costs: Costs) -> float:
     transfer at its edge's time where ``costs.t_edge`` names it, else its sender's."""
     c = costs.resolve(num_stages)
     edges = dict(costs.t_edge or ()) if costs.edge_model_stages in (None, num_stages) else {}
-    fill = sum(edges.get(edge_name("F", i, i + 1), c["comm"][i]) + edges.get(edge_name("B", i + 1, i), c["comm_b"][i + 1])
-               for i in range(num_stages - 1))
+    fill = sum(edges.get(edge_name("F", i, i + 1), c["comm"][i])
+               + edges.get(edge_name("B", i + 1, i), c["comm_b"][i + 1]) for i in range(num_stages - 1))
     return signal_bound(num_stages, num_microbatches, costs) + fill
 
 

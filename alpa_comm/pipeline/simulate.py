@@ -213,12 +213,13 @@ def simulate_schedule(schedule: Schedule, costs: Costs = Costs(), signal: bool =
     Events are taken in time order: a stage's next action at its clock, or the first
     transfer to complete (``_Links``), whichever comes first. ``shared_nic``: every
     transfer in flight shares its sender's outgoing and its receiver's incoming NIC with
-    the others (else each directed stage pair is its own link, one transfer at a time). A transfer takes its edge's time alone
-    (``Costs.t_edge``, by model-stage edge name) or else its sending stage's
-    ``t_comm``/``t_comm_b``. ``action_time(stage, kind, mb, chunk)``: each compute
-    action's duration (else the stage's cost of that kind; with virtual stages each of
-    a stage's C chunks costs 1/C of it, and each transfer between model stages costs a
-    whole ``t_comm``: the activation at a chunk boundary is as large)."""
+    the others (else each directed stage pair is its own link, one transfer at a time).
+    A transfer takes its edge's time alone (``Costs.t_edge``, by model-stage edge name)
+    or else its sending stage's ``t_comm``/``t_comm_b``. ``action_time(stage, kind, mb,
+    chunk)``: each compute action's duration (else the stage's cost of that kind; with
+    virtual stages each of a stage's C chunks costs 1/C of it, and each transfer between
+    model stages costs a whole ``t_comm``: the activation at a chunk boundary is as
+    large)."""
     S = schedule.num_stages
     c = costs.resolve(S)
     by_edge = costs.edge_model_stages in (None, schedule.num_virtual_stages)
@@ -262,7 +263,8 @@ def simulate_schedule(schedule: Schedule, costs: Costs = Costs(), signal: bool =
                 raise ScheduleError(f"stage {i} sends {a} twice (transfer {key})")
             sent.add(key)
             direction = a.kind[-1]
-            d = 0.0 if signal else edge_time.get(schedule.send_edge(i, a), c["comm" if direction == "F" else "comm_b"][i])
+            own = c["comm" if direction == "F" else "comm_b"][i]
+            d = 0.0 if signal else edge_time.get(schedule.send_edge(i, a), own)
             links.send(key, d, i, schedule.peer(i, a), direction, a.mb)
         else:
             key = schedule.transfer_key(i, a)
