@@ -23,7 +23,7 @@ def comm_limit(num_stages: int, num_microbatches: int, costs: Costs) -> float:
     microbatch crosses S-1 boundaries forward and the last one S-1 backward, each
     transfer at its edge's time where ``costs.t_edge`` names it, else its sender's."""
     c = costs.resolve(num_stages)
-    edges = dict(costs.t_edge or ()) if costs.edge_model_stages in (None, num_stages) else {}
+    edges = costs.edge_times(num_stages)
     fill = sum(edges.get(edge_name("F", i, i + 1), c["comm"][i])
                + edges.get(edge_name("B", i + 1, i), c["comm_b"][i + 1]) for i in range(num_stages - 1))
     return signal_bound(num_stages, num_microbatches, costs) + fill

@@ -81,6 +81,13 @@ class Costs:
         comm_b = _per_stage(self.t_comm_b, n, "t_comm_b") if self.t_comm_b is not None else comm
         return {"F": f, "B": b, "BI": bi, "BW": bw, "comm": comm, "comm_b": comm_b}
 
+    def edge_times(self, num_model_stages: int) -> dict[str, float]:
+        """``t_edge`` as a dict, for a schedule over ``num_model_stages`` model stages;
+        empty where the names cut the model otherwise (``edge_model_stages``)."""
+        if self.edge_model_stages not in (None, num_model_stages):
+            return {}
+        return dict(self.t_edge or ())
+
 
 @dataclass(frozen=True)
 class Event:
@@ -222,8 +229,7 @@ def simulate_schedule(schedule: Schedule, costs: Costs = Costs(), signal: bool =
     large)."""
     S = schedule.num_stages
     c = costs.resolve(S)
-    by_edge = costs.edge_model_stages in (None, schedule.num_virtual_stages)
-    edge_time = dict(costs.t_edge or ()) if by_edge else {}
+    edge_time = costs.edge_times(schedule.num_virtual_stages)
     share = 1.0 / schedule.num_chunks
     t = [0.0] * S
     pc = [0] * S
