@@ -113,6 +113,26 @@ def test_data_parallel_stages_average_their_gradients(cluster):
     assert sorted(r["host"] for r in res.per_host) == [0, 1, 2, 3]
 
 
+def test_the_tcp_transport_trains_exactly_like_gloo(cluster):
+    """alpa_comm's own TCP streams under the mailbox: a U-Transformer (skip edges, a
+    delayed weight gradient) and a V schedule (two edges between one pair of meshes per
+    microbatch) match the single-device step; the cluster joins the transport once."""
+    mbs = next(synthetic(4, 4, KW["seq"], seed=1))
+    ref_loss, ref_params = _reference("utransformer", 4, mbs)
+    model = build_model("utransformer", 4, **KW)
+    sched = with_skips(generate("eager-1f1b", 4, 4, split_backward=True, delay_wgrad=1), model.skips)
+    pipe = DistributedPipeline(cluster, "utransformer", 4, sched, microbatch_size=4, model_kwargs=KW,
+                               strategy="broadcast", optimizer="sgd", lr=LR, transport="tcp")
+    _check(pipe, mbs, ref_loss, ref_params)
+    assert "tcp" in cluster.transports and pipe.transport == "tcp"
+    ref_loss, ref_params = _reference("gpt", 4, mbs)
+    sched = with_skips(generate("zb-v", 2, 4), build_model("gpt", 4, **KW).skips)
+    pipe = DistributedPipeline(cluster, "gpt", 2, sched, microbatch_size=4, model_kwargs=KW, strategy="broadcast",
+                               optimizer="sgd", lr=LR, transport="tcp")
+    _check(pipe, mbs, ref_loss, ref_params)
+    assert pipe.time_edges(repeats=1).keys() == {e.name for e in pipe.edges}
+
+
 def test_bad_pipeline_requests_name_the_value(cluster):
     model = build_model("gpt", 4, **KW)
     sched = with_skips(generate("1f1b", 4, 2), model.skips)
@@ -122,6 +142,8 @@ def test_bad_pipeline_requests_name_the_value(cluster):
         DistributedPipeline(cluster, "gpt", 4, sched, microbatch_size=3, model_kwargs=KW)
     with pytest.raises(ValueError, match="unknown strategy 'carrier-pigeon'"):
         DistributedPipeline(cluster, "gpt", 4, sched, microbatch_size=4, model_kwargs=KW, strategy="carrier-pigeon")
+    with pytest.raises(InvalidOptionError, match="unknown transport 'pigeon'; choose one of gloo, tcp"):
+        DistributedPipeline(cluster, "gpt", 4, sched, microbatch_size=4, model_kwargs=KW, transport="pigeon")
 
 
 # ------------------------------------------------------------------ virtual stages

@@ -73,6 +73,10 @@ def test_train_cli_runs_and_writes(tmp_path, capsys):
     assert "argument --steps: must be >= 1, got '0'" in capsys.readouterr().err
     assert main(["train", "--cluster", "moon", "--steps", "1"]) == 2
     assert "unknown cluster 'moon'" in capsys.readouterr().err
+    assert main(["train", "--cluster", "inprocess", "--transport", "tcp", "--steps", "1"]) == 2
+    assert "--transport tcp needs host workers" in capsys.readouterr().err
+    assert main(["train", "--cluster", "local", "--transport", "pigeon", "--steps", "1"]) == 2
+    assert "argument --transport: invalid choice: 'pigeon'" in capsys.readouterr().err
 
 
 def test_train_cli_schedule_auto_prints_its_ranking(capsys):

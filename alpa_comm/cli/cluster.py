@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..errors import AlpaCommError
 from ..pipeline.auto_schedule import TRIAL_MARGIN
+from ..runtime.worker import TRANSPORTS
 from ..topology import ClusterSpec
 from .options import (add_alpa_baseline_arg, add_emulated_host_args, add_live_cluster_args, add_schedule_args,
                       add_strategy_arg, alpa_baseline, reject_unused)
@@ -91,6 +92,10 @@ def _register_train(sub) -> None:
                         "within this fraction of the fastest for a few steps and keep the measured fastest "
                         f"(default {TRIAL_MARGIN:g}; 0: only the predicted pick and its ties)")
     add_strategy_arg(p, "; signal: one byte, the no-communication bound")
+    p.add_argument("--transport", default="gloo", choices=TRANSPORTS,
+                   help="what host workers move transfers over: gloo (torch.distributed; default) or tcp "
+                        "(alpa_comm's own TCP streams: one connection per pair of hosts, messages in order, "
+                        "each read whole; benchmarks/transport_compare.py compares them)")
     p.add_argument("--dp", type=count(1, 64), default=1, help="data-parallel hosts per stage (default 1)")
     add_live_cluster_args(p, "local", "inprocess (one process), local (Ray on this machine), emulated (root: "
                                       "shaped NICs) or ray://ADDR", hosts_default=None, devices_default=2,

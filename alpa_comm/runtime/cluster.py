@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import InvalidOptionError
 from ..mesh import DeviceMesh
 from ..placement import Placement, Resharding, check_fits
 from ..resharding import plan_resharding
@@ -30,7 +31,7 @@ from .backend import CommunicationError
 from .emulated.launch import restore_env, teardown_emulated
 from .executor import numpy_dtype, view
 from .launch import ClusterLaunchers
-from .worker import HostWorker
+from .worker import TRANSPORTS, HostWorker
 
 
 @dataclass
@@ -91,6 +92,7 @@ class Cluster(ClusterLaunchers):
         self._saved_env: dict[str, str | None] = {}
         self.broken: str | None = None
         self.closed = False
+        self.transports = {"gloo"}  # joined by every host (``join_transport``)
 
     # --------------------------------------------------------------- waiting
     def _wait(self, refs: list[tuple], what: str, timeout: float | None = None) -> list:
@@ -130,6 +132,16 @@ class Cluster(ClusterLaunchers):
         if self.broken:
             raise CommunicationError(f"the cluster is unusable after a failure ({self.broken}); shut it down and "
                                      "start a new one")
+
+    def join_transport(self, name: str) -> None:
+        """Every host joins transport ``name`` beside gloo, once (``HostWorker.join_transport``)."""
+        if name not in TRANSPORTS:
+            raise InvalidOptionError(f"unknown transport {name!r}; choose one of {', '.join(TRANSPORTS)}")
+        self._check_usable()
+        if name not in self.transports:
+            self._wait([(w.join_transport.remote(name, self.timeout), h) for h, w in enumerate(self.workers)],
+                       f"joining the {name} transport")
+            self.transports.add(name)
 
     # ---------------------------------------------------------------- arrays
     def _mesh(self, mesh) -> DeviceMesh:

@@ -53,6 +53,7 @@ from .backend import (DEFAULT_TIMEOUT_S, MAX_STREAMS, STRIPE_MIN_BYTES, Backend,
                       _Subgroup, stream_of, striped_handle)
 from .host_memory import raw_bytes
 from .pieces import Pieces
+from .thread_cpu import name_os_thread
 
 HEADER = struct.Struct("!qQ")  # tag, bytes that follow (or CTS: a clear-to-send for that tag, no bytes)
 CTS = 1 << 63
@@ -119,7 +120,10 @@ def recv_all(sock: socket.socket, views: list, first: bool = False) -> bool:
     messages); a close midway raises."""
     views, i, got = [v for v in views if len(v)], 0, 0  # an empty view would read as a close
     while i < len(views):
-        n = sock.recv_into(views[i]) if len(views) - i == 1 else sock.recvmsg_into(views[i:i + IOV_BATCH])[0]
+        # MSG_WAITALL: the kernel fills the view before it returns, instead of waking this
+        # thread (and its GIL) for every burst a paced link delivers
+        n = (sock.recv_into(views[i], 0, socket.MSG_WAITALL) if len(views) - i == 1
+             else sock.recvmsg_into(views[i:i + IOV_BATCH], 0, socket.MSG_WAITALL)[0])
         if n == 0:
             if first and got == 0:
                 return False
@@ -255,6 +259,7 @@ class _Stream:
                 return op
 
     def _send_loop(self) -> None:
+        name_os_thread(f"tcp-send-{self.peer}.{self.index}")
         while True:
             op = self._next_send()
             if op is None:
@@ -274,6 +279,7 @@ class _Stream:
             op.done.set()
 
     def _recv_loop(self) -> None:
+        name_os_thread(f"tcp-recv-{self.peer}.{self.index}")
         header = bytearray(HEADER.size)
         try:
             while True:

@@ -5,12 +5,29 @@ transport's own I/O thread), and which one grows tells what to fix. On the emula
 cluster gloo's I/O thread (``gloo_tcp_loop``) spent 1.5 ms per MB moved at 400 Mbit/s
 and 3.8 ms at 100 Mbit/s (``benchmarks/transport_cpu.py``): it wakes for what each paced
 burst brings, so its cost follows time, not bytes. Python's own threads all carry
-the process's name (3.11 does not name OS threads). Linux only (``/proc``); elsewhere an
+the process's name (3.11 does not name OS threads) unless they name themselves
+(``name_os_thread``: ``TcpBackend``'s I/O threads do). Linux only (``/proc``); elsewhere an
 empty dict.
 """
 from __future__ import annotations
 
+import ctypes
 import os
+import sys
+
+_PR_SET_NAME = 15
+
+
+def name_os_thread(name: str) -> None:
+    """Give the calling thread ``name`` (its first 15 bytes) as the kernel sees it, so
+    ``thread_cpu_seconds`` tells it apart from the process's other Python threads.
+    Linux only; a no-op elsewhere or where ``prctl`` is unavailable."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
 def thread_cpu_seconds() -> dict[str, float]:

@@ -18,6 +18,10 @@ from .backend import DEFAULT_TIMEOUT_S, CommunicationError, GlooBackend
 from .executor import HostExecutor, Layout
 
 
+TRANSPORTS = ("gloo", "tcp")
+"""What a pipeline's mailbox may move its transfers over (``HostWorker.join_transport``)."""
+
+
 def free_port(addr: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((addr, 0))
@@ -31,6 +35,7 @@ class HostWorker:
             os.environ["GLOO_SOCKET_IFNAME"] = ifname  # gloo must use this host's (shaped) interface
         self.arrays: dict[str, dict[int, np.ndarray]] = {}
         self.backend = None
+        self.transports: dict[str, object] = {}  # name -> a second backend (``join_transport``)
 
     # ------------------------------------------------------------- set-up
     def address(self) -> tuple[str, int]:
@@ -43,6 +48,35 @@ class HostWorker:
     def connect(self, master_addr: str, master_port: int, timeout: float = DEFAULT_TIMEOUT_S) -> int:
         self.backend = GlooBackend(self.host, self.num_hosts, master_addr, master_port, timeout)
         return self.host
+
+    def join_transport(self, name: str, timeout: float = DEFAULT_TIMEOUT_S) -> str:
+        """Join a transport beside gloo (every host at once; ``TRANSPORTS``): ``"tcp"``,
+        alpa_comm's own TCP streams (``runtime.tcp.TcpBackend``), met through the gloo
+        group's store. Its receiving thread blocks in ``recv_into`` until a whole message
+        is in, where gloo's I/O loop wakes per segment: less CPU per byte on a host whose
+        core the stages' compute shares (``benchmarks/transport_cpu.py`` measures both)."""
+        if name not in TRANSPORTS:
+            raise ValueError(f"unknown transport {name!r}; choose one of {', '.join(TRANSPORTS)}")
+        if self.backend is None:
+            raise CommunicationError(f"host {self.host}: not connected to the other hosts")
+        if name != "gloo" and name not in self.transports:
+            import ray  # noqa: PLC0415
+            import torch.distributed as dist  # noqa: PLC0415
+
+            from .tcp import TcpBackend  # noqa: PLC0415
+
+            store = dist.PrefixStore(f"alpa_comm/{name}", dist.distributed_c10d._get_default_store())
+            self.transports[name] = TcpBackend(self.host, range(self.num_hosts), store, timeout,
+                                               address=ray.util.get_node_ip_address())
+        return name
+
+    def transport(self, name: str):
+        """The backend of transport ``name`` (joined before with ``join_transport``)."""
+        if name == "gloo":
+            return self.backend
+        if name not in self.transports:
+            raise CommunicationError(f"host {self.host}: transport {name!r} not joined")
+        return self.transports[name]
 
     def ping(self) -> int:
         return self.host
@@ -97,6 +131,9 @@ class HostWorker:
                 "timings": [(t.transfer, t.kind, t.start, t.end) for t in timings]}
 
     def close(self) -> None:
+        for t in self.transports.values():
+            t.close()
+        self.transports.clear()
         if self.backend is not None:
             self.backend.close()
             self.backend = None

@@ -132,7 +132,9 @@ def plan_pipeline(model: str, model_kwargs: dict, schedule: Schedule, microbatch
 class DistributedPipeline:
     def __init__(self, cluster: Cluster, model: str, num_stages: int, schedule: Schedule, *, microbatch_size: int,
                  model_kwargs: dict | None = None, dp: int = 1, strategy: str = "broadcast",
-                 loadbalance: str = "auto", optimizer: str = "sgd", lr: float = 0.1):
+                 loadbalance: str = "auto", optimizer: str = "sgd", lr: float = 0.1, transport: str = "gloo"):
+        """``transport``: what the mailboxes move transfers over (``runtime.worker.TRANSPORTS``:
+        gloo, or alpa_comm's own TCP streams); the cluster joins it on first use."""
         if strategy not in STRATEGIES:
             raise InvalidOptionError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
         if dp < 1:
@@ -150,7 +152,9 @@ class DistributedPipeline:
         k = cluster.spec.devices_per_host
         if microbatch_size % (dp * k):
             raise ValueError(f"microbatch size {microbatch_size} must divide over {dp} hosts x {k} devices")
+        cluster.join_transport(transport)
         self.cluster, self.schedule, self.dp, self.strategy = cluster, schedule, dp, strategy
+        self.transport = transport
         self.num_stages, self.microbatch_size = num_stages, microbatch_size
         self.model_kwargs = dict(model_kwargs or {})
         # one model stage per chunk of every stage; model stage v runs on mesh_of[v]
@@ -170,7 +174,8 @@ class DistributedPipeline:
                     stage=s, replica=r, dp=dp, num_stages=num_stages, model=model, model_kwargs=self.model_kwargs,
                     schedule=schedule, jobs=jobs, edge_index=edge_index, edge_keys=edge_keys,
                     timeout=cluster.timeout, strategy=strategy, optimizer=optimizer, lr=lr,
-                    input_shapes=self._input_shapes(s), batch_shape=(microbatch_size // dp, planned.seq))
+                    input_shapes=self._input_shapes(s), batch_shape=(microbatch_size // dp, planned.seq),
+                    transport=transport)
                 refs.append((cluster.workers[h].setup_stage.remote(cfg), h))
         # set-up compiles the stage's programs (minutes on a slow host the first time)
         self.setup = cluster._wait(refs, "setting up its pipeline stage (compiling)",

@@ -34,6 +34,7 @@ class StageSetup:
     # per model stage of this mesh, per consumed key: this replica's share
     input_shapes: dict[int, dict[str, tuple]] = field(default_factory=dict)
     batch_shape: tuple = ()
+    transport: str = "gloo"      # what the mailbox moves transfers over (``runtime.worker.TRANSPORTS``)
 
     @property
     def model_stages(self) -> list[int]:

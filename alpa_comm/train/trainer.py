@@ -66,6 +66,7 @@ class TrainConfig:
     split_backward: bool = False
     delay_wgrad: object = None  # None, "auto", an int or one per stage
     strategy: str = "broadcast"
+    transport: str = "gloo"     # what host workers move transfers over (``runtime.worker.TRANSPORTS``)
     dp: int = 1
     cluster: str = "local"      # inprocess | local | emulated | ray://ADDR
     devices_per_host: int = 2
@@ -115,6 +116,13 @@ class TrainConfig:
         if self.schedule == AUTO and (self.split_backward or self.delay_wgrad is not None):
             raise InvalidOptionError("--schedule auto chooses the split and the weight-gradient delay itself: "
                                      "leave out --split-backward and --delay-wgrad")
+        from ..runtime.worker import TRANSPORTS  # noqa: PLC0415
+
+        if self.transport not in TRANSPORTS:
+            raise InvalidOptionError(f"--transport must be one of {', '.join(TRANSPORTS)}, got {self.transport!r}")
+        if self.transport != "gloo" and self.cluster == "inprocess":
+            raise InvalidOptionError(f"--transport {self.transport} needs host workers (--cluster local, emulated or "
+                                     "ray://...): --cluster inprocess moves no data between hosts")
         if self.trace and self.cluster == "inprocess":
             raise InvalidOptionError("--trace needs host workers (--cluster local, emulated or ray://...): "
                                      "--cluster inprocess runs every stage in this process and moves no data")
@@ -220,7 +228,7 @@ def trial_finalists(cfg: TrainConfig, cluster, ranked: list, data, runs=(), marg
                   file=log, flush=True)
         pipe = DistributedPipeline(cluster, cfg.model, cfg.stages, r.schedule, microbatch_size=cfg.microbatch_size,
                                    model_kwargs=cfg.model_kwargs(), dp=cfg.dp, strategy=cfg.strategy,
-                                   optimizer=cfg.optimizer, lr=cfg.lr)
+                                   optimizer=cfg.optimizer, lr=cfg.lr, transport=cfg.transport)
         pipe.step(next(data))
         out[label] = (float(np.median([pipe.step(next(data)).seconds for _ in range(TRIAL_STEPS)])), "trial")
     return out
@@ -312,7 +320,7 @@ def calibrate(cfg: TrainConfig, cluster, model, data, log=None, model_for=None, 
                   f"1 + {steps} steps)", file=log, flush=True)
         pipe = DistributedPipeline(cluster, cfg.model, cfg.stages, sched, microbatch_size=cfg.microbatch_size,
                                    model_kwargs=cfg.model_kwargs(), dp=cfg.dp, strategy=cfg.strategy,
-                                   optimizer=cfg.optimizer, lr=cfg.lr)
+                                   optimizer=cfg.optimizer, lr=cfg.lr, transport=cfg.transport)
         pipe.step(next(data))
         got = [pipe.step(next(data)) for _ in range(steps)]
         times = pipe.time_edges(repeats=3) if sched.virtual or split else {}
@@ -467,7 +475,7 @@ def _train_distributed(cfg: TrainConfig, log) -> TrainResult:
                   file=log, flush=True)
         pipe = DistributedPipeline(cluster, cfg.model, cfg.stages, sched, microbatch_size=cfg.microbatch_size,
                                    model_kwargs=cfg.model_kwargs(), dp=cfg.dp, strategy=cfg.strategy,
-                                   optimizer=cfg.optimizer, lr=cfg.lr)
+                                   optimizer=cfg.optimizer, lr=cfg.lr, transport=cfg.transport)
         with _bar(cfg, log) as bar:
             for _ in range(cfg.steps):
                 res = pipe.step(next(data))
@@ -488,7 +496,8 @@ def write_loss(result: TrainResult, cfg: TrainConfig, out: str | Path) -> list[P
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"model": cfg.model, "stages": cfg.stages, "dp": cfg.dp, "schedule": result.schedule.name,
-            "strategy": cfg.strategy, "cluster": cfg.cluster, "optimizer": cfg.optimizer, "lr": cfg.lr,
+            "strategy": cfg.strategy, "transport": cfg.transport, "cluster": cfg.cluster, "optimizer": cfg.optimizer,
+            "lr": cfg.lr,
             "samples_per_second": result.samples_per_second, "loss": result.losses}
     (out / "loss.json").write_text(json.dumps(meta, indent=1))
     from ..report.charts import loss_png  # noqa: PLC0415
