@@ -62,7 +62,8 @@ from alpa_comm.report.tables import table
 from alpa_comm.report.trace import write_chrome_trace
 from alpa_comm.train.data import synthetic
 from alpa_comm.train.distributed import DistributedPipeline, PipelineCluster, abstract_model
-from alpa_comm.train.measure import costs_from, iteration_seconds, predict, stage_times, transfer_overlap
+from alpa_comm.train.measure import (comm_cpu_seconds, costs_from, iteration_seconds, predict, stage_times,
+                                    transfer_overlap)
 from alpa_comm.train.trainer import (TrainConfig, calibrate as train_calibrate, calibration_from, data_stream,
                                     models_by_size, pick_schedule, rank_schedules, trial_finalists)
 
@@ -238,6 +239,8 @@ def measure(cluster, model_name, kw, M, rows, configs, args, t_start) -> tuple[l
                    "simulated_medians_seconds": simulate_schedule(sched, costs, signal=signal).iteration_time,
                    "cpu_seconds": [median(rec["cpu_seconds"] for r in recs for rec in r if rec["stage"] == s)
                                    for s in range(S)],
+                   "comm_cpu_seconds": [median(comm_cpu_seconds(rec) for r in recs for rec in r if rec["stage"] == s)
+                                        for s in range(S)],
                    "transfer_overlap": [median(transfer_overlap(rec) for r in recs for rec in r if rec["stage"] == s)
                                         for s in range(S)],
                    "stage_seconds": stage_times(recs, S, busy=False), "edge_seconds": run["edge_s"],
@@ -375,11 +378,14 @@ def summarize(saved: dict, model_name: str) -> dict:
         if link is None:  # a run from before rows kept it: plan the configuration again, offline
             link = offline_link_seconds(saved, model_name, label)
         cpu = [max(by[(label, k)]["cpu_seconds"]) / saved["args"]["host_cpus"] for k in repeats]
+        comm = [max(by[(label, k)]["comm_cpu_seconds"]) / saved["args"]["host_cpus"] for k in repeats
+                if "comm_cpu_seconds" in by[(label, k)]]  # rows from before it was kept have none
         fill = None if label in SIGNAL else fill_seconds(saved["models"][model_name].get("regime_edges", {}))
         phys = (None if link is None else
                 median(max(b, link) / by[(label, k)]["iteration_seconds"] for b, k in zip(bound, repeats)))
         out[label] = {"of_best": median(b / i for b, i in zip(best, it)), "iteration_seconds": median(it),
                       "link_seconds": link, "fill_seconds": fill, "cpu_floor_seconds": median(cpu),
+                      "comm_cpu_seconds": median(comm) if comm else None,
                       "of_physical": phys,
                       "transfer_overlap": hidden, "iteration_range": [min(it), max(it)],
                       "speedup": median(speed), "speedup_range": [min(speed), max(speed)],
@@ -447,7 +453,8 @@ def write_outputs(saved: dict, args, out: Path) -> None:
                         [[k, f"{e['seconds']:.3f}", f"{e['over_forward']:.2f}"] for k, e in info["regime_edges"].items()]))
         md.append("")
         md.append(table(["configuration", "iteration s", "vs 1f1b+alpa", "of fastest", "of signal bound",
-                         "link bound s", "fill s", "of physical bound", "host CPU s / cap", "simulated error",
+                         "link bound s", "fill s", "of physical bound", "host CPU s / cap", "of it comm threads",
+                         "simulated error",
                          "error, median-duration sim", "sending time hidden by compute, per stage"],
                         [[label, f"{s['iteration_seconds']:.3f} [{s['iteration_range'][0]:.3f}-"
                                  f"{s['iteration_range'][1]:.3f}]",
@@ -458,6 +465,7 @@ def write_outputs(saved: dict, args, out: Path) -> None:
                           "-" if s.get("fill_seconds") is None else f"{s['fill_seconds']:.2f}",
                           "-" if s["of_physical"] is None else f"{s['of_physical']:.2f}",
                           f"{s['cpu_floor_seconds']:.2f}",
+                          "-" if s.get("comm_cpu_seconds") is None else f"{s['comm_cpu_seconds']:.2f}",
                           f"{s['sim_error']:+.0%}", f"{s['sim_error_medians']:+.0%}",
                           " ".join(f"{h:.2f}" for h in s["transfer_overlap"])] for label, s in summ.items()]))
         md.append("\n(simulated error: the worst over repeats of (simulated - measured) / measured. Link bound: the "
@@ -468,7 +476,10 @@ def write_outputs(saved: dict, args, out: Path) -> None:
                   "estimate of what the fill and drain add to the signal bound where the signal run has no slack "
                   "on that path (not a bound). Host CPU s / cap: the busiest host's CPU seconds per step "
                   "(compute, transport threads, runtime, the optimizer update included) over its core cap: the "
-                  "least wall time that host's work takes under the cap.)\n")
+                  "least wall time that host's work takes under the cap. Of it comm threads: the busiest host's CPU "
+                  "seconds per step on threads that move data (`train.measure.COMM_THREADS`: gloo's I/O loop, the "
+                  "mailbox's and the executor's transfer threads) over the cap; unpacking arrivals runs on the "
+                  "runner's thread and is not in it.)\n")
         mem = info["peak_memory"]
         md.append("Peak live activation MiB per stage, measured / memory model (last repeat):\n")
         md.append(table(["configuration"] + [f"stage {s}" for s in range(S)],

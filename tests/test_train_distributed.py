@@ -172,6 +172,14 @@ def test_transfer_overlap_is_the_share_of_sending_time_spent_computing():
     assert transfer_overlap({"events": [], "transfers": []}) == 1.0
 
 
+def test_comm_cpu_counts_only_the_threads_that_move_data():
+    from alpa_comm.train.measure import comm_cpu_seconds
+    rec = {"cpu_by_thread": {"gloo_tcp_loop": 0.25, "mailbox": 0.125, "transfer": 0.0625, "tcp-recv-1.0": 0.5,
+                             "tf_XLAEigen": 3.0, "ray::PipelineWo": 1.0, "client.poll0": 0.01}}
+    assert comm_cpu_seconds(rec) == 0.25 + 0.125 + 0.0625 + 0.5
+    assert comm_cpu_seconds({"events": []}) == 0.0  # a record from before threads were counted
+
+
 def test_a_prediction_refuses_records_of_another_schedule():
     from alpa_comm.train.measure import predict
     recs = _records([1.0] * 3, [2.0] * 3)  # F and B only

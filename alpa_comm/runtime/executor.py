@@ -45,6 +45,7 @@ from ..spec import Box
 from .backend import DEFAULT_TIMEOUT_S, STRIPE_MIN_BYTES, Backend, CommunicationError
 from .host_memory import HOST_ALIGNMENT, BufferPool, aligned_empty
 from .pieces import Pieces
+from .thread_cpu import name_os_thread
 
 RING_TAG = 512
 TAGS_PER_TRANSFER = 1024  # chunk tags below RING_TAG, ring steps above
@@ -263,7 +264,8 @@ def kept_threads(key, workers: int, prefix: str) -> ThreadPoolExecutor:
     a pipeline's stages) never wait for each other's threads."""
     pools = _THREADS.__dict__.setdefault("pools", {})
     if key not in pools:
-        pools[key] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=prefix)
+        pools[key] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=prefix,
+                                        initializer=name_os_thread, initargs=(prefix.removeprefix("alpa-comm-"),))
     return pools[key]
 
 

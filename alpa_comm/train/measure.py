@@ -42,6 +42,19 @@ def busy_factor(rec: dict) -> float:
     return max(1.0, (span - waits) / compute) if compute > 0 else 1.0
 
 
+COMM_THREADS = ("gloo_tcp_loop", "tcp-send-", "tcp-recv-", "mailbox", "transfer")
+"""Names (prefixes) of a worker's threads that move data: gloo's I/O loop, ``TcpBackend``'s
+streams, the mailbox's and the resharding executor's transfer threads. Every other
+thread computes (XLA's pool, the runner, which also unpacks arrivals) or runs Ray."""
+
+
+def comm_cpu_seconds(rec: dict) -> float:
+    """CPU seconds a host's communication threads (``COMM_THREADS``) spent in one step
+    (from the record's ``cpu_by_thread``; 0 for a record without it). On hosts whose core
+    cap their compute shares, this is compute time the transfers took."""
+    return sum(v for name, v in rec.get("cpu_by_thread", {}).items() if name.startswith(COMM_THREADS))
+
+
 def transfer_overlap(rec: dict) -> float:
     """The share of a host's sending time (its communication threads, data ready to
     last byte out) during which the host was computing: 1.0 when every transfer hid

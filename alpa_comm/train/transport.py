@@ -37,6 +37,7 @@ from ..pipeline.transfer_order import transfer_order
 from ..resharding.host_job import HostJob
 from ..runtime.backend import Backend, CommunicationError
 from ..runtime.executor import TAGS_PER_TRANSFER, HostExecutor, Layout
+from ..runtime.thread_cpu import name_os_thread
 
 MAX_TRANSFERS_PER_PLAN = 128
 TAG_STRIDE = MAX_TRANSFERS_PER_PLAN * TAGS_PER_TRANSFER
@@ -74,7 +75,8 @@ class ReshardMailbox:
         self.layouts = {name: [[Layout.of(leaf) for leaf in job.leaves] for job in per_key]
                         for name, per_key in jobs.items()}
         n_threads = max(4, 2 * num_microbatches * max(1, len(jobs)))
-        self.pool = ThreadPoolExecutor(max_workers=n_threads, thread_name_prefix=f"comm-h{host}")
+        self.pool = ThreadPoolExecutor(max_workers=n_threads, thread_name_prefix=f"comm-h{host}",
+                                       initializer=name_os_thread, initargs=("mailbox",))
         self.pending: dict[tuple, Future] = {}
         self.sends: list[Future] = []
         self.events: list[tuple[str, int, float, float]] = []  # sends: (edge name, mb, start, end)

@@ -202,6 +202,7 @@ class PipelineWorker(HostWorker):
         then the data-parallel gradient mean and the optimizer update, per model stage."""
         import jax  # noqa: PLC0415
 
+        threads0 = thread_cpu_seconds()  # by thread: compute (XLA), runner, mailbox, the transport's I/O
         cpu0 = time.process_time()  # every thread of this host: compute, transport, runtime
         mbs = [{k: jax.device_put(np.asarray(v), self.split) for k, v in mb.items()} for mb in microbatches]
         for v, r in self.runners.items():
@@ -244,7 +245,8 @@ class PipelineWorker(HostWorker):
         return {"host": self.host, "stage": self.stage, "replica": self.replica,
                 "losses": last.losses if last is not None else {}, "events": events,
                 "transfers": list(self.mailbox.events), "peak_live": peak[0], "peak_live_bytes": peak[1],
-                "state_bytes": state_bytes, "cpu_seconds": time.process_time() - cpu0}
+                "state_bytes": state_bytes, "cpu_seconds": time.process_time() - cpu0,
+                "cpu_by_thread": difference(thread_cpu_seconds(), threads0)}
 
     def _update(self, grads: dict) -> None:
         """Average ``grads`` (model stage -> tree) over the stage's data-parallel hosts in one
