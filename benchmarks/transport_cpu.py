@@ -34,7 +34,8 @@ from alpa_comm.train.distributed import DistributedPipeline, PipelineCluster
 IO_THREADS = {"gloo": "gloo_tcp_loop", "tcp": "tcp-"}
 """Per transport, the name (prefix) of its I/O threads: gloo's TCP transport's epoll loop
 (receives, and sends that do not fit the socket at once); ``TcpBackend``'s sending and
-receiving thread per stream (``tcp-send-<peer>.<stream>``, ``tcp-recv-...``). Every other thread of a worker is the executor's or Ray's."""
+receiving thread per stream (``tcp-send-<peer>.<stream>``, ``tcp-recv-...``). Every
+other thread of a worker is the executor's or Ray's."""
 
 
 def io_cpu(transport: str, by_thread: dict[str, float]) -> float:
@@ -124,7 +125,8 @@ def plot(rows: list[dict], out: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(5.5, 3.4))
     for key in dict.fromkeys((r["transport"], r["edge"]) for r in rows):
-        pts = sorted((rate_gbps(r["nic"]) * 1000, r["cpu_s_per_mb"]) for r in rows if (r["transport"], r["edge"]) == key)
+        pts = sorted((rate_gbps(r["nic"]) * 1000, r["cpu_s_per_mb"]) for r in rows
+                     if (r["transport"], r["edge"]) == key)
         ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o" if key[0] == "gloo" else "s",
                 linestyle="-" if key[0] == "gloo" else "--", label=" ".join(key))
     ax.set_xlabel("NIC rate (Mbit/s)")

@@ -6,7 +6,8 @@ cluster gloo's I/O thread (``gloo_tcp_loop``) spent 1.5 ms per MB moved at 400 M
 and 3.8 ms at 100 Mbit/s (``benchmarks/transport_cpu.py``): it wakes for what each paced
 burst brings, so its cost follows time, not bytes. Python's own threads all carry
 the process's name (3.11 does not name OS threads) unless they name themselves
-(``name_os_thread``: ``TcpBackend``'s I/O threads do). Linux only (``/proc``); elsewhere an
+(``name_os_thread``: ``TcpBackend``'s I/O threads, the executor's and the training
+mailbox's transfer threads do). Linux only (``/proc``); elsewhere an
 empty dict.
 """
 from __future__ import annotations

@@ -51,10 +51,13 @@ class HostWorker:
 
     def join_transport(self, name: str, timeout: float = DEFAULT_TIMEOUT_S) -> str:
         """Join a transport beside gloo (every host at once; ``TRANSPORTS``): ``"tcp"``,
-        alpa_comm's own TCP streams (``runtime.tcp.TcpBackend``), met through the gloo
-        group's store. Its receiving thread blocks in ``recv_into`` until a whole message
-        is in, where gloo's I/O loop wakes per segment: less CPU per byte on a host whose
-        core the stages' compute shares (``benchmarks/transport_cpu.py`` measures both)."""
+        alpa_comm's own TCP streams (``runtime.tcp.TcpBackend``: one connection per pair
+        of hosts, a peer's messages in posting order, each read whole), met through the
+        gloo group's store (torch keeps it private: ``_get_default_store``; a second store
+        would need a second rendezvous). Under the trainer's mailbox it measured slower
+        than gloo and no cheaper in CPU (``benchmarks/transport_compare.py``): its I/O
+        threads are Python threads that take the GIL from the runner, and a peer's
+        messages queue behind each other where gloo's interleave."""
         if name not in TRANSPORTS:
             raise ValueError(f"unknown transport {name!r}; choose one of {', '.join(TRANSPORTS)}")
         if self.backend is None:

@@ -104,8 +104,8 @@ class PipelineWorker(HostWorker):
             self._updates[key] = make_optimizer(*key)
         opt, self.update = self._updates[key]
         self.opt_state = {v: jax.device_put(opt.init(p), self.replicated) for v, p in self.params.items()}
-        self.mailbox = make_mailbox(self.host, self.transport(cfg.transport), cfg.jobs, cfg.edge_index, cfg.edge_keys, k,
-                                    self.schedule, self.stage, cfg.timeout, self._to_buffers,
+        self.mailbox = make_mailbox(self.host, self.transport(cfg.transport), cfg.jobs, cfg.edge_index,
+                                    cfg.edge_keys, k, self.schedule, self.stage, cfg.timeout, self._to_buffers,
                                     self._from_buffers, zeros=not cfg.moves_data)
         self.runners = {v: StageRunner(v, V, programs[v], model.consumes[v], consumers_of(model.consumes, v),
                                        self.mailbox, sync=True) for v in self.model_stages}
