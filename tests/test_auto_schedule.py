@@ -98,7 +98,8 @@ def test_the_trial_measures_the_finalists_and_keeps_the_measured_fastest(S, per,
         assert final == []
         return
     best = min(r.predicted_s for r in fit)
-    assert {id(r) for r in final} == {id(r) for r in fit if r.predicted_s <= best * (1 + margin) + 1e-12}
+    within = best * (1 + max(margin, auto_schedule.TIE)) + 1e-12  # a margin below TIE is taken as TIE
+    assert {id(r) for r in final} == {id(r) for r in fit if r.predicted_s <= within}
     assert final[0] is auto_schedule.choose(ranked)  # the predicted pick is always measured
     measured = {r.candidate.label: r.predicted_s * noise[k % len(noise)] for k, r in enumerate(final)}
     pick = auto_schedule.choose_measured(ranked, measured)
@@ -138,3 +139,35 @@ def test_a_zero_margin_still_measures_the_predicted_pick_and_its_ties():
     assert final[0] is auto_schedule.choose(ranked)
     fastest = min(r.predicted_s for r in ranked if r.fits)
     assert all(r.predicted_s <= fastest * (1 + auto_schedule.TIE) + 1e-12 for r in final)
+
+
+def test_contenders_keep_what_the_noise_cannot_separate_and_let_go_what_it_can():
+    # two steps each, spread about 1 %: 5 % behind is separated, 0.5 % behind is not
+    steps = {"a": [10.0, 10.1], "b": [10.05, 10.1], "c": [10.5, 10.6]}
+    assert auto_schedule.contenders(steps) == ["a", "b"]
+    # the same medians with a 12 % spread: nothing is separated
+    noisy = {"a": [9.4, 10.6], "b": [9.5, 10.7], "c": [9.9, 11.1]}
+    assert auto_schedule.contenders(noisy) == ["a", "b", "c"]
+    # one step each: no spread measured, so only the leader stays; nothing measured: nothing
+    assert auto_schedule.contenders({"a": [10.0], "b": [10.01]}) == ["a"]
+    assert auto_schedule.contenders({}) == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.floats(1.0, 20.0), min_size=1, max_size=6), min_size=1, max_size=5),
+       st.floats(1.01, 3.0))
+def test_contenders_are_led_by_the_lowest_median_and_more_steps_never_hide_a_gap(groups, factor):
+    from statistics import median
+    steps = {f"s{k}": g for k, g in enumerate(groups)}
+    out = auto_schedule.contenders(steps)
+    assert out and out[0] == min(steps, key=lambda k: median(steps[k]))
+    assert set(out) <= set(steps) and len(set(out)) == len(out)
+    meds = [median(steps[k]) for k in out]
+    assert meds == sorted(meds)
+    # a finalist whose every step is the leader's scaled by ``factor`` (same relative spread)
+    # can only be separated further as the steps grow more numerous
+    lead = out[0]
+    behind = {lead: steps[lead], "slow": [x * factor for x in steps[lead]]}
+    more = {lead: steps[lead] * 3, "slow": [x * factor for x in steps[lead]] * 3}
+    if "slow" not in auto_schedule.contenders(behind):
+        assert "slow" not in auto_schedule.contenders(more)

@@ -117,3 +117,42 @@ def test_split_backward_does_no_extra_work():
     b = flops(fused, state, ct)
     assert flops(P._bi, state[0], ct) + flops(P._bw, bw, residuals) == pytest.approx(b, rel=0.05)
     assert flops(P._bw, bw, residuals) > 0.25 * b  # the weight matmuls really moved to BW
+
+
+def test_the_trial_measures_again_in_rounds_only_what_the_noise_cannot_separate(monkeypatch):
+    """``trial_finalists``: a calibrated finalist starts from its calibration steps, the
+    others get a trial round; then only the finalists within the noise of the fastest run
+    again, at most ``TRIAL_ROUNDS`` rounds in all, and each reports the median of all its
+    steps and where they came from."""
+    from types import SimpleNamespace
+
+    from alpa_comm.pipeline import auto_schedule
+    from alpa_comm.train import distributed, trainer
+
+    times = {"a": iter([10.1, 10.0] * 5), "b": iter([10.05, 10.15] * 5), "c": iter([12.0, 12.1] * 5)}
+    built = []
+
+    class FakePipeline:
+        def __init__(self, cluster, model, stages, schedule, **kw):
+            self.label = schedule.to_text()
+            built.append(self.label)
+
+        def step(self, batch):
+            return SimpleNamespace(seconds=next(times[self.label]))
+
+    monkeypatch.setattr(distributed, "DistributedPipeline", FakePipeline)
+
+    def cand(label, predicted):
+        return SimpleNamespace(candidate=SimpleNamespace(label=label), schedule=SimpleNamespace(to_text=lambda: label),
+                               predicted_s=predicted, fits=True, peak_activations=4)
+
+    ranked = [cand("a", 10.0), cand("b", 10.1), cand("c", 10.2), cand("d", 20.0)]  # d: beyond the margin
+    cfg = trainer.TrainConfig(schedule="auto", cluster="local", steps=1)
+    runs = [{"schedule": "a", "seconds": [10.2, 10.0, 10.1]}]
+    got = trainer.trial_finalists(cfg, None, ranked, iter(range(100)), runs, margin=0.5)
+    rounds = auto_schedule.TRIAL_ROUNDS
+    # b and c: a first round each (one warm-up + TRIAL_STEPS); a and b, within the noise, again each round
+    assert built == ["b", "c"] + ["a", "b"] * (rounds - 1)
+    assert set(got) == {"a", "b", "c"}
+    assert got["a"][1] == f"calibration + trial x{rounds - 1}" and got["b"][1] == f"trial x{rounds}"
+    assert got["c"] == (pytest.approx(12.05), "trial")

@@ -158,6 +158,45 @@ def finalists(ranked: Sequence[Ranked], margin: float = TRIAL_MARGIN) -> list[Ra
     return [r for r in fit if r.predicted_s <= best * (1 + max(margin, TIE)) + 1e-12]
 
 
+TRIAL_ROUNDS = 3
+"""``contenders``: a trial measures again, in rounds, the finalists its steps cannot yet
+tell from the fastest, at most this many rounds in all. On the emulated cluster two
+steps of one schedule differ by up to 12 % (U-Transformer, 200 Mbit/s: ZB-V's calibration
+steps 9.43, 9.98 and 10.60 s), so one round of two steps cannot order schedules a few
+percent apart: DualPipeV measured 0.9 % faster than ZB-V in such a round and ran 8 %
+slower over the benchmark's repeats that followed."""
+
+SEPARATION = 2.0
+"""Standard errors by which a finalist's median must trail the leader's before ``contenders``
+lets it go."""
+
+
+def contenders(steps: dict[str, Sequence[float]]) -> list[str]:
+    """Of the measured finalists (label -> every step time measured for it, over all
+    rounds), those still in contention: the leader (the lowest median) and every one whose
+    median is not ``SEPARATION`` standard errors behind it. The noise is pooled from all
+    of them: each step's relative deviation from its own finalist's median (a finalist
+    with one step adds none; with no spread measured at all, every finalist behind the
+    leader is let go). Returns labels, the leader first, then by median."""
+    import math  # noqa: PLC0415
+    from statistics import median  # noqa: PLC0415
+
+    meds = {k: median(v) for k, v in steps.items() if v}
+    if not meds:
+        return []
+    order = sorted(meds, key=lambda k: meds[k])
+    spread = [k for k, v in steps.items() if len(v) > 1]
+    devs = [x / meds[k] - 1.0 for k in spread for x in steps[k]]
+    sigma = math.sqrt(sum(d * d for d in devs) / max(1, len(devs) - len(spread))) if devs else 0.0
+    lead = order[0]
+    out = [lead]
+    for k in order[1:]:
+        se = sigma * math.sqrt(1.0 / len(steps[k]) + 1.0 / len(steps[lead])) * meds[lead]
+        if meds[k] - meds[lead] <= SEPARATION * se:
+            out.append(k)
+    return out
+
+
 def choose_measured(ranked: Sequence[Ranked], measured: dict[str, float]) -> Ranked:
     """The pick after a trial: of the candidates with a measured iteration time
     (``measured``: candidate label -> seconds), the fastest; times within ``TIE`` of it

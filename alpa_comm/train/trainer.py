@@ -203,35 +203,61 @@ def trial_finalists(cfg: TrainConfig, cluster, ranked: list, data, runs=(), marg
     """``--schedule auto``'s last step: measure the finalists (``auto_schedule.finalists``:
     predicted within ``margin`` of the fastest, default ``TRIAL_MARGIN``) on ``cluster``.
     A finalist whose schedule a calibration run (``runs``, as ``calibrate`` keeps them)
-    already ran takes that run's median step time; every other one runs one warm-up
-    and ``TRIAL_STEPS`` timed steps. Returns candidate label -> (median seconds, where:
-    "calibration" or "trial"), for ``pick_schedule``. Why measure at all: the predictor
-    draws each action's time from other schedules' runs, and how busy a schedule keeps a
-    host changes its actions' times (``auto_schedule.TRIAL_MARGIN`` says by how much)."""
-    import numpy as np  # noqa: PLC0415
+    already ran starts with that run's step times; every other one runs one warm-up and
+    ``TRIAL_STEPS`` timed steps. Then, round after round (at most
+    ``auto_schedule.TRIAL_ROUNDS`` in all), the finalists whose steps cannot yet be told
+    from the fastest's (``auto_schedule.contenders``) run again, one after another, so a
+    drift of the machine lands on each of them. Returns candidate label -> (median of all
+    its steps, where: "calibration", "trial", "calibration + trial x2", ...), for
+    ``pick_schedule``. Why measure at all: the predictor draws each action's time from
+    other schedules' runs, and how busy a schedule keeps a host changes its actions' times
+    (``auto_schedule.TRIAL_MARGIN`` says by how much)."""
+    from statistics import median  # noqa: PLC0415
 
     from ..pipeline import auto_schedule  # noqa: PLC0415
     from .distributed import DistributedPipeline  # noqa: PLC0415
 
-    ran = {r["schedule"]: float(np.median(r["seconds"])) for r in runs if r.get("schedule") and r.get("seconds")}
-    out: dict[str, tuple[float, str]] = {}
+    ran = {r["schedule"]: [float(x) for x in r["seconds"]] for r in runs if r.get("schedule") and r.get("seconds")}
     final = auto_schedule.finalists(ranked, auto_schedule.TRIAL_MARGIN if margin is None else margin)
+    by_label = {r.candidate.label: r for r in final}
+    steps: dict[str, list[float]] = {}
+    calibrated: set[str] = set()
+    trials: dict[str, int] = {}
     for r in final:
         if r.schedule.to_text() in ran:
-            out[r.candidate.label] = (ran[r.schedule.to_text()], "calibration")
-    to_run, reused = [r for r in final if r.candidate.label not in out], len(out)
-    for k, r in enumerate(to_run):
-        label = r.candidate.label
+            steps[r.candidate.label] = list(ran[r.schedule.to_text()])
+            calibrated.add(r.candidate.label)
+
+    def measure(label: str, what: str) -> None:
+        r = by_label[label]
         if log:
-            print(f"--schedule auto: trial {k + 1}/{len(to_run)}: {label} (predicted {r.predicted_s:.4g} s, "
-                  f"1 + {TRIAL_STEPS} steps; {reused} of {len(final)} finalists timed in calibration already)",
+            print(f"--schedule auto: {what}: {label} (predicted {r.predicted_s:.4g} s, 1 + {TRIAL_STEPS} steps)",
                   file=log, flush=True)
         pipe = DistributedPipeline(cluster, cfg.model, cfg.stages, r.schedule, microbatch_size=cfg.microbatch_size,
                                    model_kwargs=cfg.model_kwargs(), dp=cfg.dp, strategy=cfg.strategy,
                                    optimizer=cfg.optimizer, lr=cfg.lr, transport=cfg.transport)
         pipe.step(next(data))
-        out[label] = (float(np.median([pipe.step(next(data)).seconds for _ in range(TRIAL_STEPS)])), "trial")
-    return out
+        steps.setdefault(label, []).extend(pipe.step(next(data)).seconds for _ in range(TRIAL_STEPS))
+        trials[label] = trials.get(label, 0) + 1
+
+    to_run = [r.candidate.label for r in final if r.candidate.label not in steps]
+    for k, label in enumerate(to_run):
+        measure(label, f"trial {k + 1}/{len(to_run)} ({len(final) - len(to_run)} of {len(final)} finalists timed "
+                       "in calibration already)")
+    for n in range(2, auto_schedule.TRIAL_ROUNDS + 1):
+        close = auto_schedule.contenders(steps)
+        if len(close) < 2:
+            break
+        close = [r.candidate.label for r in final if r.candidate.label in close]  # in ranked order
+        for label in close:
+            measure(label, f"round {n}/{auto_schedule.TRIAL_ROUNDS}, {len(close)} finalists within the noise")
+
+    def where(label: str) -> str:
+        parts = (["calibration"] if label in calibrated else []) + (
+            [f"trial x{trials[label]}" if trials[label] > 1 else "trial"] if label in trials else [])
+        return " + ".join(parts)
+
+    return {label: (float(median(v)), where(label)) for label, v in steps.items()}
 
 
 def rank_schedules(cfg: TrainConfig, model, costs: Costs, predict=None, wgrad_fraction: float = 0.5,
