@@ -28,6 +28,7 @@ from alpa_comm.pipeline import generate
 from alpa_comm.pipeline.edges import with_skips
 from alpa_comm.report.tables import table
 from alpa_comm.runtime.emulated.netns import rate_gbps
+from alpa_comm.runtime.worker import TRANSPORTS
 from alpa_comm.train.data import synthetic
 from alpa_comm.train.distributed import DistributedPipeline, PipelineCluster
 
@@ -37,7 +38,7 @@ GROUPS = {  # group -> thread names (prefixes), first match wins; the runner is 
     "runner": ("ray::",),
     "gloo I/O": ("gloo_tcp_loop",),
     "tcp I/O": ("tcp-send-", "tcp-recv-"),
-    "mailbox + executor": ("mailbox", "transfer"),
+    "mailbox + executor": ("mailbox", "transfer", "pack"),
 }
 OTHER = "other (Ray)"
 
@@ -61,7 +62,7 @@ def measure(cluster, kind: str, strategy: str, kw: dict, args) -> dict:
     sched = generate(kind, S, args.microbatches)
     sched = with_skips(sched, build_model("utransformer", sched.num_virtual_stages, **kw).skips)
     pipe = DistributedPipeline(cluster, "utransformer", S, sched, microbatch_size=args.rows, model_kwargs=kw,
-                               strategy=strategy, optimizer="sgd", lr=0.01)
+                               strategy=strategy, optimizer="sgd", lr=0.01, transport=args.transport)
     data = synthetic(args.microbatches, args.rows, kw["seq"], seed=0)
     pipe.step(next(data))
     steps = [pipe.step(next(data)) for _ in range(args.steps)]
@@ -81,6 +82,7 @@ def main(argv=None) -> int:
     p.add_argument("--host-cpus", type=float, default=0.5, help="CPU cores per emulated host (default 0.5)")
     p.add_argument("--configs", default="dualpipev:broadcast,dualpipev:signal,zb-v:broadcast,zb-v:signal",
                    help="schedule:strategy pairs, comma-separated")
+    p.add_argument("--transport", default="gloo", choices=TRANSPORTS, help="what the mailboxes move transfers over")
     p.add_argument("--microbatches", type=int, default=16)
     p.add_argument("--rows", type=int, default=16, help="rows per microbatch")
     p.add_argument("--seq", type=int, default=64, help="tokens per row")
@@ -122,7 +124,7 @@ def render(rows: list[dict], args) -> str:
             for r in rows for s, h in enumerate(r["hosts"])]
     return ("# CPU per training step, by thread\n\n"
             f"U-Transformer ({args.layers} layers, width {args.width}), 4 emulated hosts x 2 devices, NIC {args.nic}, "
-            f"{args.host_cpus} cores per host; {args.microbatches} microbatches of {args.rows} rows x {args.seq} "
+            f"{args.host_cpus} cores per host, transfers over {args.transport}; {args.microbatches} microbatches of {args.rows} rows x {args.seq} "
             f"tokens; median of {args.steps} steps after one warm-up. CPU seconds per step, per host, by thread group "
             "(the workers' own `cpu_by_thread` records); total: the host's process CPU (every thread); over cap: "
             "the least wall time that CPU takes under the cap. Command: `sudo .venv/bin/python "

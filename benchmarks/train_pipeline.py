@@ -453,7 +453,7 @@ def write_outputs(saved: dict, args, out: Path) -> None:
                         [[k, f"{e['seconds']:.3f}", f"{e['over_forward']:.2f}"] for k, e in info["regime_edges"].items()]))
         md.append("")
         md.append(table(["configuration", "iteration s", "vs 1f1b+alpa", "of fastest", "of signal bound",
-                         "link bound s", "fill s", "of physical bound", "host CPU s / cap", "of it comm threads",
+                         "link bound s", "fill s", "of physical bound", "host CPU s / cap", "comm threads CPU s / cap",
                          "simulated error",
                          "error, median-duration sim", "sending time hidden by compute, per stage"],
                         [[label, f"{s['iteration_seconds']:.3f} [{s['iteration_range'][0]:.3f}-"
@@ -476,10 +476,10 @@ def write_outputs(saved: dict, args, out: Path) -> None:
                   "estimate of what the fill and drain add to the signal bound where the signal run has no slack "
                   "on that path (not a bound). Host CPU s / cap: the busiest host's CPU seconds per step "
                   "(compute, transport threads, runtime, the optimizer update included) over its core cap: the "
-                  "least wall time that host's work takes under the cap. Of it comm threads: the busiest host's CPU "
-                  "seconds per step on threads that move data (`train.measure.COMM_THREADS`: gloo's I/O loop, the "
-                  "mailbox's and the executor's transfer threads) over the cap; unpacking arrivals runs on the "
-                  "runner's thread and is not in it.)\n")
+                  "least wall time that host's work takes under the cap. Comm threads CPU s / cap: the largest over "
+                  "hosts (not necessarily the busiest host) of the CPU seconds per step on threads that move data "
+                  "(`train.measure.COMM_THREADS`: gloo's I/O loop, the mailbox's and the executor's transfer and "
+                  "packing threads) over the cap; unpacking arrivals runs on the runner's thread and is not in it.)\n")
         mem = info["peak_memory"]
         md.append("Peak live activation MiB per stage, measured / memory model (last repeat):\n")
         md.append(table(["configuration"] + [f"stage {s}" for s in range(S)],
@@ -489,9 +489,8 @@ def write_outputs(saved: dict, args, out: Path) -> None:
         a_s = summ[auto["config"]]
         fastest = min((l for l in summ if l not in SIGNAL), key=lambda l: summ[l]["iteration_seconds"])
         trial = auto.get("trial") or {}
-        in_trial = (f", {trial[auto['pick']][0]:.3f} s measured in its "
-                    f"{'calibration run' if trial[auto['pick']][1] == 'calibration' else 'trial'}"
-                    if auto["pick"] in trial else "")
+        in_trial = (f", {trial[auto['pick']][0]:.3f} s measured (median of its steps in: "
+                    f"{trial[auto['pick']][1]})" if auto["pick"] in trial else "")
         md.append(f"\n**{model_name}: `--schedule auto` picked {auto['pick']} "
                   f"(predicted {auto['predicted_seconds']:.3f} s{in_trial}), measured as `{auto['config']}`: "
                   f"{a_s['iteration_seconds']:.3f} s, {a_s['of_best']:.3f} of the "

@@ -4,8 +4,9 @@
 transfers over. The two differ where a comm-heavy pipeline feels it: gloo runs one
 thread per posted transfer whose chunks interleave on the wire and an epoll I/O
 thread that wakes for each burst a paced link delivers; ``TcpBackend`` writes a
-peer's messages one after another on one connection (FIFO per host pair) and
-reads each message whole (``MSG_WAITALL``). On one emulated cluster (4 hosts,
+peer's messages one after another on one connection (FIFO per host pair), paced
+at the host's NIC rate (``tcp.PACE_FACTOR``), and reads each message whole
+(``MSG_WAITALL``). On one emulated cluster (4 hosts,
 shaped NICs, a CPU cap per host), per schedule, the same pipeline with each
 transport, and ZB-H1 with ``signal`` transfers (one byte each) as the
 no-communication bound; configurations interleaved, each set up afresh and
@@ -125,9 +126,11 @@ def check_losses(rows: list[dict], schedules: list[str]) -> None:
     """The same schedule must train to the same losses over every transport (same data,
     same weights: the transport moves bytes, it must not change them)."""
     for kind in schedules:
-        per = {r["config"]: r["losses"] for r in rows if r["config"].startswith(f"{kind}+broadcast")}
-        if len({json.dumps(v) for v in per.values()}) > 1:
-            raise SystemExit(f"{kind}: losses differ between transports: {per}")
+        for rep in sorted({r["repeat"] for r in rows}):
+            per = {r["config"]: r["losses"] for r in rows
+                   if r["repeat"] == rep and r["config"].startswith(f"{kind}+broadcast")}
+            if len({json.dumps(v) for v in per.values()}) > 1:
+                raise SystemExit(f"{kind}, repeat {rep + 1}: losses differ between transports: {per}")
 
 
 def render(rows: list[dict], args) -> str:

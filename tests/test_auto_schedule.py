@@ -150,7 +150,9 @@ def test_contenders_keep_what_the_noise_cannot_separate_and_let_go_what_it_can()
     assert auto_schedule.contenders(noisy) == ["a", "b", "c"]
     # one step each: no spread measured, so only the leader stays; nothing measured: nothing
     assert auto_schedule.contenders({"a": [10.0], "b": [10.01]}) == ["a"]
-    assert auto_schedule.contenders({}) == []
+    assert auto_schedule.contenders({}) == [] and auto_schedule.contenders({"a": []}) == []
+    # one-step finalists next to measured spread: judged with the pooled noise
+    assert auto_schedule.contenders({"a": [10.0, 11.0], "b": [10.2], "c": [13.0]}) == ["b", "a"]  # b leads: 10.2 < 10.5
 
 
 @settings(max_examples=60, deadline=None)

@@ -123,8 +123,16 @@ def test_the_tcp_transport_trains_exactly_like_gloo(cluster):
     sched = with_skips(generate("eager-1f1b", 4, 4, split_backward=True, delay_wgrad=1), model.skips)
     pipe = DistributedPipeline(cluster, "utransformer", 4, sched, microbatch_size=4, model_kwargs=KW,
                                strategy="broadcast", optimizer="sgd", lr=LR, transport="tcp")
-    _check(pipe, mbs, ref_loss, ref_params)
+    res = _check(pipe, mbs, ref_loss, ref_params)
     assert "tcp" in cluster.transports and pipe.transport == "tcp"
+    # the threads that move data name themselves, so a step's record counts them apart
+    from alpa_comm.train.measure import comm_cpu_seconds
+    names = {n for rec in res.per_host for n in rec["cpu_by_thread"]}
+    assert any(n.startswith("tcp-") for n in names) and "mailbox" in names, names
+    assert all(comm_cpu_seconds(rec) > 0 for rec in res.per_host)
+    with pytest.MonkeyPatch.context() as mp:  # joined once: a second join asks no host
+        mp.setattr(cluster, "_wait", lambda *a, **k: pytest.fail("joined the tcp transport twice"))
+        cluster.join_transport("tcp")
     ref_loss, ref_params = _reference("gpt", 4, mbs)
     sched = with_skips(generate("zb-v", 2, 4), build_model("gpt", 4, **KW).skips)
     pipe = DistributedPipeline(cluster, "gpt", 2, sched, microbatch_size=4, model_kwargs=KW, strategy="broadcast",
@@ -204,6 +212,7 @@ def test_train_schedule_auto_can_pick_and_run_a_virtual_schedule(cluster, monkey
     from alpa_comm.train import measure, trainer
 
     monkeypatch.setattr(trainer, "CALIBRATION", ("eager-1f1b", 1))  # one timed step per calibration run
+    monkeypatch.setattr(auto_schedule, "TRIAL_ROUNDS", 1)  # one round: the rounds have tests of their own
     monkeypatch.setattr(trainer, "open_cluster", lambda cfg, log=None: contextlib.nullcontext(cluster))
     real = measure.predict
     seen = set()  # (placement, model stages, kinds) of the records each virtual schedule is predicted from

@@ -79,6 +79,22 @@ def test_train_cli_runs_and_writes(tmp_path, capsys):
     assert "argument --transport: invalid choice: 'pigeon'" in capsys.readouterr().err
 
 
+def test_a_bad_transport_is_named_before_any_process_starts():
+    from alpa_comm.errors import InvalidOptionError
+    from alpa_comm.runtime.backend import CommunicationError
+    from alpa_comm.runtime.worker import HostWorker
+    from alpa_comm.train.trainer import TrainConfig
+    with pytest.raises(InvalidOptionError, match="--transport must be one of gloo, tcp, got 'udp'"):
+        TrainConfig(cluster="local", transport="udp")
+    worker = HostWorker(0, 2, 1)  # plain Python: no Ray, not connected
+    with pytest.raises(ValueError, match="unknown transport 'udp'; choose one of gloo, tcp"):
+        worker.join_transport("udp")
+    with pytest.raises(CommunicationError, match="host 0: not connected"):
+        worker.join_transport("tcp")
+    with pytest.raises(CommunicationError, match="host 0: transport 'tcp' not joined"):
+        worker.transport("tcp")
+
+
 def test_train_cli_schedule_auto_prints_its_ranking(capsys):
     from alpa_comm.cli import main
     assert main(["train", "--model", "utransformer", "--stages", "2", "--layers", "2", "--width", "16", "--seq", "8",

@@ -174,10 +174,14 @@ lets it go."""
 def contenders(steps: dict[str, Sequence[float]]) -> list[str]:
     """Of the measured finalists (label -> every step time measured for it, over all
     rounds), those still in contention: the leader (the lowest median) and every one whose
-    median is not ``SEPARATION`` standard errors behind it. The noise is pooled from all
-    of them: each step's relative deviation from its own finalist's median (a finalist
-    with one step adds none; with no spread measured at all, every finalist behind the
-    leader is let go). Returns labels, the leader first, then by median."""
+    median is not ``SEPARATION`` standard errors behind it (ties included). The noise is
+    pooled from all of them: each step's relative deviation from its own finalist's
+    median (a finalist with one step adds none; with no spread measured at all, every
+    finalist strictly behind the leader is let go). The standard error is a mean's,
+    sqrt(1/n_a + 1/n_b) times that noise, applied to medians: an approximate test (a
+    median's error is about 1.25x a mean's for normal noise, so the bar is nearer 1.6 of
+    its standard errors), kept simple because a few steps cannot give more. Returns
+    labels, the leader first, then by median."""
     import math  # noqa: PLC0415
     from statistics import median  # noqa: PLC0415
 
@@ -201,9 +205,10 @@ def choose_measured(ranked: Sequence[Ranked], measured: dict[str, float]) -> Ran
     """The pick after a trial: of the candidates with a measured iteration time
     (``measured``: candidate label -> seconds), the fastest; times within ``TIE`` of it
     go to the lower peak memory, then to the earlier ranked. Without any measurement,
-    the predicted pick (``choose``). The measurements are a few steps each, taken minutes
-    apart (a calibration run's median is reused); differences of a few percent between
-    them are within the machine's drift, so the pick is as good as that."""
+    the predicted pick (``choose``). Each time is a median over a few steps (a calibration
+    run's steps count; ``contenders`` decides who gets more), taken minutes apart:
+    finalists the steps cannot separate are within the machine's noise of each other,
+    so the pick is as good as that."""
     timed = [(k, r) for k, r in enumerate(ranked) if r.candidate.label in measured and r.fits]
     if not timed:
         return choose(ranked)
@@ -219,7 +224,8 @@ measured), "x fastest" relative to the fastest candidate that fits the cap."""
 
 MEASURED_HEADERS = ["measured time", "measured in"]
 """With a trial, two more columns before "pick": each finalist's measured iteration time
-and where it was measured (a calibration run of the same schedule, or a trial run)."""
+and where its steps came from (a calibration run of the same schedule, trial rounds, or
+both: "calibration + trial x2")."""
 
 
 def table_rows(ranked: Sequence[Ranked], measured: dict[str, tuple[float, str]] | None = None,

@@ -139,8 +139,10 @@ class Cluster(ClusterLaunchers):
             raise InvalidOptionError(f"unknown transport {name!r}; choose one of {', '.join(TRANSPORTS)}")
         self._check_usable()
         if name not in self.transports:
-            self._wait([(w.join_transport.remote(name, self.timeout), h) for h, w in enumerate(self.workers)],
-                       f"joining the {name} transport")
+            # each host's connections paced at its NIC's rate (``TcpBackend``'s pace_gbps), as
+            # ``alpa_comm.jax`` groups do: unpaced, connections leaving one host overflow its queue
+            self._wait([(w.join_transport.remote(name, self.timeout, self.spec.send_rate(h) * 8 / 1e9), h)
+                        for h, w in enumerate(self.workers)], f"joining the {name} transport")
             self.transports.add(name)
 
     # ---------------------------------------------------------------- arrays

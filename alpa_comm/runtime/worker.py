@@ -49,15 +49,15 @@ class HostWorker:
         self.backend = GlooBackend(self.host, self.num_hosts, master_addr, master_port, timeout)
         return self.host
 
-    def join_transport(self, name: str, timeout: float = DEFAULT_TIMEOUT_S) -> str:
+    def join_transport(self, name: str, timeout: float = DEFAULT_TIMEOUT_S,
+                       pace_gbps: float | None = None) -> str:
         """Join a transport beside gloo (every host at once; ``TRANSPORTS``): ``"tcp"``,
         alpa_comm's own TCP streams (``runtime.tcp.TcpBackend``: one connection per pair
         of hosts, a peer's messages in posting order, each read whole), met through the
         gloo group's store (torch keeps it private: ``_get_default_store``; a second store
-        would need a second rendezvous). Under the trainer's mailbox it measured slower
-        than gloo and no cheaper in CPU (``benchmarks/transport_compare.py``): its I/O
-        threads are Python threads that take the GIL from the runner, and a peer's
-        messages queue behind each other where gloo's interleave."""
+        would need a second rendezvous), each connection paced at ``pace_gbps`` (this host's
+        NIC rate; ``tcp.PACE_FACTOR``). ``benchmarks/transport_compare.py`` measures it
+        against gloo under the trainer's mailbox."""
         if name not in TRANSPORTS:
             raise ValueError(f"unknown transport {name!r}; choose one of {', '.join(TRANSPORTS)}")
         if self.backend is None:
@@ -70,7 +70,7 @@ class HostWorker:
 
             store = dist.PrefixStore(f"alpa_comm/{name}", dist.distributed_c10d._get_default_store())
             self.transports[name] = TcpBackend(self.host, range(self.num_hosts), store, timeout,
-                                               address=ray.util.get_node_ip_address())
+                                               address=ray.util.get_node_ip_address(), pace_gbps=pace_gbps)
         return name
 
     def transport(self, name: str):

@@ -33,6 +33,7 @@ from ..pipeline.ir import Schedule, ScheduleError
 from ..resharding.host_job import HostJob
 from ..resharding.strategies import STRATEGIES
 from ..runtime.cluster import Cluster
+from ..runtime.worker import TRANSPORTS
 from ..topology import ClusterSpec
 from .stage_setup import StageSetup
 from .worker import PipelineWorker
@@ -152,7 +153,8 @@ class DistributedPipeline:
         k = cluster.spec.devices_per_host
         if microbatch_size % (dp * k):
             raise ValueError(f"microbatch size {microbatch_size} must divide over {dp} hosts x {k} devices")
-        cluster.join_transport(transport)
+        if transport not in TRANSPORTS:
+            raise InvalidOptionError(f"unknown transport {transport!r}; choose one of {', '.join(TRANSPORTS)}")
         self.cluster, self.schedule, self.dp, self.strategy = cluster, schedule, dp, strategy
         self.transport = transport
         self.num_stages, self.microbatch_size = num_stages, microbatch_size
@@ -162,6 +164,7 @@ class DistributedPipeline:
                                                      cluster.spec, strategy, loadbalance)
         self.mesh_of, self.model, self.shapes, self.dtype = planned.mesh_of, planned.model, planned.shapes, planned.dtype
         self.edges, self.plans = planned.edges, planned.plans
+        cluster.join_transport(transport)  # after planning: a bad request connects nothing
         edge_index = {e.name: i for i, e in enumerate(self.edges)}
         edge_keys = {e.name: list(e.keys) for e in self.edges}
         self.hosts = list(range(need))

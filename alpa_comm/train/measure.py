@@ -42,10 +42,10 @@ def busy_factor(rec: dict) -> float:
     return max(1.0, (span - waits) / compute) if compute > 0 else 1.0
 
 
-COMM_THREADS = ("gloo_tcp_loop", "tcp-send-", "tcp-recv-", "mailbox", "transfer")
+COMM_THREADS = ("gloo_tcp_loop", "tcp-send-", "tcp-recv-", "mailbox", "transfer", "pack")
 """Names (prefixes) of a worker's threads that move data: gloo's I/O loop, ``TcpBackend``'s
-streams, the mailbox's and the resharding executor's transfer threads. Every other
-thread computes (XLA's pool, the runner, which also unpacks arrivals) or runs Ray."""
+streams, the mailbox's and the resharding executor's transfer and packing threads. Every
+other thread computes (XLA's pool, the runner, which also unpacks arrivals) or runs Ray."""
 
 
 def comm_cpu_seconds(rec: dict) -> float:

@@ -194,8 +194,9 @@ def pick_schedule(ranked: list, log=None, measured: dict | None = None):
 
 
 TRIAL_STEPS = 2
-"""Timed steps (after one warm-up) a finalist the calibration did not already run gets in
-``trial_finalists``; its median is its measured time, as a calibration run's is."""
+"""Timed steps (after one warm-up) a finalist gets in each trial round of ``trial_finalists``
+(none in the first round where a calibration run already ran its schedule); its measured
+time is the median over all its steps, calibration's included."""
 
 
 def trial_finalists(cfg: TrainConfig, cluster, ranked: list, data, runs=(), margin: float | None = None,
