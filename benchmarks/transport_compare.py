@@ -152,7 +152,8 @@ def render(rows: list[dict], args) -> str:
             f"step(s), {args.steps} timed (median); {args.repeats} repeats, median [min-max]. Of the bound: "
             f"`{bound}` over the configuration, paired within a repeat. Host CPU / cap: the busiest host's CPU "
             "seconds per step over its core cap. Losses agree bit for bit across transports. Command: "
-            f"`sudo .venv/bin/python benchmarks/transport_compare.py --nic {args.nic}`.\n\n"
+            f"`sudo .venv/bin/python benchmarks/transport_compare.py --nic {args.nic}"
+            + (f" --repeats {args.repeats}" if args.repeats != 3 else "") + "`.\n\n"
             + table(["configuration", "iteration s", "of no-communication bound", "host CPU s / cap"], body) + "\n")
 
 

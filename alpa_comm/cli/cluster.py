@@ -95,7 +95,7 @@ def _register_train(sub) -> None:
     p.add_argument("--transport", default="gloo", choices=TRANSPORTS,
                    help="what host workers move transfers over: gloo (torch.distributed; default) or tcp "
                         "(alpa_comm's own TCP streams: one connection per pair of hosts, messages in order, "
-                        "each read whole; benchmarks/transport_compare.py compares them)")
+                        "each read whole, paced at the NIC rate; benchmarks/transport_compare.py compares them)")
     p.add_argument("--dp", type=count(1, 64), default=1, help="data-parallel hosts per stage (default 1)")
     add_live_cluster_args(p, "local", "inprocess (one process), local (Ray on this machine), emulated (root: "
                                       "shaped NICs) or ray://ADDR", hosts_default=None, devices_default=2,
