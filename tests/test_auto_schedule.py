@@ -14,7 +14,7 @@ def _rank(S, M, costs, cap=None, virtual=True):
     return auto_schedule.rank(cands, S, M, lambda s: simulate_schedule(s, costs).iteration_time, memory_cap=cap)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=12, deadline=None)
 @given(S=st.integers(2, 5), per=st.integers(1, 4), f=st.floats(0.2, 2), b=st.floats(0.4, 4), comm=st.floats(0, 2),
        cap_share=st.floats(0.3, 1.2))
 def test_the_pick_is_the_fastest_that_fits_and_every_candidate_is_valid(S, per, f, b, comm, cap_share):

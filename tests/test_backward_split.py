@@ -134,7 +134,7 @@ def _flops(fn, *args):
     return (c[0] if isinstance(c, list) else c).get("flops", 0.0)  # an empty program has none
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(models())
 def test_the_two_halves_give_jax_vjp_cotangents(model):
     """Eagerly the halves run ``jax.vjp``'s own primitives, except that a transposed
@@ -158,7 +158,7 @@ def test_the_two_halves_give_jax_vjp_cotangents(model):
     _assert_trees_equal(jax.jit(lambda h, r: h(r))(bw, residuals), want[0], exact=False)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(models())
 def test_the_input_half_skips_the_weight_gradient_work(model):
     """XLA's flop counts: BI + BW never exceed the whole backward (nothing is recomputed;

@@ -7,6 +7,12 @@ A command is a line of a code block, or an inline code span, that starts with
 with placeholders (``...``, ``<name>``, ``DIR``) and bare command names (a reference, not
 a command) are not commands. ``sudo`` lines, ``bench``, ``cluster`` and trainer runs on
 a Ray or emulated cluster need root or a cluster and are left to their own tests.
+
+Commands that take minutes at their shown size run at CI size: the shown line with
+``CI_SIZED``'s options appended (argparse keeps the last value), so every shown option
+is still parsed and used; a command shown twice with other numbers only (``--repeat 9``,
+``--repeat 15``) runs once. The trainer's CI-sized runs use the in-process cluster: the
+host-worker clusters have tests of their own (test_train_distributed, test_train_emulated).
 """
 import os
 import re
@@ -23,6 +29,13 @@ NEEDS_A_CLUSTER = re.compile(r"alpa-comm (bench|cluster)\b|--cluster (local|emul
                              r"|allreduce|train_pipeline|gpu_check|alpa_nm_suite"
                              r"|scale_fuzz"  # minutes of planning: tests/test_scale_fuzz.py runs it CI-sized
                              r"|predictor_check")  # reads committed results: tests/test_predictor_check.py runs it
+
+
+CI_SIZED = [  # (pattern of the argv, options appended)
+    (re.compile(r"benchmarks/sim_scale\.py"), ["--hosts", "64"]),  # the 1,024-host rows: 84 s
+    (re.compile(r"benchmarks/split_backward\.py"), ["--repeat", "2", "--width", "32"]),
+    (re.compile(r"alpa_comm\.cli train\b"), ["--cluster", "inprocess", "--steps", "2"]),  # auto's trial rounds
+]
 
 
 def shown_commands() -> list[tuple[str, str]]:
@@ -51,15 +64,26 @@ def runnable(line: str) -> list[str] | None:
     if words[0].endswith("alpa-comm"):
         if len(words) < 3 and words[1:] != ["--help"]:
             return None  # "alpa-comm plan": a reference to the command, not a command line
-        return [sys.executable, "-m", "alpa_comm.cli", *words[1:]]
-    return [sys.executable, str(ROOT / words[1]), *words[2:]]
+        return ci_sized([sys.executable, "-m", "alpa_comm.cli", *words[1:]])
+    return ci_sized([sys.executable, str(ROOT / words[1]), *words[2:]])
+
+
+def ci_sized(argv: list[str]) -> list[str]:
+    """``argv`` with the CI-size options of the first ``CI_SIZED`` pattern it matches
+    (none for ``--help``)."""
+    if "--help" in argv:
+        return argv
+    line = " ".join(argv)
+    return argv + next((extra for pattern, extra in CI_SIZED if pattern.search(line)), [])
 
 
 def _unique(found):
+    """Each command once: shown in two documents, or twice with other numbers only."""
     seen, out = set(), []
     for doc, line, argv in found:
-        if tuple(argv) not in seen:  # the same command shown in two documents runs once
-            seen.add(tuple(argv))
+        key = tuple(re.sub(r"^\d+(\.\d+)?$", "N", w) for w in argv)
+        if key not in seen:
+            seen.add(key)
             out.append((doc, line, argv))
     return out
 

@@ -77,23 +77,33 @@ class Member:
         return wrong, checked
 
 
-@pytest.fixture
-def actors():
+@pytest.fixture(scope="module")
+def ray_session():
+    """One local Ray for the module (starting it costs seconds); each test makes its own actors."""
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False,
              runtime_env={"env_vars": {"JAX_PLATFORMS": "cpu", "GLOO_SOCKET_IFNAME": "lo",
                                        # actors import Member from this file
                                        "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent)])}})
     try:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            coordinator = f"127.0.0.1:{s.getsockname()[1]}"
-        cls = ray.remote(num_cpus=0)(Member)
-        name = f"test-{time.monotonic_ns()}"
-        members = [cls.remote(name, r, coordinator, 15.0) for r in TRAINERS + ENGINES]
+        yield
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture
+def actors(ray_session):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        coordinator = f"127.0.0.1:{s.getsockname()[1]}"
+    cls = ray.remote(num_cpus=0)(Member)
+    name = f"test-{time.monotonic_ns()}"
+    members = [cls.remote(name, r, coordinator, 15.0) for r in TRAINERS + ENGINES]
+    try:
         ray.get([m.pid.remote() for m in members])
         yield members
     finally:
-        ray.shutdown()
+        for m in members:  # a fresh group for the next test: every member ends here
+            ray.kill(m)
 
 
 def test_ray_actors_sync_a_model_between_jax_programs_bit_exact(actors):
@@ -117,7 +127,7 @@ def test_an_engine_that_dies_is_named_in_every_survivor_within_the_timeout(actor
         assert isinstance(o, dict) and "host 3" in o["error"], (r, o)
 
 
-def test_a_group_name_serves_one_group_per_job(actors):
+def test_a_group_name_serves_one_group_per_job(ray_session):
     from alpa_comm.errors import InvalidOptionError
     from alpa_comm.jax import ProcessGroup
 

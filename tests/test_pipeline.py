@@ -83,7 +83,7 @@ def test_without_transfer_time_1f1b_and_eager_take_equally_long(sm, tf, tb):
     assert a == pytest.approx((M + S - 1) * (tf + tb))
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(S_M, st.sampled_from(SCHEDULES), st.floats(0.0, 2.0))
 def test_no_schedule_beats_the_comm_limit(sm, kind, tc):
     S, M = sm

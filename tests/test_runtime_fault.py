@@ -43,7 +43,7 @@ def test_link_down_raises_naming_a_host_within_60_s():
     """Cut one host's link in the middle of a reshard: the waits time out and the error
     names the host; nothing hangs; shutdown cleans up."""
     import subprocess
-    with Cluster.emulated(3, 2, nic="400mbit", timeout=10, log=None) as c:
+    with Cluster.emulated(3, 2, nic="400mbit", timeout=5, log=None) as c:
         x = np.zeros((16 << 20,), np.float32)
         a = c.put(x, "1x1@0", "R")
         threading.Timer(2.0, subprocess.run, (["ip", "link", "set", "acomm-v2", "down"],)).start()

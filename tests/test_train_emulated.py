@@ -57,7 +57,8 @@ def test_every_schedule_and_strategy_matches_the_single_device_step(cluster, mod
     mbs = next(synthetic(M, 4, KW["seq"], seed=1))
     ref_loss, ref_params = _reference(model_name, 4, mbs)
     model = build_model(model_name, 4, **KW)
-    others = [s for s in STRATEGIES if s != "broadcast" and carries_data(s)]  # every kind the registry offers
+    # every kind the registry offers, on GPT (a strategy moves arrays whatever the model)
+    others = [s for s in STRATEGIES if s != "broadcast" and carries_data(s)] if model_name == "gpt" else []
     runs = [(v, "broadcast") for v in VARIANTS] + [(("eager-1f1b", True, 1), s) for s in others]
     for (kind, split, delay), strategy in runs:
         sched = with_skips(generate(kind, 4, M, split_backward=split, delay_wgrad=delay), model.skips)

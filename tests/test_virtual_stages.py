@@ -18,7 +18,7 @@ def interleaved(draw):
     return S, C, M
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(interleaved(), st.floats(0.1, 5.0), st.floats(0.1, 5.0))
 def test_interleaved_1f1b_bubble_is_the_fill_and_drain_over_c(shape, t_f, t_b):
     S, C, M = shape
