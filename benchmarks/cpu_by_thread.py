@@ -23,16 +23,12 @@ import time
 from pathlib import Path
 from statistics import median
 
-from alpa_comm.models import build_model
-from alpa_comm.pipeline import generate
-from alpa_comm.pipeline.edges import with_skips
 from alpa_comm.report.tables import table
-from alpa_comm.runtime.emulated.netns import rate_gbps
 from alpa_comm.runtime.worker import TRANSPORTS
-from alpa_comm.train.data import synthetic
-from alpa_comm.train.distributed import DistributedPipeline, PipelineCluster
 
-S = 4
+import ut_regime as regime
+from ut_regime import S, log
+
 GROUPS = {  # group -> thread names (prefixes), first match wins; the runner is the worker's main thread
     "XLA compute": ("tf_XLAEigen",),
     "runner": ("ray::",),
@@ -41,10 +37,6 @@ GROUPS = {  # group -> thread names (prefixes), first match wins; the runner is 
     "mailbox + executor": ("mailbox", "transfer", "pack"),
 }
 OTHER = "other (Ray)"
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def group_of(name: str) -> str:
@@ -58,12 +50,9 @@ def grouped(by_thread: dict[str, float]) -> dict[str, float]:
     return out
 
 
-def measure(cluster, kind: str, strategy: str, kw: dict, args) -> dict:
-    sched = generate(kind, S, args.microbatches)
-    sched = with_skips(sched, build_model("utransformer", sched.num_virtual_stages, **kw).skips)
-    pipe = DistributedPipeline(cluster, "utransformer", S, sched, microbatch_size=args.rows, model_kwargs=kw,
-                               strategy=strategy, optimizer="sgd", lr=0.01, transport=args.transport)
-    data = synthetic(args.microbatches, args.rows, kw["seq"], seed=0)
+def measure(cluster, kind: str, strategy: str, args) -> dict:
+    pipe = regime.pipeline(cluster, kind, strategy, args, args.transport)
+    data = regime.data(args)
     pipe.step(next(data))
     steps = [pipe.step(next(data)) for _ in range(args.steps)]
     hosts = []
@@ -78,36 +67,22 @@ def measure(cluster, kind: str, strategy: str, kw: dict, args) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="benchmarks/results/cpu_by_thread")
-    p.add_argument("--nic", default="100mbit", help="emulated NIC rate per host and direction (tc syntax)")
-    p.add_argument("--host-cpus", type=float, default=0.5, help="CPU cores per emulated host (default 0.5)")
+    regime.add_options(p)
     p.add_argument("--configs", default="dualpipev:broadcast,dualpipev:signal,zb-v:broadcast,zb-v:signal",
                    help="schedule:strategy pairs, comma-separated")
     p.add_argument("--transport", default="gloo", choices=TRANSPORTS, help="what the mailboxes move transfers over")
-    p.add_argument("--microbatches", type=int, default=16)
-    p.add_argument("--rows", type=int, default=16, help="rows per microbatch")
-    p.add_argument("--seq", type=int, default=64, help="tokens per row")
-    p.add_argument("--width", type=int, default=256, help="model width d")
-    p.add_argument("--layers", type=int, default=8, help="U-Transformer layers")
-    p.add_argument("--steps", type=int, default=3, help="timed steps per configuration (median)")
     args = p.parse_args(argv)
-    for name in ("microbatches", "rows", "seq", "width", "layers", "steps"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
-    try:
-        rate_gbps(args.nic)
-    except Exception as e:  # noqa: BLE001 - named for the user
-        p.error(f"--nic: cannot read rate {args.nic!r} ({e})")
+    regime.check_options(p, args)
     configs = [tuple(c.split(":")) for c in args.configs.split(",") if c]
     if any(len(c) != 2 for c in configs):
         p.error(f"--configs: give schedule:strategy pairs, got {args.configs!r}")
-    kw = {"layers": args.layers, "d": args.width, "heads": 4, "seq": args.seq}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows, t0 = [], time.monotonic()
-    with PipelineCluster.emulated(S, 2, nic=args.nic, timeout=120, cpu=args.host_cpus) as cluster:
+    with regime.open_cluster(args) as cluster:
         for i, (kind, strategy) in enumerate(configs):
             log(f"[{time.monotonic() - t0:5.0f} s] {i + 1}/{len(configs)}: {kind}+{strategy}")
-            rows.append(measure(cluster, kind, strategy, kw, args))
+            rows.append(measure(cluster, kind, strategy, args))
     md = render(rows, args)
     (out / "results.md").write_text(md)
     (out / "results.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))

@@ -25,22 +25,14 @@ import time
 from pathlib import Path
 from statistics import median
 
-from alpa_comm.models import build_model
-from alpa_comm.pipeline import generate
-from alpa_comm.pipeline.edges import with_skips
 from alpa_comm.report.tables import table
-from alpa_comm.runtime.emulated.netns import rate_gbps
 from alpa_comm.runtime.worker import TRANSPORTS
-from alpa_comm.train.data import synthetic
-from alpa_comm.train.distributed import DistributedPipeline, PipelineCluster
 from alpa_comm.train.measure import iteration_seconds
 
-S = 4
+import ut_regime as regime
+from ut_regime import S, log
+
 BOUND = ("zb-h1", "signal", "gloo")
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def configurations(schedules: list[str], transports: list[str]) -> list[tuple[str, str, str]]:
@@ -53,13 +45,10 @@ def label(config: tuple[str, str, str]) -> str:
     return f"{kind}+{strategy}" + ("" if strategy == "signal" else f" over {transport}")
 
 
-def run(cluster, config, kw: dict, args) -> dict:
+def run(cluster, config, args) -> dict:
     kind, strategy, transport = config
-    sched = generate(kind, S, args.microbatches)
-    sched = with_skips(sched, build_model("utransformer", sched.num_virtual_stages, **kw).skips)
-    pipe = DistributedPipeline(cluster, "utransformer", S, sched, microbatch_size=args.rows, model_kwargs=kw,
-                               strategy=strategy, optimizer="sgd", lr=0.01, transport=transport)
-    data = synthetic(args.microbatches, args.rows, kw["seq"], seed=0)
+    pipe = regime.pipeline(cluster, kind, strategy, args, transport)
+    data = regime.data(args)
     for _ in range(args.warmup):
         pipe.step(next(data))
     results = [pipe.step(next(data)) for _ in range(args.steps)]
@@ -73,43 +62,29 @@ def run(cluster, config, kw: dict, args) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="benchmarks/results/transport_compare")
-    p.add_argument("--nic", default="100mbit", help="emulated NIC rate per host and direction (tc syntax)")
-    p.add_argument("--host-cpus", type=float, default=0.5, help="CPU cores per emulated host (default 0.5)")
+    regime.add_options(p)
     p.add_argument("--schedules", default="zb-v,dualpipev", help="schedules to run over each transport")
     p.add_argument("--transports", default=",".join(TRANSPORTS), help="transports to compare, comma-separated")
-    p.add_argument("--microbatches", type=int, default=16)
-    p.add_argument("--rows", type=int, default=16, help="rows per microbatch")
-    p.add_argument("--seq", type=int, default=64, help="tokens per row")
-    p.add_argument("--width", type=int, default=256, help="model width d")
-    p.add_argument("--layers", type=int, default=8, help="U-Transformer layers")
     p.add_argument("--warmup", type=int, default=1, help="steps before timing, per set-up")
-    p.add_argument("--steps", type=int, default=3, help="timed steps per configuration and repeat")
     p.add_argument("--repeats", type=int, default=3, help="times the whole interleaved set runs")
     args = p.parse_args(argv)
-    for name in ("microbatches", "rows", "seq", "width", "layers", "steps", "repeats"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    regime.check_options(p, args, ("microbatches", "rows", "seq", "width", "layers", "steps", "repeats"))
     if args.warmup < 0:
         p.error(f"--warmup must be >= 0, got {args.warmup}")
-    try:
-        rate_gbps(args.nic)
-    except Exception as e:  # noqa: BLE001 - named for the user
-        p.error(f"--nic: cannot read rate {args.nic!r} ({e})")
     args.transports = [t for t in args.transports.split(",") if t]
     bad = [t for t in args.transports if t not in TRANSPORTS]
     if bad or not args.transports:
         p.error(f"--transports: unknown {bad or args.transports!r}; choose from {', '.join(TRANSPORTS)}")
     schedules = [s for s in args.schedules.split(",") if s]
-    kw = {"layers": args.layers, "d": args.width, "heads": 4, "seq": args.seq}
     configs = configurations(schedules, args.transports)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows, t0 = [], time.monotonic()
-    with PipelineCluster.emulated(S, 2, nic=args.nic, timeout=120, cpu=args.host_cpus) as cluster:
+    with regime.open_cluster(args) as cluster:
         for rep in range(args.repeats):
             for config in configs:
                 log(f"[{time.monotonic() - t0:6.0f} s] repeat {rep + 1}/{args.repeats}: {label(config)}")
-                row = run(cluster, config, kw, args) | {"repeat": rep}
+                row = run(cluster, config, args) | {"repeat": rep}
                 log(f"    iteration {row['iteration_seconds']:.3f} s")
                 rows.append(row)
     check_losses(rows, schedules)

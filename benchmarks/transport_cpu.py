@@ -26,7 +26,7 @@ from pathlib import Path
 from alpa_comm.errors import AlpaCommError
 from alpa_comm.pipeline import generate
 from alpa_comm.report.tables import table
-from alpa_comm.runtime.emulated.netns import rate_gbps
+from alpa_comm.runtime.emulated.netns import check_cpu_cores, rate_gbps
 from alpa_comm.runtime.launch import emulated_spec
 from alpa_comm.train.distributed import DistributedPipeline, PipelineCluster
 
@@ -84,8 +84,10 @@ def main(argv=None) -> int:
             p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     if args.rows % 2:
         p.error(f"--rows must divide over a host's 2 devices, got {args.rows}")
-    if not args.host_cpus > 0:
-        p.error(f"--host-cpus must be > 0, got {args.host_cpus}")
+    try:
+        check_cpu_cores(args.host_cpus)
+    except AlpaCommError as e:
+        p.error(f"--host-cpus: {e}")
     nics = [n for n in args.nics.split(",") if n]
     for n in nics:
         try:

@@ -10,9 +10,11 @@ a Ray or emulated cluster need root or a cluster and are left to their own tests
 
 Commands that take minutes at their shown size run at CI size: the shown line with
 ``CI_SIZED``'s options appended (argparse keeps the last value), so every shown option
-is still parsed and used; a command shown twice with other numbers only (``--repeat 9``,
-``--repeat 15``) runs once. The trainer's CI-sized runs use the in-process cluster: the
-host-worker clusters have tests of their own (test_train_distributed, test_train_emulated).
+is still parsed and used, on the cluster the line names (the trainer's default: a local
+Ray cluster of host workers). Two shown lines that differ only in values ``CI_SIZED``
+overrides (``--repeat 9``, ``--repeat 15``) run once. A shown trainer line that needs
+host workers (``--trace``, ``--transport tcp``) keeps working: the trainer's cluster is
+not overridden.
 """
 import os
 import re
@@ -34,7 +36,9 @@ NEEDS_A_CLUSTER = re.compile(r"alpa-comm (bench|cluster)\b|--cluster (local|emul
 CI_SIZED = [  # (pattern of the argv, options appended)
     (re.compile(r"benchmarks/sim_scale\.py"), ["--hosts", "64"]),  # the 1,024-host rows: 84 s
     (re.compile(r"benchmarks/split_backward\.py"), ["--repeat", "2", "--width", "32"]),
-    (re.compile(r"alpa_comm\.cli train\b"), ["--cluster", "inprocess", "--steps", "2"]),  # auto's trial rounds
+    (re.compile(r"benchmarks/planner_speed\.py"), ["--repeat", "1"]),
+    (re.compile(r"alpa_comm\.cli train\b"),  # auto's calibration and trial rounds at the default size: a minute
+     ["--stages", "2", "--layers", "2", "--width", "16", "--seq", "8", "--microbatches", "4", "--steps", "2"]),
 ]
 
 
@@ -77,11 +81,26 @@ def ci_sized(argv: list[str]) -> list[str]:
     return argv + next((extra for pattern, extra in CI_SIZED if pattern.search(line)), [])
 
 
+def _overridden(argv: list[str]) -> tuple:
+    """``argv`` less every option ``CI_SIZED`` sets for it, with its value: what two shown
+    lines must share to run the same."""
+    line = " ".join(argv)
+    names = set(next((extra for pattern, extra in CI_SIZED if pattern.search(line)), [])[::2])
+    out, words = [], iter(argv)
+    for w in words:
+        if w in names:
+            next(words, None)
+        else:
+            out.append(w)
+    return tuple(out)
+
+
 def _unique(found):
-    """Each command once: shown in two documents, or twice with other numbers only."""
+    """Each command once: shown in two documents, or twice with only values ``CI_SIZED``
+    overrides differing (the runs would be the same)."""
     seen, out = set(), []
     for doc, line, argv in found:
-        key = tuple(re.sub(r"^\d+(\.\d+)?$", "N", w) for w in argv)
+        key = _overridden(argv)
         if key not in seen:
             seen.add(key)
             out.append((doc, line, argv))

@@ -66,5 +66,6 @@ def test_cpu_cap_puts_a_host_s_processes_in_its_cgroup_and_down_removes_it():
     finally:
         net.down()
     assert not netns.cpu_cgroup(1).exists() and not netns.existing_namespaces()
-    with pytest.raises(netns.AlpaCommError, match="must be > 0"):
-        netns.check_cpu_cap(0)
+    for bad in (0, 0.1, float("inf"), float("nan")):  # under the kernel's least quota, or no number
+        with pytest.raises(netns.AlpaCommError, match=f"must be a number >= 0.2.*got {bad!r}"):
+            netns.check_cpu_cap(bad)

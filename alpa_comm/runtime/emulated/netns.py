@@ -19,6 +19,7 @@ tear down) is removed first, saying so, instead of blocking every later run.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -38,6 +39,7 @@ TBF_LATENCY = os.environ.get("ALPA_COMM_TBF_LATENCY", "50ms")  # queue bound: de
 STATE_FILE = Path(os.environ.get("ALPA_COMM_STATE", "/tmp/alpa_comm_cluster.json"))
 CPU_CGROUP_ROOT = Path(os.environ.get("ALPA_COMM_CPU_CGROUP", "/sys/fs/cgroup/cpu"))  # cgroup v1 cpu controller
 CPU_PERIOD_US = 5_000  # short periods: a throttled host waits at most a few ms, not tens
+MIN_QUOTA_US = 1_000  # the kernel refuses a smaller cpu.cfs_quota_us
 
 
 class EmulationUnavailable(AlpaCommError, RuntimeError):
@@ -315,10 +317,18 @@ def cpu_cgroup(host: int) -> Path:
     return CPU_CGROUP_ROOT / f"{PREFIX}-h{host}"
 
 
+def check_cpu_cores(cores: float) -> None:
+    """A per-host CPU share the cgroup can hold: finite and at least the kernel's least quota
+    per period (``AlpaCommError`` naming the value, before anything is set up)."""
+    if not (isinstance(cores, (int, float)) and math.isfinite(cores) and cores * CPU_PERIOD_US >= MIN_QUOTA_US):
+        raise AlpaCommError(f"CPU cores per host must be a number >= {MIN_QUOTA_US / CPU_PERIOD_US:g} (the "
+                            f"kernel's least quota, {MIN_QUOTA_US} us, in a {CPU_PERIOD_US} us period), got {cores!r}")
+
+
 def check_cpu_cap(cores: float) -> None:
-    """A per-host CPU cap needs the cgroup v1 cpu controller, writable (root)."""
-    if not cores > 0:
-        raise AlpaCommError(f"CPU cores per host must be > 0, got {cores!r}")
+    """A per-host CPU cap needs a share the cgroup can hold and the cgroup v1 cpu
+    controller, writable (root)."""
+    check_cpu_cores(cores)
     if not (CPU_CGROUP_ROOT / "cpu.cfs_quota_us").exists() or not os.access(CPU_CGROUP_ROOT, os.W_OK):
         raise EmulationUnavailable(f"capping a host's CPU needs a writable cgroup v1 cpu controller at "
                                    f"{CPU_CGROUP_ROOT} (set ALPA_COMM_CPU_CGROUP to another mount)")
