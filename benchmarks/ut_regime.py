@@ -44,6 +44,8 @@ def check_options(p: argparse.ArgumentParser, args, counts=("microbatches", "row
     for name in counts:
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.rows % DEVICES_PER_HOST:
+        p.error(f"--rows must divide over a host's {DEVICES_PER_HOST} devices, got {args.rows}")
     try:
         check_cpu_cores(args.host_cpus)
     except AlpaCommError as e:

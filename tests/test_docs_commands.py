@@ -12,9 +12,7 @@ Commands that take minutes at their shown size run at CI size: the shown line wi
 ``CI_SIZED``'s options appended (argparse keeps the last value), so every shown option
 is still parsed and used, on the cluster the line names (the trainer's default: a local
 Ray cluster of host workers). Two shown lines that differ only in values ``CI_SIZED``
-overrides (``--repeat 9``, ``--repeat 15``) run once. A shown trainer line that needs
-host workers (``--trace``, ``--transport tcp``) keeps working: the trainer's cluster is
-not overridden.
+overrides (``--repeat 9``, ``--repeat 15``) run once.
 """
 import os
 import re

@@ -87,3 +87,21 @@ def test_cli_bad_input_exit_code(capsys):
 def test_console_script_help():
     out = subprocess.run([sys.executable, "-m", "alpa_comm.cli", "plan", "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "--loadbalance" in out.stdout
+
+
+def test_a_cpu_share_a_cgroup_cannot_hold_is_named_before_anything_starts():
+    """An emulated host's CPU cap must be a finite number of cores of at least the kernel's
+    least quota per period: 0.1 core, inf or a bool are named (not an OverflowError or a
+    failed cgroup write after the namespaces exist), by the trainer's options too."""
+    import numpy as np
+
+    from alpa_comm.runtime.emulated import netns
+    from alpa_comm.train.trainer import TrainConfig
+
+    for bad in (0, 0.1, -1.0, float("inf"), float("nan"), True, "1"):
+        with pytest.raises(netns.AlpaCommError, match=f"must be a number >= 0.2.*got {bad!r}"):
+            netns.check_cpu_cores(bad)
+    for good in (0.2, 0.5, 2, np.float32(0.5), np.int64(1)):
+        netns.check_cpu_cores(good)
+    with pytest.raises(InvalidOptionError, match="--host-cpus: .*got 0.1"):
+        TrainConfig(host_cpus=0.1)

@@ -66,6 +66,5 @@ def test_cpu_cap_puts_a_host_s_processes_in_its_cgroup_and_down_removes_it():
     finally:
         net.down()
     assert not netns.cpu_cgroup(1).exists() and not netns.existing_namespaces()
-    for bad in (0, 0.1, float("inf"), float("nan")):  # under the kernel's least quota, or no number
-        with pytest.raises(netns.AlpaCommError, match=f"must be a number >= 0.2.*got {bad!r}"):
-            netns.check_cpu_cap(bad)
+    with pytest.raises(netns.AlpaCommError, match="must be a number >= 0.2"):  # every bad value: test_errors_and_cli
+        netns.check_cpu_cap(0)

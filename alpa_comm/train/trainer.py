@@ -99,8 +99,13 @@ class TrainConfig:
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
                 raise InvalidOptionError(f"--{name} must be a positive finite number, got {v!r}")
-        if self.host_cpus is not None and (not math.isfinite(self.host_cpus) or self.host_cpus <= 0):
-            raise InvalidOptionError(f"--host-cpus must be a positive number, got {self.host_cpus!r}")
+        if self.host_cpus is not None:
+            from ..errors import AlpaCommError  # noqa: PLC0415
+            from ..runtime.emulated.netns import check_cpu_cores  # noqa: PLC0415
+            try:
+                check_cpu_cores(self.host_cpus)
+            except AlpaCommError as e:
+                raise InvalidOptionError(f"--host-cpus: {e}") from None
         from ..pipeline.auto_schedule import check_memory_cap, check_trial_margin  # noqa: PLC0415
 
         check_memory_cap(self.memory_cap)

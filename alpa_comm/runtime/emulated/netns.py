@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 import shutil
 import signal
@@ -320,7 +321,8 @@ def cpu_cgroup(host: int) -> Path:
 def check_cpu_cores(cores: float) -> None:
     """A per-host CPU share the cgroup can hold: finite and at least the kernel's least quota
     per period (``AlpaCommError`` naming the value, before anything is set up)."""
-    if not (isinstance(cores, (int, float)) and math.isfinite(cores) and cores * CPU_PERIOD_US >= MIN_QUOTA_US):
+    if not (isinstance(cores, numbers.Real) and not isinstance(cores, bool) and math.isfinite(cores)
+            and cores * CPU_PERIOD_US >= MIN_QUOTA_US):
         raise AlpaCommError(f"CPU cores per host must be a number >= {MIN_QUOTA_US / CPU_PERIOD_US:g} (the "
                             f"kernel's least quota, {MIN_QUOTA_US} us, in a {CPU_PERIOD_US} us period), got {cores!r}")
 
