@@ -8,10 +8,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from alpa_comm.errors import AlpaCommError
 from alpa_comm.models import build_model
 from alpa_comm.pipeline import generate
 from alpa_comm.pipeline.edges import with_skips
-from alpa_comm.errors import AlpaCommError
 from alpa_comm.runtime.emulated.netns import check_cpu_cores, rate_gbps
 from alpa_comm.train.data import synthetic
 from alpa_comm.train.distributed import DistributedPipeline, PipelineCluster

@@ -70,20 +70,23 @@ def runnable(line: str) -> list[str] | None:
     return ci_sized([sys.executable, str(ROOT / words[1]), *words[2:]])
 
 
-def ci_sized(argv: list[str]) -> list[str]:
-    """``argv`` with the CI-size options of the first ``CI_SIZED`` pattern it matches
-    (none for ``--help``)."""
+def _ci_options(argv: list[str]) -> list[str]:
+    """The options of the first ``CI_SIZED`` pattern ``argv`` matches (none for ``--help``)."""
     if "--help" in argv:
-        return argv
+        return []
     line = " ".join(argv)
-    return argv + next((extra for pattern, extra in CI_SIZED if pattern.search(line)), [])
+    return next((extra for pattern, extra in CI_SIZED if pattern.search(line)), [])
+
+
+def ci_sized(argv: list[str]) -> list[str]:
+    """``argv`` with its CI-size options appended."""
+    return argv + _ci_options(argv)
 
 
 def _overridden(argv: list[str]) -> tuple:
     """``argv`` less every option ``CI_SIZED`` sets for it, with its value: what two shown
     lines must share to run the same."""
-    line = " ".join(argv)
-    names = set(next((extra for pattern, extra in CI_SIZED if pattern.search(line)), [])[::2])
+    names = set(_ci_options(argv)[::2])
     out, words = [], iter(argv)
     for w in words:
         if w in names:
