@@ -36,8 +36,11 @@ demo: $(STAMP) sysdeps
 	$(BIN)/alpa-comm simulate --suite n-to-m --out out/demo/sim > /dev/null
 	@echo "Measured: out/demo/results.md and out/demo/n_to_m.png; simulated at the paper's 10 Gbit/s: out/demo/sim/n_to_m.png"
 
+# Two workers: tests that share a machine-wide resource (the emulated cluster, a local Ray
+# cluster) carry an xdist_group mark and run one at a time on one worker (tests/conftest.py).
+TEST_WORKERS ?= 2
 test: $(STAMP) sysdeps
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/planner_speed.py

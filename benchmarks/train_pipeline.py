@@ -33,9 +33,12 @@ no-communication bound is the fastest of them in each repeat); and whatever
    the fastest configuration are paired within a repeat; the median and the
    min-max across repeats are reported.
 3. **Prediction**: every (configuration, repeat) is simulated from its own
-   measured action durations and edge times (``train.measure.predict``: shared
-   NICs, durations drawn from the measured spread) beside the plain simulation
-   from median durations.
+   measured action durations and edge times (``train.measure.predict_by_step``:
+   shared NICs, each timed step simulated with durations drawn from that step's
+   measured spread, the median over steps, as the measured iteration time is the
+   median step) beside the plain simulation from median durations; the prediction
+   from every step's durations pooled is kept in results.json
+   (``simulated_pooled_seconds``).
 
     sudo .venv/bin/python benchmarks/train_pipeline.py --steps 3 --repeats 2   # ~70 min on a slow day
 
@@ -62,8 +65,8 @@ from alpa_comm.report.tables import table
 from alpa_comm.report.trace import write_chrome_trace
 from alpa_comm.train.data import synthetic
 from alpa_comm.train.distributed import DistributedPipeline, PipelineCluster, abstract_model
-from alpa_comm.train.measure import (comm_cpu_seconds, costs_from, iteration_seconds, predict, stage_times,
-                                    transfer_overlap)
+from alpa_comm.train.measure import (comm_cpu_seconds, costs_from, iteration_seconds, predict, predict_by_step,
+                                    stage_times, transfer_overlap)
 from alpa_comm.train.trainer import (TrainConfig, calibrate as train_calibrate, calibration_from, data_stream,
                                     models_by_size, pick_schedule, rank_schedules, trial_finalists)
 
@@ -235,7 +238,9 @@ def measure(cluster, model_name, kw, M, rows, configs, args, t_start) -> tuple[l
             iters = [iteration_seconds(r) for r in recs]
             costs = costs_from(stage_times(recs, S), run["edge_s"], S, model_stage_meshes(sched))
             row = {"model": model_name, "config": label, "repeat": rep, "iteration_seconds": median(iters),
-                   "iterations": iters, "simulated_seconds": predict(sched, recs, run["edge_s"], signal=signal),
+                   "iterations": iters,
+                   "simulated_seconds": predict_by_step(sched, recs, run["edge_s"], signal=signal),
+                   "simulated_pooled_seconds": predict(sched, recs, run["edge_s"], signal=signal),
                    "simulated_medians_seconds": simulate_schedule(sched, costs, signal=signal).iteration_time,
                    "cpu_seconds": [median(rec["cpu_seconds"] for r in recs for rec in r if rec["stage"] == s)
                                    for s in range(S)],
@@ -468,7 +473,8 @@ def write_outputs(saved: dict, args, out: Path) -> None:
                           "-" if s.get("comm_cpu_seconds") is None else f"{s['comm_cpu_seconds']:.2f}",
                           f"{s['sim_error']:+.0%}", f"{s['sim_error_medians']:+.0%}",
                           " ".join(f"{h:.2f}" for h in s["transfer_overlap"])] for label, s in summ.items()]))
-        md.append("\n(simulated error: the worst over repeats of (simulated - measured) / measured. Link bound: the "
+        md.append("\n(simulated error: the worst over repeats of (simulated - measured) / measured, each timed step "
+                  "simulated from its own durations, the median over steps. Link bound: the "
                   "least time a step's transfers hold the busiest NIC, bytes over rate (`DistributedPipeline."
                   "link_seconds`; edge transfers, not the data-parallel mean); physical bound: the larger of it "
                   "and the signal bound, per repeat. Fill: the one-chunk edges' transfers, each timed alone with "

@@ -85,7 +85,7 @@ def main(argv=None) -> int:
     import ray
 
     path = os.pathsep.join([str(HERE), str(HERE.parent), os.environ.get("PYTHONPATH", "")])
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False,
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False,
              runtime_env={"env_vars": {"JAX_PLATFORMS": "cpu", "GLOO_SOCKET_IFNAME": "lo", "PYTHONPATH": path}})
     try:
         with socket.socket() as s:

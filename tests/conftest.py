@@ -3,13 +3,22 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests import strategies_hyp and exactness
 
 
+# Hypothesis's per-example deadline (200 ms) measures the machine, not the code: under
+# ``make test``'s two workers an example can wait for a core. No test here is about it.
+settings.register_profile("alpa_comm", deadline=None)
+settings.load_profile("alpa_comm")
+
+
 def emulation_marks():
     """Marks for tests that need the emulated cluster: skipped, with the reason, where it
-    cannot be built (no root or no iproute2), and marked slow."""
+    cannot be built (no root or no iproute2), and marked slow. The cluster's names,
+    addresses and ports are machine-wide, so under pytest-xdist (``make test`` runs
+    ``--dist loadgroup``) these tests share one group, run one at a time on one worker."""
     from alpa_comm.runtime.emulated import netns
 
     try:
@@ -17,7 +26,41 @@ def emulation_marks():
         reason = None
     except netns.EmulationUnavailable as e:
         reason = str(e)
-    return [pytest.mark.skipif(reason is not None, reason=reason or ""), pytest.mark.slow]
+    return [pytest.mark.skipif(reason is not None, reason=reason or ""), pytest.mark.slow,
+            pytest.mark.xdist_group("emulated-cluster")]
+
+
+def local_ray_marks():
+    """Marks for tests that start a local Ray cluster. Two could coexist, but each is a
+    handful of processes with 30 s timeouts to meet on a 2-core CI machine: under
+    pytest-xdist they run one at a time on one worker."""
+    return [pytest.mark.xdist_group("local-ray")]
+
+
+GROUPS_LOST = ("pytest-xdist's --dist loadgroup does not keep a group on one worker under pytest {}: the "
+               "emulated-cluster tests would run at once and collide; install the dev extra's pytest (<9) "
+               "or run without -n")
+
+
+def pytest_configure(config):
+    """Under ``--dist loadgroup`` pytest-xdist appends each test's group to its id, which is
+    how it keeps a group on one worker. pytest 9 no longer takes the id the way xdist 3.8
+    sets it (hence ``pytest<9`` in the dev extra): refuse to start rather than let the
+    groups silently run at once."""
+    if config.getoption("dist", None) == "loadgroup" and int(pytest.__version__.split(".")[0]) >= 9:
+        raise pytest.UsageError(GROUPS_LOST.format(pytest.__version__))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """The same check on each worker, by what it does: a grouped test whose id lacks its
+    group would run anywhere. (Raised in a worker, xdist reports it as an internal error.)"""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    lost = [item for item in items if (mark := item.get_closest_marker("xdist_group"))
+            and not item.nodeid.endswith("@" + mark.args[0])]
+    if lost:
+        raise pytest.UsageError(GROUPS_LOST.format(pytest.__version__) + f" (e.g. {lost[0].nodeid})")
 
 
 def require_machine_free():

@@ -7,10 +7,15 @@ import pytest
 pytest.importorskip("ray")
 pytest.importorskip("torch")
 
+from conftest import local_ray_marks  # noqa: E402
+
 from alpa_comm import bench  # noqa: E402
 from alpa_comm.cli import main  # noqa: E402
 from alpa_comm.report import bench_results  # noqa: E402
 from alpa_comm.runtime import Cluster  # noqa: E402
+
+
+pytestmark = local_ray_marks()
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import local_ray_marks
 
 ROOT = Path(__file__).resolve().parent.parent
 PLACEHOLDERS = ("...", "<", "DIR", "ADDR", "/simulate")
@@ -117,7 +118,13 @@ def test_the_docs_show_runnable_commands():
     assert not missing, f"docs show scripts that do not exist: {missing}"
 
 
-@pytest.mark.parametrize("doc,line,argv", COMMANDS, ids=[f"{d}: {line[:70]}" for d, line, _ in COMMANDS])
+def starts_local_ray(argv: list[str]) -> bool:
+    """The trainer's default cluster is a local Ray cluster of host workers."""
+    return argv[1:4] == ["-m", "alpa_comm.cli", "train"] and "inprocess" not in argv
+
+
+@pytest.mark.parametrize("doc,line,argv", [pytest.param(*c, marks=local_ray_marks() if starts_local_ray(c[2]) else ())
+                                           for c in COMMANDS], ids=[f"{d}: {line[:70]}" for d, line, _ in COMMANDS])
 def test_a_shown_command_runs_as_written(tmp_path, doc, line, argv):
     (tmp_path / "my_schedule.txt").write_text("stage 0: F0 SEND_F0 F1 SEND_F1 RECV_B0 B0 RECV_B1 B1\n"
                                               "stage 1: RECV_F0 F0 B0 SEND_B0 RECV_F1 F1 B1 SEND_B1\n")

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import local_ray_marks
 
 pytest.importorskip("jax")
 pytest.importorskip("torch")
@@ -14,7 +15,7 @@ SMALL = ["--steps", "2", "--layers", "1", "--width", "64"]
 
 
 @pytest.mark.parametrize("script,extra", [("weight_sync.py", []), ("weight_sync.py", ["--wire-dtype", "bfloat16"]),
-                                          ("weight_sync_ray.py", [])])
+                                          pytest.param("weight_sync_ray.py", [], marks=local_ray_marks())])
 def test_weight_sync_examples_run_and_verify(script, extra):
     if script.endswith("_ray.py"):
         pytest.importorskip("ray")

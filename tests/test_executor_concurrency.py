@@ -27,10 +27,10 @@ DATA_STRATEGIES = [s for s in STRATEGIES if carries_data(s)]
 
 
 class SlowWire(ThreadBackend):
-    """A ThreadBackend whose messages take a few milliseconds to arrive, so transfers that
+    """A ThreadBackend whose messages take tens of milliseconds to arrive, so transfers that
     run at once overlap visibly; counts the messages in flight."""
 
-    DELAY_S = 0.004
+    DELAY_S = 0.02  # well above a busy machine's scheduling delay: the overlap is unmistakable
     lock = threading.Lock()
     pending = peak = 0
 

@@ -12,11 +12,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import local_ray_marks
 
 ray = pytest.importorskip("ray")
 pytest.importorskip("jax")
 pytest.importorskip("torch")
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), *local_ray_marks()]
 
 TRAINERS, ENGINES, DEVICES = (0, 1), (2, 3), 2
 HERE = Path(__file__).resolve().parent
@@ -80,7 +81,7 @@ class Member:
 @pytest.fixture(scope="module")
 def ray_session():
     """One local Ray for the module (starting it costs seconds); each test makes its own actors."""
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False,
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False,
              runtime_env={"env_vars": {"JAX_PLATFORMS": "cpu", "GLOO_SOCKET_IFNAME": "lo",
                                        # actors import Member from this file
                                        "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent)])}})

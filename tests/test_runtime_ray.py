@@ -5,9 +5,14 @@ import pytest
 pytest.importorskip("ray")
 pytest.importorskip("torch")
 
+from conftest import local_ray_marks  # noqa: E402
+
 from alpa_comm import STRATEGIES, Cluster, InvalidMeshError, InvalidSpecError  # noqa: E402
 from alpa_comm.resharding.strategies import carries_data  # noqa: E402
 from alpa_comm.runtime.backend import CommunicationError  # noqa: E402
+
+
+pytestmark = local_ray_marks()
 
 
 @pytest.fixture(scope="module")

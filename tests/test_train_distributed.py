@@ -164,6 +164,22 @@ def test_spread_along_dependency_chains_costs_time_the_median_simulation_misses(
     assert predict(s, recs, edges, draws=200) > predict(s, flat, edges) * 1.02
 
 
+def test_a_step_slowed_as_a_whole_stays_in_its_step():
+    """The machine slowing every host for one step is noise correlated in time: predicted
+    step by step, the median prediction is the typical step's; pooled, the slow step's
+    actions land in every simulated step and the prediction leaves the median step."""
+    from alpa_comm.train.measure import predict, predict_by_step
+    s = generate("1f1b", 2, 4)
+    edges = {"F:0->1": 0.1, "B:1->0": 0.1}
+    step = _records([1.0] * 4, [2.0] * 4)[0]
+    slow = _records([2.0] * 4, [4.0] * 4)[0]
+    typical = predict(s, [step], edges)
+    assert predict_by_step(s, [step, slow, step], edges) == pytest.approx(typical)
+    assert predict(s, [step, slow, step], edges) > typical * 1.2
+    with pytest.raises(ValueError, match="no steps"):
+        predict_by_step(s, [], edges)
+
+
 def test_transfer_overlap_is_the_share_of_sending_time_spent_computing():
     from alpa_comm.train.measure import transfer_overlap
     rec = {"events": [("F", 0, 0.0, 1.0), ("RECV_B", 0, 1.0, 2.0), ("B", 0, 2.0, 4.0)],

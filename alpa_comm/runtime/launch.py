@@ -53,11 +53,13 @@ class ClusterLaunchers:
     @classmethod
     def local(cls, num_hosts: int, devices_per_host: int, timeout: float = DEFAULT_TIMEOUT_S,
               **cluster_kw) -> "ClusterLaunchers":
-        """A Ray cluster on this machine, every host a worker process; no NIC shaping."""
+        """A Ray cluster on this machine, every host a worker process; no NIC shaping.
+        Always a new one (``address="local"``): Ray's default would join the last cluster
+        started on this machine (``/tmp/ray/ray_current_cluster``), another job's."""
         import ray  # noqa: PLC0415
 
         spec = ClusterSpec(num_hosts=num_hosts, devices_per_host=devices_per_host, **cluster_kw)
-        ray.init(num_cpus=max(2, num_hosts), resources={host_resource(h): 1 for h in range(num_hosts)},
+        ray.init(address="local", num_cpus=max(2, num_hosts), resources={host_resource(h): 1 for h in range(num_hosts)},
                  include_dashboard=False, log_to_driver=False, configure_logging=False)
         try:
             return cls._start(spec, timeout, ifname="lo", network=None)

@@ -7,6 +7,7 @@ need the sources skip with that reason.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -30,8 +31,29 @@ def cache_dir() -> Path:
     return Path(os.environ.get("ALPA_COMM_CACHE") or Path.home() / ".cache" / "alpa_comm")
 
 
+@contextlib.contextmanager
+def _cache_filled_by_one():
+    """Hold the cache's lock: two processes filling it at once (two test workers, two of a
+    user's runs) would each see the other's half-downloaded file or half-unpacked folder."""
+    import fcntl  # POSIX only, like the rest of the harness
+
+    folder = cache_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def download(requirement: str, suffix: str) -> Path:
     """The file ``pip download --no-deps requirement`` gives (cached), ending in ``suffix``."""
+    with _cache_filled_by_one():
+        return _download(requirement, suffix)
+
+
+def _download(requirement: str, suffix: str) -> Path:
     name = requirement.replace("==", "-")
     folder = cache_dir() / "downloads"
     found = sorted(folder.glob(f"{name}*{suffix}")) if folder.is_dir() else []
@@ -66,11 +88,14 @@ def alpa_root() -> Path:
     """A folder holding Alpa 0.2.3's ``alpa`` package, unpacked from its wheel once."""
     wheel = download(ALPA, ".whl")
     target = cache_dir() / "alpa-0.2.3"
-    if not (target / "alpa" / "pipeline_parallel" / "cross_mesh_resharding.py").exists():
-        partial = target.with_name(target.name + ".partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        with zipfile.ZipFile(wheel) as z:
-            z.extractall(partial)
-        shutil.rmtree(target, ignore_errors=True)
-        partial.rename(target)  # whole or absent: a reader never sees half a package
+    if (target / "alpa" / "pipeline_parallel" / "cross_mesh_resharding.py").exists():
+        return target
+    with _cache_filled_by_one():
+        if not (target / "alpa" / "pipeline_parallel" / "cross_mesh_resharding.py").exists():
+            partial = target.with_name(target.name + ".partial")
+            shutil.rmtree(partial, ignore_errors=True)
+            with zipfile.ZipFile(wheel) as z:
+                z.extractall(partial)
+            shutil.rmtree(target, ignore_errors=True)
+            partial.rename(target)  # whole or absent: a reader never sees half a package
     return target
