@@ -473,8 +473,11 @@ def write_outputs(saved: dict, args, out: Path) -> None:
                           "-" if s.get("comm_cpu_seconds") is None else f"{s['comm_cpu_seconds']:.2f}",
                           f"{s['sim_error']:+.0%}", f"{s['sim_error_medians']:+.0%}",
                           " ".join(f"{h:.2f}" for h in s["transfer_overlap"])] for label, s in summ.items()]))
-        md.append("\n(simulated error: the worst over repeats of (simulated - measured) / measured, each timed step "
-                  "simulated from its own durations, the median over steps. Link bound: the "
+        by_step = all("simulated_pooled_seconds" in r for r in saved["rows"] if r["model"] == model_name)
+        how = ("each timed step simulated from its own durations, the median over steps" if by_step else
+               "every timed step's durations pooled (a run from before `predict_by_step`)")
+        md.append(f"\n(simulated error: the worst over repeats of (simulated - measured) / measured, {how}. "
+                  "Link bound: the "
                   "least time a step's transfers hold the busiest NIC, bytes over rate (`DistributedPipeline."
                   "link_seconds`; edge transfers, not the data-parallel mean); physical bound: the larger of it "
                   "and the signal bound, per repeat. Fill: the one-chunk edges' transfers, each timed alone with "

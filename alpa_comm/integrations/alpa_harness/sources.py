@@ -38,8 +38,12 @@ def _cache_filled_by_one():
     import fcntl  # POSIX only, like the rest of the harness
 
     folder = cache_dir()
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / ".lock", "w") as lock:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        lock = open(folder / ".lock", "w")
+    except OSError as e:
+        raise SourcesUnavailable(f"cannot fill the cache {folder} ($ALPA_COMM_CACHE): {e}") from None
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield
@@ -49,29 +53,42 @@ def _cache_filled_by_one():
 
 def download(requirement: str, suffix: str) -> Path:
     """The file ``pip download --no-deps requirement`` gives (cached), ending in ``suffix``."""
+    found = _cached(requirement, suffix)
+    if found:  # whole: a download is renamed into place (_download)
+        return found
     with _cache_filled_by_one():
-        return _download(requirement, suffix)
+        return _cached(requirement, suffix) or _download(requirement, suffix)
+
+
+def _cached(requirement: str, suffix: str) -> Path | None:
+    folder = cache_dir() / "downloads"
+    found = sorted(folder.glob(f"{requirement.replace('==', '-')}*{suffix}")) if folder.is_dir() else []
+    return found[0] if found else None
 
 
 def _download(requirement: str, suffix: str) -> Path:
+    """pip downloads into a scratch folder; the file is then renamed into ``downloads/``, so
+    a reader that does not take the lock never finds half of it."""
     name = requirement.replace("==", "-")
     folder = cache_dir() / "downloads"
-    found = sorted(folder.glob(f"{name}*{suffix}")) if folder.is_dir() else []
-    if found:
-        return found[0]
     folder.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", requirement, "-d", str(folder), "-q"]
+    scratch = cache_dir() / "downloads.partial"
+    shutil.rmtree(scratch, ignore_errors=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", requirement, "-d", str(scratch), "-q"]
     if suffix.endswith(".tar.gz"):  # the source distribution, not a wheel
         cmd += ["--no-binary", requirement.split("==")[0]]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     except subprocess.TimeoutExpired:
         raise SourcesUnavailable(f"pip download {requirement} took over 300 s") from None
-    found = sorted(folder.glob(f"{name}*{suffix}"))
+    found = sorted(scratch.glob(f"{name}*{suffix}")) if scratch.is_dir() else []
     if done.returncode != 0 or not found:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise SourcesUnavailable(f"pip download {requirement} failed: {last}")
-    return found[0]
+    target = folder / found[0].name
+    os.replace(found[0], target)
+    shutil.rmtree(scratch, ignore_errors=True)
+    return target
 
 
 def jax_pxla_source() -> str:
