@@ -48,8 +48,8 @@ GROUPS_LOST = ("pytest-xdist's --dist loadgroup does not keep a group on one wor
 def pytest_configure(config):
     """Under ``--dist loadgroup`` pytest-xdist appends each test's group to its id, which is
     how it keeps a group on one worker. pytest 9.2 no longer takes the id the way xdist 3.8
-    sets it (hence ``pytest<9.2`` in the dev extra): refuse to start rather than let the
-    groups silently run at once."""
+    sets it (pytest-xdist issue #1386; hence ``pytest<9.2`` in the dev extra): refuse to
+    start rather than let the groups silently run at once."""
     version = tuple(int(p) for p in pytest.__version__.split(".")[:2] if p.isdigit())
     if config.getoption("dist", None) == "loadgroup" and version >= (9, 2):
         raise pytest.UsageError(GROUPS_LOST.format(pytest.__version__))
