@@ -59,7 +59,8 @@ class ClusterLaunchers:
         import ray  # noqa: PLC0415
 
         spec = ClusterSpec(num_hosts=num_hosts, devices_per_host=devices_per_host, **cluster_kw)
-        ray.init(address="local", num_cpus=max(2, num_hosts), resources={host_resource(h): 1 for h in range(num_hosts)},
+        ray.init(address="local", num_cpus=max(2, num_hosts),
+                 resources={host_resource(h): 1 for h in range(num_hosts)},
                  include_dashboard=False, log_to_driver=False, configure_logging=False)
         try:
             return cls._start(spec, timeout, ifname="lo", network=None)

@@ -15,6 +15,7 @@ import sys
 import tarfile
 import zipfile
 from pathlib import Path
+from typing import Callable
 
 from ...errors import AlpaCommError
 
@@ -51,44 +52,46 @@ def _cache_filled_by_one():
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def download(requirement: str, suffix: str) -> Path:
-    """The file ``pip download --no-deps requirement`` gives (cached), ending in ``suffix``."""
-    found = _cached(requirement, suffix)
-    if found:  # whole: a download is renamed into place (_download)
+def _filled_once(cached: Callable[[], Path | None], fill: Callable[[], Path]) -> Path:
+    """``cached()``, else ``fill()`` under the cache's lock unless another process filled it
+    meanwhile. Reading needs no lock: every fill renames its result into place whole."""
+    found = cached()
+    if found:
         return found
     with _cache_filled_by_one():
-        return _cached(requirement, suffix) or _download(requirement, suffix)
+        return cached() or fill()
 
 
-def _cached(requirement: str, suffix: str) -> Path | None:
+def download(requirement: str, suffix: str) -> Path:
+    """The file ``pip download --no-deps requirement`` gives (cached), ending in ``suffix``."""
+    pattern = f"{requirement.replace('==', '-')}*{suffix}"
     folder = cache_dir() / "downloads"
-    found = sorted(folder.glob(f"{requirement.replace('==', '-')}*{suffix}")) if folder.is_dir() else []
-    return found[0] if found else None
 
+    def cached() -> Path | None:
+        found = sorted(folder.glob(pattern)) if folder.is_dir() else []
+        return found[0] if found else None
 
-def _download(requirement: str, suffix: str) -> Path:
-    """pip downloads into a scratch folder; the file is then renamed into ``downloads/``, so
-    a reader that does not take the lock never finds half of it."""
-    name = requirement.replace("==", "-")
-    folder = cache_dir() / "downloads"
-    folder.mkdir(parents=True, exist_ok=True)
-    scratch = cache_dir() / "downloads.partial"
-    shutil.rmtree(scratch, ignore_errors=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", requirement, "-d", str(scratch), "-q"]
-    if suffix.endswith(".tar.gz"):  # the source distribution, not a wheel
-        cmd += ["--no-binary", requirement.split("==")[0]]
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    except subprocess.TimeoutExpired:
-        raise SourcesUnavailable(f"pip download {requirement} took over 300 s") from None
-    found = sorted(scratch.glob(f"{name}*{suffix}")) if scratch.is_dir() else []
-    if done.returncode != 0 or not found:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise SourcesUnavailable(f"pip download {requirement} failed: {last}")
-    target = folder / found[0].name
-    os.replace(found[0], target)
-    shutil.rmtree(scratch, ignore_errors=True)
-    return target
+    def fill() -> Path:  # into a scratch folder, then renamed into ``downloads/``
+        scratch = cache_dir() / "downloads.partial"
+        shutil.rmtree(scratch, ignore_errors=True)
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", requirement, "-d", str(scratch), "-q"]
+        if suffix.endswith(".tar.gz"):  # the source distribution, not a wheel
+            cmd += ["--no-binary", requirement.split("==")[0]]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        except subprocess.TimeoutExpired:
+            raise SourcesUnavailable(f"pip download {requirement} took over 300 s") from None
+        found = sorted(scratch.glob(pattern)) if scratch.is_dir() else []
+        if done.returncode != 0 or not found:
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise SourcesUnavailable(f"pip download {requirement} failed: {last}")
+        folder.mkdir(parents=True, exist_ok=True)
+        target = folder / found[0].name
+        os.replace(found[0], target)
+        shutil.rmtree(scratch, ignore_errors=True)
+        return target
+
+    return _filled_once(cached, fill)
 
 
 def jax_pxla_source() -> str:
@@ -105,14 +108,17 @@ def alpa_root() -> Path:
     """A folder holding Alpa 0.2.3's ``alpa`` package, unpacked from its wheel once."""
     wheel = download(ALPA, ".whl")
     target = cache_dir() / "alpa-0.2.3"
-    if (target / "alpa" / "pipeline_parallel" / "cross_mesh_resharding.py").exists():
+
+    def cached() -> Path | None:
+        return target if (target / "alpa" / "pipeline_parallel" / "cross_mesh_resharding.py").exists() else None
+
+    def fill() -> Path:
+        partial = target.with_name(target.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        with zipfile.ZipFile(wheel) as z:
+            z.extractall(partial)
+        shutil.rmtree(target, ignore_errors=True)
+        partial.rename(target)  # whole or absent: a reader never sees half a package
         return target
-    with _cache_filled_by_one():
-        if not (target / "alpa" / "pipeline_parallel" / "cross_mesh_resharding.py").exists():
-            partial = target.with_name(target.name + ".partial")
-            shutil.rmtree(partial, ignore_errors=True)
-            with zipfile.ZipFile(wheel) as z:
-                z.extractall(partial)
-            shutil.rmtree(target, ignore_errors=True)
-            partial.rename(target)  # whole or absent: a reader never sees half a package
-    return target
+
+    return _filled_once(cached, fill)
