@@ -89,6 +89,23 @@ def test_console_script_help():
     assert out.returncode == 0 and "--loadbalance" in out.stdout
 
 
+def test_a_nic_bucket_set_by_hand_is_taken_or_named(monkeypatch):
+    """``ALPA_COMM_TBF_BURST`` replaces the computed tbf bucket; a value tc would refuse is
+    named before any namespace exists (``up`` computes the bucket first)."""
+    from alpa_comm.runtime.emulated import netns
+
+    monkeypatch.delenv(netns.TBF_BURST_ENV, raising=False)
+    assert netns._burst("100mbit") == f"{64 * 1024}b"  # 1/250 s of 100 Mbit/s is 50 kB: the floor
+    assert netns._burst("1gbit") == "500000b"
+    for size in ("1mb", "1048576b", "256k"):
+        monkeypatch.setenv(netns.TBF_BURST_ENV, size)
+        assert netns._burst("100mbit") == size
+    for bad in ("1 mb", "0b", "-5", "1gbit", "lots"):
+        monkeypatch.setenv(netns.TBF_BURST_ENV, bad)
+        with pytest.raises(netns.AlpaCommError, match=f"ALPA_COMM_TBF_BURST={bad!r}"):
+            netns._burst("100mbit")
+
+
 def test_a_cpu_share_a_cgroup_cannot_hold_is_named_before_anything_starts():
     """An emulated host's CPU cap must be a finite number of cores of at least the kernel's
     least quota per period: 0.1 core, inf or a bool are named (not an OverflowError or a

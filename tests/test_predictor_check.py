@@ -25,8 +25,10 @@ def test_predictor_check_on_a_committed_run(tmp_path):
     for r in rows:  # GPT has no skip edges: every predictor lands near the measurement
         for key in ("draws_s", "replay_s", "replay_own_links_s"):
             assert abs(r[key] - r["measured_s"]) / r["measured_s"] < 0.25, (r["schedule"], key, r)
+        assert 0 < r["replay_no_transfers_s"] <= r["replay_s"] + 1e-9, r  # free transfers never slow a replay
     assert (tmp_path / "errors.png").stat().st_size > 0
-    assert "replay, own links" in (tmp_path / "results.md").read_text()
+    md = (tmp_path / "results.md").read_text()
+    assert "replay, own links" in md and "exposed" in md
 
 
 def test_predictor_check_names_a_directory_without_results(tmp_path, capsys):

@@ -22,6 +22,7 @@ import json
 import math
 import numbers
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -37,6 +38,12 @@ BRIDGE = f"{PREFIX}-br0"
 SUBNET = "198.18.0"
 LAUNCHER_IP = f"{SUBNET}.1"
 TBF_LATENCY = os.environ.get("ALPA_COMM_TBF_LATENCY", "50ms")  # queue bound: deep queues add hop delay
+TBF_BURST_ENV = "ALPA_COMM_TBF_BURST"
+"""An experiment's knob: the bytes a shaped NIC may pass at once (tc's size syntax, e.g.
+``1mb``). Unset: 1/250 s of traffic, at least 64 KiB. A bucket of B bytes lets a transfer
+that follows an idle gap send its first B bytes at memory speed, so a large one makes the
+link faster than its rate; what it changes besides is how often a host is woken for what
+arrives (one delivery per bucket), which docs/train.md measures."""
 STATE_FILE = Path(os.environ.get("ALPA_COMM_STATE", "/tmp/alpa_comm_cluster.json"))
 CPU_CGROUP_ROOT = Path(os.environ.get("ALPA_COMM_CPU_CGROUP", "/sys/fs/cgroup/cpu"))  # cgroup v1 cpu controller
 CPU_PERIOD_US = 5_000  # short periods: a throttled host waits at most a few ms, not tens
@@ -89,7 +96,8 @@ def existing_namespaces() -> list[str]:
 
 
 def _burst(rate: str) -> str:
-    """tbf needs a bucket of at least rate/HZ; 1/250 s of traffic, at least 64 KiB."""
+    """tbf needs a bucket of at least rate/HZ; 1/250 s of traffic, at least 64 KiB (or
+    ``$ALPA_COMM_TBF_BURST``)."""
     units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "bit": 1.0}
     for u, mult in units.items():
         if rate.endswith(u):
@@ -97,6 +105,11 @@ def _burst(rate: str) -> str:
             break
     else:
         raise AlpaCommError(f"cannot read NIC rate {rate!r}: expected e.g. 400mbit or 1gbit")
+    override = os.environ.get(TBF_BURST_ENV, "")
+    if override:
+        if not re.fullmatch(r"[1-9][0-9]*(b|k|kb|m|mb)?", override):
+            raise AlpaCommError(f"{TBF_BURST_ENV}={override!r}: expected a size in tc's syntax, e.g. 65536b or 1mb")
+        return override
     return f"{max(64 * 1024, int(bits / 8 / 250))}b"
 
 
