@@ -24,6 +24,7 @@ from pathlib import Path
 from statistics import median
 
 from alpa_comm.report.tables import table
+from alpa_comm.runtime.emulated.netns import command_line, emulation_knobs
 from alpa_comm.runtime.worker import TRANSPORTS
 
 import ut_regime as regime
@@ -72,6 +73,7 @@ def main(argv=None) -> int:
                    help="schedule:strategy pairs, comma-separated")
     p.add_argument("--transport", default="gloo", choices=TRANSPORTS, help="what the mailboxes move transfers over")
     args = p.parse_args(argv)
+    args.command = command_line("benchmarks/cpu_by_thread.py", list(sys.argv[1:] if argv is None else argv))
     regime.check_options(p, args)
     configs = [tuple(c.split(":")) for c in args.configs.split(",") if c]
     if any(len(c) != 2 for c in configs):
@@ -85,7 +87,8 @@ def main(argv=None) -> int:
             rows.append(measure(cluster, kind, strategy, args))
     md = render(rows, args)
     (out / "results.md").write_text(md)
-    (out / "results.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
+    (out / "results.json").write_text(json.dumps({"args": vars(args), "emulation": emulation_knobs(), "rows": rows},
+                                                 indent=1))
     plot(rows, args, out)
     print(md)
     log(f"wrote {out}/results.md, results.json and cpu_by_thread.png")
@@ -99,11 +102,11 @@ def render(rows: list[dict], args) -> str:
             for r in rows for s, h in enumerate(r["hosts"])]
     return ("# CPU per training step, by thread\n\n"
             f"U-Transformer ({args.layers} layers, width {args.width}), 4 emulated hosts x 2 devices, NIC {args.nic}, "
-            f"{args.host_cpus} cores per host, transfers over {args.transport}; {args.microbatches} microbatches of {args.rows} rows x {args.seq} "
-            f"tokens; median of {args.steps} steps after one warm-up. CPU seconds per step, per host, by thread group "
-            "(the workers' own `cpu_by_thread` records); total: the host's process CPU (every thread); over cap: "
-            "the least wall time that CPU takes under the cap. Command: `sudo .venv/bin/python "
-            f"benchmarks/cpu_by_thread.py --nic {args.nic}`.\n\n"
+            f"{args.host_cpus} cores per host, transfers over {args.transport}; {args.microbatches} microbatches of "
+            f"{args.rows} rows x {args.seq} tokens; median of {args.steps} steps after one warm-up. "
+            "CPU seconds per step, per host, by thread group (the workers' own `cpu_by_thread` records); "
+            "total: the host's process CPU (every thread); over cap: "
+            f"the least wall time that CPU takes under the cap. Command: `{args.command}`.\n\n"
             + table(["configuration", "host", "step s"] + cols + ["total CPU s", "total / cap s"], body) + "\n")
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from alpa_comm.errors import AlpaCommError
 from alpa_comm.pipeline import generate
 from alpa_comm.report.tables import table
-from alpa_comm.runtime.emulated.netns import check_cpu_cores, rate_gbps
+from alpa_comm.runtime.emulated.netns import check_cpu_cores, command_line, emulation_knobs, rate_gbps
 from alpa_comm.runtime.launch import emulated_spec
 from alpa_comm.train.distributed import DistributedPipeline, PipelineCluster
 
@@ -75,6 +75,7 @@ def main(argv=None) -> int:
     p.add_argument("--transports", default="gloo,tcp",
                    help=f"transports to compare, comma-separated ({', '.join(IO_THREADS)})")
     args = p.parse_args(argv)
+    args.command = command_line("benchmarks/transport_cpu.py", list(sys.argv[1:] if argv is None else argv))
     args.transports = [t for t in args.transports.split(",") if t]
     for t in args.transports:
         if t not in IO_THREADS:
@@ -105,14 +106,15 @@ def main(argv=None) -> int:
           f"{args.width} float32 per microbatch, broadcast, each edge alone, median of {args.repeats}. CPU: both "
           "hosts' processes (every thread) during the run; the transport's I/O threads (gloo: `gloo_tcp_loop`; "
           "tcp: `tcp-send-*`, `tcp-recv-*`) apart, by `runtime.thread_cpu`. Both transports on the same cluster. "
-          "Command: `sudo .venv/bin/python benchmarks/transport_cpu.py`.\n",
+          f"Command: `{args.command}`.\n",
           table(["NIC", "transport", "edge", "MB through NICs", "seconds", "bytes at link rate, s",
                  "CPU s (both hosts)", "CPU s per MB", "of it the transport's I/O threads, s per MB"],
                 [[r["nic"], r["transport"], r["edge"], f"{r['mb']:.2f}", f"{r['seconds']:.3f}",
                   f"{r['wire_seconds']:.3f}", f"{r['cpu_seconds']:.3f}", f"{r['cpu_s_per_mb']:.4f}",
                   f"{r['io_cpu_seconds'] / r['mb']:.4f}" if r["mb"] else "-"] for r in rows])]
     (out / "results.md").write_text("\n".join(md) + "\n")
-    (out / "results.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
+    (out / "results.json").write_text(json.dumps({"args": vars(args), "emulation": emulation_knobs(), "rows": rows},
+                                                 indent=1))
     plot(rows, out)
     print("\n".join(md))
     log(f"wrote {out}/results.md, results.json and cpu_per_mb.png")

@@ -90,19 +90,23 @@ def test_console_script_help():
 
 
 def test_a_nic_bucket_set_by_hand_is_taken_or_named(monkeypatch):
-    """``ALPA_COMM_TBF_BURST`` replaces the computed tbf bucket; a value tc would refuse is
-    named before any namespace exists (``up`` computes the bucket first)."""
+    """``ALPA_COMM_TBF_BURST`` replaces the computed tbf bucket, read as tc reads a size; a
+    value that is no size, or a bucket smaller than a frame (tbf would drop full frames and
+    a transfer stall), is named before any namespace exists (``up`` computes it first)."""
+    import re
+
     from alpa_comm.runtime.emulated import netns
 
     monkeypatch.delenv(netns.TBF_BURST_ENV, raising=False)
     assert netns._burst("100mbit") == f"{64 * 1024}b"  # 1/250 s of 100 Mbit/s is 50 kB: the floor
     assert netns._burst("1gbit") == "500000b"
-    for size in ("1mb", "1048576b", "256k"):
+    for size, n in (("1mb", 1 << 20), ("1048576b", 1 << 20), ("256k", 256 << 10), ("64KB", 64 << 10),
+                    ("1.5M", 3 << 19), ("4096", 4096)):
         monkeypatch.setenv(netns.TBF_BURST_ENV, size)
-        assert netns._burst("100mbit") == size
-    for bad in ("1 mb", "0b", "-5", "1gbit", "lots"):
+        assert netns._burst("100mbit") == f"{n}b"
+    for bad in ("0b", "-5", "1mbit", "lots", "1x", "100b", "1k", "4g"):
         monkeypatch.setenv(netns.TBF_BURST_ENV, bad)
-        with pytest.raises(netns.AlpaCommError, match=f"ALPA_COMM_TBF_BURST={bad!r}"):
+        with pytest.raises(netns.AlpaCommError, match=re.escape(f"ALPA_COMM_TBF_BURST={bad!r}")):
             netns._burst("100mbit")
 
 

@@ -23,6 +23,7 @@ import math
 import numbers
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -39,11 +40,12 @@ SUBNET = "198.18.0"
 LAUNCHER_IP = f"{SUBNET}.1"
 TBF_LATENCY = os.environ.get("ALPA_COMM_TBF_LATENCY", "50ms")  # queue bound: deep queues add hop delay
 TBF_BURST_ENV = "ALPA_COMM_TBF_BURST"
-"""An experiment's knob: the bytes a shaped NIC may pass at once (tc's size syntax, e.g.
-``1mb``). Unset: 1/250 s of traffic, at least 64 KiB. A bucket of B bytes lets a transfer
-that follows an idle gap send its first B bytes at memory speed, so a large one makes the
-link faster than its rate; what it changes besides is how often a host is woken for what
-arrives (one delivery per bucket), which docs/train.md measures."""
+"""An experiment's knob: the bytes a shaped NIC may pass at once (a size as tc reads it,
+e.g. ``1mb``). Unset: 1/250 s of traffic, at least 64 KiB. A bucket of B bytes lets a
+transfer that follows an idle gap send up to B bytes faster than the rate, so a large one
+flatters the link; it also changes how tbf paces and splits what it passes (a packet
+larger than the bucket is cut into frames), and with it how the hosts' CPU is spent on
+arrivals, which docs/train.md measures."""
 STATE_FILE = Path(os.environ.get("ALPA_COMM_STATE", "/tmp/alpa_comm_cluster.json"))
 CPU_CGROUP_ROOT = Path(os.environ.get("ALPA_COMM_CPU_CGROUP", "/sys/fs/cgroup/cpu"))  # cgroup v1 cpu controller
 CPU_PERIOD_US = 5_000  # short periods: a throttled host waits at most a few ms, not tens
@@ -90,6 +92,20 @@ def _run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return out
 
 
+def emulation_knobs() -> dict[str, str]:
+    """The environment variables set now that change how the emulated network behaves
+    (a benchmark records them beside its results: the same command without them measures
+    another network)."""
+    return {k: os.environ[k] for k in ("ALPA_COMM_TBF_LATENCY", TBF_BURST_ENV) if os.environ.get(k)}
+
+
+def command_line(script: str, argv: list[str]) -> str:
+    """How to run ``script`` again as it ran now: root, the emulation's knobs that were set,
+    the arguments given."""
+    knobs = [f"{k}={shlex.quote(v)}" for k, v in emulation_knobs().items()]
+    return " ".join(["sudo", *knobs, ".venv/bin/python", script, *map(shlex.quote, argv)])
+
+
 def existing_namespaces() -> list[str]:
     out = _run("ip", "netns", "list", check=False).stdout
     return sorted(line.split()[0] for line in out.splitlines() if line.startswith(f"{PREFIX}-h"))
@@ -106,11 +122,27 @@ def _burst(rate: str) -> str:
     else:
         raise AlpaCommError(f"cannot read NIC rate {rate!r}: expected e.g. 400mbit or 1gbit")
     override = os.environ.get(TBF_BURST_ENV, "")
-    if override:
-        if not re.fullmatch(r"[1-9][0-9]*(b|k|kb|m|mb)?", override):
-            raise AlpaCommError(f"{TBF_BURST_ENV}={override!r}: expected a size in tc's syntax, e.g. 65536b or 1mb")
-        return override
-    return f"{max(64 * 1024, int(bits / 8 / 250))}b"
+    return f"{_bucket_bytes(override)}b" if override else f"{max(64 * 1024, int(bits / 8 / 250))}b"
+
+
+MIN_BUCKET_BYTES = 2048
+"""A bucket must hold a whole frame (1514 bytes on these veths): tbf drops a packet larger
+than its bucket that it cannot split, and a transfer would stall instead of failing."""
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "m": 1024 ** 2, "mb": 1024 ** 2, "g": 1024 ** 3, "gb": 1024 ** 3}
+
+
+def _bucket_bytes(size: str) -> int:
+    """``$ALPA_COMM_TBF_BURST`` in bytes, read as tc reads a size (a number, decimals allowed,
+    then b, k[b], m[b] or g[b], any case; 1k = 1024), between ``MIN_BUCKET_BYTES`` and the
+    4 GiB tc takes."""
+    got = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*", size.lower())
+    if not got or got.group(2) not in _SIZE_UNITS:
+        raise AlpaCommError(f"{TBF_BURST_ENV}={size!r}: expected a size in bytes: N, Nb, Nk[b], Nm[b] or Ng[b]")
+    n = int(float(got.group(1)) * _SIZE_UNITS[got.group(2)])
+    if not MIN_BUCKET_BYTES <= n < 4 * 1024 ** 3:
+        raise AlpaCommError(f"{TBF_BURST_ENV}={size!r} is {n} bytes: a bucket takes {MIN_BUCKET_BYTES} bytes "
+                            f"(a whole frame) to under 4 GiB")
+    return n
 
 
 def rate_gbps(rate: str) -> float:
