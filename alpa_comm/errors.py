@@ -1,8 +1,14 @@
 """Project exceptions.
 
-Every bad input raises a subclass of ``ValueError`` so callers that only know
-the standard library can still catch it; the subclasses let tests and tools
-tell *which* kind of input was wrong. Messages always name the offending value.
+Every error a caller can cause or meet is an ``AlpaCommError``, and each one also
+subclasses the built-in exception it replaces (``ValueError`` for a bad value,
+``TypeError`` for an argument of the wrong kind, ``RuntimeError`` for a failure while
+running, ``TimeoutError`` for a wait that ran out), so callers that only know the
+standard library still catch it; the subclasses let tests and tools tell *which* kind
+of input was wrong. Messages always name the offending value.
+
+Input checks shared by several modules (a positive integer, a ``streams`` value, a
+name from a list of choices) live in ``alpa_comm.validation``.
 """
 
 
@@ -24,3 +30,32 @@ class InvalidClusterError(AlpaCommError, ValueError):
 
 class InvalidOptionError(AlpaCommError, ValueError):
     """An unknown strategy, load-balance mode, dtype or other option value."""
+
+
+class InvalidArgumentError(AlpaCommError, ValueError):
+    """Data that does not fit the call it is given to: an array of another shape than
+    its plan, an array from another cluster, trees of different structure."""
+
+
+class InvalidTypeError(AlpaCommError, TypeError):
+    """An argument of a kind the function does not take (a trace of an object that has
+    none, a byte range that is not a slice)."""
+
+
+class UsageError(AlpaCommError, RuntimeError):
+    """A call the current state does not allow: a harness started in a process that
+    already imported what it replaces, a transfer kind registered twice."""
+
+
+class CommunicationError(AlpaCommError, RuntimeError):
+    """A transfer, a worker or a launched process failed; the message names the host(s)
+    or rank(s) involved."""
+
+
+class CommunicationTimeoutError(CommunicationError, TimeoutError):
+    """A wait for a peer (a rendezvous key, a host's answer) ran out of time; the message
+    names what was awaited and for how long."""
+
+
+class InternalError(AlpaCommError, RuntimeError):
+    """An invariant of the library itself broke (a bug, not a bad input): please report it."""

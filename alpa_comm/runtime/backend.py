@@ -27,13 +27,9 @@ from typing import Sequence
 
 import numpy as np
 
-from ..errors import AlpaCommError
+from ..errors import CommunicationError
 
 DEFAULT_TIMEOUT_S = 30.0
-
-
-class CommunicationError(AlpaCommError, RuntimeError):
-    """A transfer failed or timed out; the message names the host(s) involved."""
 
 
 class Handle:
