@@ -15,6 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from .errors import InvalidMeshError
+from .validation import positive_int
 
 _HOSTS_ITEM = r"\d+(?:\s*-\s*\d+)?"
 _MESH = re.compile(rf"^\s*(\d+(?:x\d+)*)\s*(?:@\s*({_HOSTS_ITEM}(?:\s*,\s*{_HOSTS_ITEM})*))?\s*$")
@@ -80,8 +81,7 @@ class DeviceMesh:
             raise InvalidMeshError(f"negative device id in mesh {ids.tolist()}")
         if len(np.unique(ids)) != ids.size:
             raise InvalidMeshError(f"mesh lists a device twice: {ids.tolist()}")
-        if not isinstance(self.devices_per_host, int) or self.devices_per_host <= 0:
-            raise InvalidMeshError(f"devices_per_host must be a positive integer, got {self.devices_per_host!r}")
+        positive_int(self.devices_per_host, "devices_per_host", InvalidMeshError)
         ids.setflags(write=False)
         object.__setattr__(self, "device_ids", ids)
 

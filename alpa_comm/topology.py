@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from .errors import InvalidClusterError
+from .validation import positive_int
 
 
 def _per_host(name: str, value, num_hosts: int, *, allow_inf: bool = False) -> tuple[float, ...]:
@@ -47,9 +48,7 @@ class ClusterSpec:
 
     def __post_init__(self):
         for name in ("num_hosts", "devices_per_host"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise InvalidClusterError(f"{name} must be a positive integer, got {v!r}")
+            positive_int(getattr(self, name), name, InvalidClusterError)
         n = self.num_hosts
         send = _per_host("nic_send_gbps", self.nic_send_gbps, n)
         recv = _per_host("nic_recv_gbps", send if self.nic_recv_gbps is None else self.nic_recv_gbps, n)

@@ -41,9 +41,10 @@ import threading
 import time
 from datetime import timedelta
 
-from ..errors import AlpaCommError, InvalidOptionError
-from ..runtime.backend import DEFAULT_TIMEOUT_S, MAX_STREAMS, Backend, CommunicationError, GlooSubgroupBackend
+from ..errors import AlpaCommError, CommunicationTimeoutError, InvalidOptionError
+from ..runtime.backend import DEFAULT_TIMEOUT_S, Backend, CommunicationError, GlooSubgroupBackend
 from ..runtime.host_memory import DEFAULT_MAX_FREE_BYTES, BufferPool
+from ..validation import MAX_STREAMS, check_streams, is_int, positive_number
 from .placement import has_device_memory
 
 BACKENDS = ("tcp", "gloo", "nccl")
@@ -180,7 +181,7 @@ class _RayKV:
             if value is not None:
                 return value
             if time.monotonic() > deadline:
-                raise TimeoutError(f"key {key!r} did not appear in the Ray group store within {timeout:g} s")
+                raise CommunicationTimeoutError(f"key {key!r} did not appear in the Ray group store within {timeout:g} s")
             time.sleep(self.POLL_S)
 
 
@@ -228,12 +229,9 @@ def streams_for(streams, nic_gbps: float, stream_gbps: float) -> int:
     """TCP streams per pair of hosts: as asked, or ``"auto"``: as many as the NIC needs at
     ``stream_gbps`` a stream (at most ``MAX_STREAMS``)."""
     if streams == "auto":
-        if not (isinstance(stream_gbps, (int, float)) and stream_gbps > 0):
-            raise InvalidOptionError(f"stream_gbps must be a positive number (Gbit/s), got {stream_gbps!r}")
+        positive_number(stream_gbps, "stream_gbps", unit="Gbit/s")
         return max(1, min(MAX_STREAMS, math.ceil(nic_gbps / stream_gbps - 1e-9)))
-    if isinstance(streams, bool) or not isinstance(streams, int) or not 1 <= streams <= MAX_STREAMS:
-        raise InvalidOptionError(f"streams must be 'auto' or an integer in [1, {MAX_STREAMS}], got {streams!r}")
-    return streams
+    return check_streams(streams, allow_auto=True)
 
 
 def _buffers(backend: str, buffers: str | None) -> str:
@@ -242,7 +240,7 @@ def _buffers(backend: str, buffers: str | None) -> str:
 
 
 def _check_rank(rank, world_size) -> None:
-    if not (isinstance(world_size, int) and world_size >= 1 and isinstance(rank, int) and 0 <= rank < world_size):
+    if not (is_int(world_size) and world_size >= 1 and is_int(rank) and 0 <= rank < world_size):
         raise InvalidOptionError(f"rank {rank!r} must be in [0, world_size) with world_size {world_size!r} >= 1")
 
 

@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import CommunicationError, InvalidArgumentError
+
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent.parent
 
 
@@ -59,8 +61,8 @@ def reports_of(outs: list["ProcessOutput"], what: str = "") -> list[dict]:
     missing = [o for o in outs if not o.lines("RESULT ")]
     if missing:
         o = min(missing, key=lambda o: (o.returncode in (None, -9), o.rank))
-        raise RuntimeError(f"{what}process {o.rank} ended without a result (exit code {o.returncode}):\n"
-                           f"{o.stderr[-3000:]}")
+        raise CommunicationError(f"{what}process {o.rank} ended without a result (exit code {o.returncode}):\n"
+                                 f"{o.stderr[-3000:]}")
     return [json.loads(o.lines("RESULT ")[0]) for o in outs]
 
 
@@ -81,7 +83,7 @@ def launch(world: int, devices: int, command: list[str], *, network=None, timeou
     from ..runtime.worker import free_port  # noqa: PLC0415
 
     if network is not None and network.num_hosts < world:
-        raise ValueError(f"{world} processes need {world} emulated hosts, the network has {network.num_hosts}")
+        raise InvalidArgumentError(f"{world} processes need {world} emulated hosts, the network has {network.num_hosts}")
     coordinator = netns.host_ip(0) if network else "127.0.0.1"
     # inside host 0's namespace nothing else listens: a port derived from our PID is free
     port = 7000 + os.getpid() % 1000 if network else free_port(coordinator)

@@ -48,6 +48,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import InvalidOptionError
+
 WORLD, DEVICES = 3, 2
 SUITES = ("same-layout", "layout-change")
 METHODS = ("alpa_comm", "alpa_comm_gloo", "jax_device_put", "raw", "raw_gloo")
@@ -80,7 +82,7 @@ def cases(suite: str, size_mb: float) -> list[dict]:
             {"name": "1 -> 2 receiver processes", "leaves": [shape], "dst": "p1p2", "spec": ["x"],
              "jax": "per_shard"},
         ]
-    raise ValueError(f"unknown data-plane suite {suite!r}; choose one of {', '.join(SUITES)}")
+    raise InvalidOptionError(f"unknown data-plane suite {suite!r}; choose one of {', '.join(SUITES)}")
 
 
 def _elements(size_mb: float) -> int:

@@ -1,6 +1,7 @@
 """Pipeline-ready models in pure JAX: a model is a list of stage functions
 ``stage(params, inputs, batch) -> outputs`` (dicts of arrays) plus, per stage,
 which inputs come from which earlier stage. Importing needs jax."""
+from ..errors import InvalidOptionError
 from .base import PipelineModel
 from .gpt import gpt
 from .utransformer import utransformer
@@ -24,11 +25,11 @@ def build_model(name: str, num_stages: int, layers: int = 4, d: int = 32, heads:
         return gpt(num_stages, layers=layers, d=d, heads=heads, vocab=vocab, seq=seq, seed=seed)
     if name == "utransformer":
         if layers % 2:
-            raise ValueError(f"a U-Transformer has an even number of layers (2L), got {layers}")
+            raise InvalidOptionError(f"a U-Transformer has an even number of layers (2L), got {layers}")
         return utransformer(num_stages, half_layers=layers // 2, d=d, heads=heads, vocab=vocab, seq=seq, seed=seed)
     if ":" in name:
         return _user_model(name, num_stages, dict(layers=layers, d=d, heads=heads, seq=seq, vocab=vocab, seed=seed))
-    raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)} or 'package.module:function'")
+    raise InvalidOptionError(f"unknown model {name!r}; choose one of {', '.join(MODELS)} or 'package.module:function'")
 
 
 def _user_model(name: str, num_stages: int, kwargs: dict) -> PipelineModel:
@@ -38,16 +39,16 @@ def _user_model(name: str, num_stages: int, kwargs: dict) -> PipelineModel:
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise ValueError(f"model {name!r}: cannot import {module_name!r} ({e})") from None
+        raise InvalidOptionError(f"model {name!r}: cannot import {module_name!r} ({e})") from None
     fn = getattr(module, attr, None)
     if not callable(fn):
-        raise ValueError(f"model {name!r}: {module_name!r} has no function {attr!r}")
+        raise InvalidOptionError(f"model {name!r}: {module_name!r} has no function {attr!r}")
     model = fn(num_stages, **kwargs)
     if not isinstance(model, PipelineModel):
-        raise ValueError(f"model {name!r} returned {type(model).__name__}, not a PipelineModel")
+        raise InvalidOptionError(f"model {name!r} returned {type(model).__name__}, not a PipelineModel")
     if model.num_stages != num_stages or len(model.params) != num_stages or len(model.consumes) != num_stages:
-        raise ValueError(f"model {name!r} was asked for {num_stages} stages and has {model.num_stages} "
-                         f"(params for {len(model.params)}, consumes for {len(model.consumes)})")
+        raise InvalidOptionError(f"model {name!r} was asked for {num_stages} stages and has {model.num_stages} "
+                                 f"(params for {len(model.params)}, consumes for {len(model.consumes)})")
     return model
 
 

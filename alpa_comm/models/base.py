@@ -7,6 +7,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from ..errors import InvalidOptionError
 
 
 @dataclass
@@ -83,7 +84,7 @@ def cross_entropy(logits, targets):
 
 def split_layers(num_layers: int, num_stages: int) -> list[range]:
     if num_layers < num_stages:
-        raise ValueError(f"{num_layers} layers cannot fill {num_stages} stages")
+        raise InvalidOptionError(f"{num_layers} layers cannot fill {num_stages} stages")
     base, extra = divmod(num_layers, num_stages)
     out, start = [], 0
     for s in range(num_stages):

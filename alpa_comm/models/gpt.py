@@ -2,13 +2,14 @@
 into pipeline stages (embedding on the first, head and loss on the last)."""
 from __future__ import annotations
 
+from ..errors import InvalidOptionError
 from .base import PipelineModel, block, embed, head_loss, stage_params
 
 
 def gpt(num_stages: int, layers: int = 4, d: int = 32, heads: int = 4, vocab: int = 256, seq: int = 16,
         seed: int = 0) -> PipelineModel:
     if d % heads:
-        raise ValueError(f"model width {d} is not divisible by {heads} heads")
+        raise InvalidOptionError(f"model width {d} is not divisible by {heads} heads")
     groups, params = stage_params(layers, num_stages, d, vocab, seq, seed)
     stages, consumes = [], []
     for s, rng in enumerate(groups):

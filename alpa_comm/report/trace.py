@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..errors import InvalidTypeError
 from ..pipeline.simulate import PipelineResult
 from ..resharding.resources import describe_resource
 from ..sim.simulate import SimResult
@@ -23,7 +24,7 @@ def chrome_trace(source) -> dict:
     elif isinstance(source, (list, tuple)):
         events = _run_events(list(source))
     else:
-        raise TypeError(f"no Chrome trace for a {type(source).__name__}: expected a SimResult, a PipelineResult "
+        raise InvalidTypeError(f"no Chrome trace for a {type(source).__name__}: expected a SimResult, a PipelineResult "
                         "or a list of measured steps")
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 

@@ -23,6 +23,7 @@ from .admission import MAX_INFLIGHT_BYTES
 from .kinds import PACKABLE_KINDS, transfer_kind
 from .kinds.base import group_by_host
 from .strategies import Job
+from ..validation import is_int
 
 AUTO_BUCKET_MIN = 64 << 10
 AUTO_BUCKET_MAX = 64 << 20
@@ -60,7 +61,7 @@ def bucket_option(bucket_bytes, cluster: ClusterSpec) -> int | None:
         return auto_bucket_bytes(cluster)
     if bucket_bytes in (None, 0):
         return None
-    if isinstance(bucket_bytes, int) and not isinstance(bucket_bytes, bool) and bucket_bytes > 0:
+    if is_int(bucket_bytes) and bucket_bytes > 0:
         return bucket_bytes
     raise InvalidOptionError(f"bucket_bytes must be 'auto', a positive integer or None, got {bucket_bytes!r}")
 

@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from typing import List, Sequence, Tuple
 
-from ..errors import InvalidOptionError
+from ..validation import one_of
 from .strategies import Job
 
 LOADBALANCE_MODES = ("naive", "loads", "size", "greedy", "dfs", "auto")
@@ -376,8 +376,7 @@ its (starts, finishes, makespan) when already computed)."""
 def balance(jobs: Sequence[Job], mode: str, *, seed: int = 0, dfs_budget_s: float = DEFAULT_DFS_BUDGET_S
             ) -> JobOrder:
     """Choose a sender candidate and an order for every job with ``mode``."""
-    if mode not in LOADBALANCE_MODES:
-        raise InvalidOptionError(f"unknown loadbalance mode {mode!r}; choose one of {', '.join(LOADBALANCE_MODES)}")
+    one_of(mode, LOADBALANCE_MODES, "loadbalance mode")
     if mode == "auto":
         mode = "dfs" if len(_split(jobs)[0]) <= AUTO_DFS_MAX_JOBS else "greedy"
     seq, complete, evaluation = BALANCERS[mode](jobs, seed, dfs_budget_s)

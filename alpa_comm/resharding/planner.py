@@ -17,6 +17,7 @@ from ..mesh import DeviceMesh, devices_per_host_needed
 from ..placement import Placement, Resharding
 from ..spec import ShardingSpec
 from ..topology import ClusterSpec
+from ..validation import is_int, one_of
 from . import loadbalance as balancing
 from .admission import MAX_CONCURRENT, MAX_INFLIGHT_BYTES, admitted_seconds
 from .cache import PlanCache, cache_for, cluster_key, move_key, raw_key
@@ -119,12 +120,9 @@ def _plan(shape: Sequence[int], dtype, src_mesh, src_spec, dst_mesh, dst_spec, *
           chunks: int | None = None, seed: int = 0, dfs_budget_s: float = balancing.DEFAULT_DFS_BUDGET_S,
           cache: bool | PlanCache = True, bucket_bytes: int | str | None = "auto",
           max_inflight_bytes: int | None = None) -> ReshardingPlan:
-    if strategy not in STRATEGIES:
-        raise InvalidOptionError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
-    if loadbalance not in balancing.LOADBALANCE_MODES:
-        raise InvalidOptionError(
-            f"unknown loadbalance mode {loadbalance!r}; choose one of {', '.join(balancing.LOADBALANCE_MODES)}")
-    if chunks is not None and (not isinstance(chunks, int) or chunks <= 0):
+    one_of(strategy, STRATEGIES, "strategy")
+    one_of(loadbalance, balancing.LOADBALANCE_MODES, "loadbalance mode")
+    if chunks is not None and (not is_int(chunks) or chunks <= 0):
         raise InvalidOptionError(f"chunks must be a positive integer or None (auto), got {chunks!r}")
     store = cache_for(cache)
     raw = (raw_key("plan", shape, str(dtype), src_mesh, src_spec, dst_mesh, dst_spec, cluster, strategy, loadbalance,

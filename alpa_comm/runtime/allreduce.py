@@ -12,6 +12,8 @@ from typing import Sequence
 
 import numpy as np
 
+from ..errors import InvalidArgumentError
+from ..validation import one_of
 from .backend import DEFAULT_TIMEOUT_S, Backend, ring_allreduce_sum
 
 DEFAULT_BUCKET_BYTES = 4 << 20
@@ -39,13 +41,12 @@ def allreduce_mean(backend: Backend, arrays: list[np.ndarray], hosts: Sequence[i
     """The mean of every array over ``hosts``, moved in flat buckets; returns new arrays.
     Arrays of one dtype per call (gradients). ``method``: ``backend`` (its all-reduce)
     or ``ring`` (the ring over send/recv, for comparison)."""
-    if method not in ALLREDUCE_METHODS:
-        raise ValueError(f"unknown all-reduce method {method!r}; choose one of {', '.join(ALLREDUCE_METHODS)}")
+    one_of(method, ALLREDUCE_METHODS, "all-reduce method")
     if len(hosts) == 1 or not arrays:
         return [np.array(a, copy=True) for a in arrays]
     dtype = arrays[0].dtype
     if any(a.dtype != dtype for a in arrays):
-        raise ValueError(f"all-reduce takes arrays of one dtype, got {sorted({str(a.dtype) for a in arrays})}")
+        raise InvalidArgumentError(f"all-reduce takes arrays of one dtype, got {sorted({str(a.dtype) for a in arrays})}")
     out: list[np.ndarray] = [None] * len(arrays)  # type: ignore[list-item]
     for b, group in enumerate(buckets([a.size for a in arrays], dtype.itemsize, bucket_bytes)):
         flat = np.concatenate([np.ravel(arrays[i]) for i in group])

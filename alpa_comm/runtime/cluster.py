@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import InvalidOptionError
+from ..errors import InvalidArgumentError, InvalidTypeError
 from ..mesh import DeviceMesh
 from ..placement import Placement, Resharding, check_fits
 from ..resharding import plan_resharding
@@ -27,6 +27,7 @@ from ..resharding.plan import ReshardingPlan
 from ..resharding.strategies import carries_data
 from ..spec import ShardingSpec
 from ..topology import ClusterSpec
+from ..validation import one_of
 from .backend import CommunicationError
 from .emulated.launch import restore_env, teardown_emulated
 from .executor import numpy_dtype, view
@@ -135,8 +136,7 @@ class Cluster(ClusterLaunchers):
 
     def join_transport(self, name: str) -> None:
         """Every host joins transport ``name`` beside gloo, once (``HostWorker.join_transport``)."""
-        if name not in TRANSPORTS:
-            raise InvalidOptionError(f"unknown transport {name!r}; choose one of {', '.join(TRANSPORTS)}")
+        one_of(name, TRANSPORTS, "transport")
         self._check_usable()
         if name not in self.transports:
             # each host's connections paced at its NIC's rate (``TcpBackend``'s pace_gbps), as
@@ -185,12 +185,12 @@ class Cluster(ClusterLaunchers):
         Alpa 0.2.3's workers run its messages: the benchmark's Alpa baselines)."""
         self._check_usable()
         if array.cluster is not self:
-            raise ValueError("the array belongs to another cluster")
+            raise InvalidArgumentError(f"{array!r} belongs to another cluster")
         if not array.has_data:
-            raise ValueError("cannot reshard an array produced by the 'signal' strategy: it holds no data")
+            raise InvalidArgumentError(f"cannot reshard {array!r}: the 'signal' strategy produced it, it holds no data")
         plan = plan or self.plan(array, dst_mesh, dst_spec, strategy, loadbalance, chunks, seed)
         if tuple(plan.shape) != array.shape or plan.dtype != array.dtype:
-            raise ValueError(f"plan is for {plan.shape} {plan.dtype}, the array is {array.shape} {array.dtype}")
+            raise InvalidArgumentError(f"plan is for {plan.shape} {plan.dtype}, the array is {array.shape} {array.dtype}")
         dst_id = uuid.uuid4().hex
         refs = [(w.execute.remote(HostJob.for_host(plan, h), [array.id], [dst_id], self.timeout, True, in_order), h)
                 for h, w in enumerate(self.workers)]
@@ -212,13 +212,13 @@ class Cluster(ClusterLaunchers):
         src = tree_flatten(arrays)
         dst = tree_flatten(placements)
         if [p for p, _ in src] != [p for p, _ in dst]:
-            raise ValueError(f"arrays and placements differ in structure: {[p for p, _ in src][:4]} vs "
+            raise InvalidArgumentError(f"arrays and placements differ in structure: {[p for p, _ in src][:4]} vs "
                              f"{[p for p, _ in dst][:4]}")
         layouts = {}
         for (path, a), (_, pl) in zip(src, dst):
             if not isinstance(a, DistributedArray) or not isinstance(pl, Placement):
-                raise ValueError(f"{path}: expected a DistributedArray and a Placement, got "
-                                 f"{type(a).__name__} and {type(pl).__name__}")
+                raise InvalidArgumentError(f"{path}: expected a DistributedArray and a Placement, got "
+                                           f"{type(a).__name__} and {type(pl).__name__}")
             layouts[path] = Resharding(a.shape, a.dtype, a.placement, Placement(self._mesh(pl.mesh), pl.spec))
         return plan_resharding_tree(layouts, cluster=self.spec, strategy=strategy, loadbalance=loadbalance,
                                     bucket_bytes=bucket_bytes, chunks=chunks, seed=seed)

@@ -22,6 +22,8 @@ from collections import deque
 
 import numpy as np
 
+from ..validation import non_negative_int
+
 HOST_ALIGNMENT = 64
 """Bytes a host buffer is aligned to (XLA's CPU client adopts such arrays as they are)."""
 MAPPED_MIN_BYTES = 1 << 20
@@ -68,8 +70,7 @@ class BufferPool:
     (0: nothing is recycled, every buffer is fresh)."""
 
     def __init__(self, max_free_bytes: int = DEFAULT_MAX_FREE_BYTES):
-        if isinstance(max_free_bytes, bool) or not isinstance(max_free_bytes, int) or max_free_bytes < 0:
-            raise ValueError(f"max_free_bytes must be an integer >= 0, got {max_free_bytes!r}")
+        non_negative_int(max_free_bytes, "max_free_bytes")
         self.max_free_bytes = max_free_bytes
         self._owned: dict[int, deque] = {}  # raw size -> raw arrays, oldest hand-out first
         self._lock = threading.Lock()

@@ -17,6 +17,8 @@ from typing import Sequence
 
 import numpy as np
 
+from ..errors import InvalidArgumentError, InvalidTypeError
+
 
 class Pieces:
     """Contiguous flat ``uint8`` runs that travel back to back as one message of
@@ -28,7 +30,7 @@ class Pieces:
         self.views = [v for v in views if v.nbytes]
         for v in self.views:
             if v.ndim != 1 or v.dtype != np.uint8 or not v.flags.c_contiguous:
-                raise ValueError(f"a piece must be a contiguous flat uint8 array, got {v.dtype} {v.shape}")
+                raise InvalidArgumentError(f"a piece must be a contiguous flat uint8 array, got {v.dtype} {v.shape}")
         starts, pos = [], 0
         for v in self.views:
             starts.append(pos)
@@ -45,7 +47,7 @@ class Pieces:
     def __getitem__(self, key) -> "Pieces":
         """Bytes ``lo`` .. ``hi`` (a slice with step 1) as pieces of the same memory."""
         if not isinstance(key, slice) or key.step not in (None, 1):
-            raise TypeError(f"Pieces are cut by byte ranges [lo:hi], got {key!r}")
+            raise InvalidTypeError(f"Pieces are cut by byte ranges [lo:hi], got {key!r}")
         lo, hi, _ = key.indices(self.nbytes)
         if hi <= lo:
             return Pieces([])

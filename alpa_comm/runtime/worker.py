@@ -14,6 +14,7 @@ import time
 import numpy as np
 
 from ..resharding.host_job import HostJob
+from ..validation import one_of
 from .backend import DEFAULT_TIMEOUT_S, CommunicationError, GlooBackend
 from .executor import HostExecutor, Layout
 
@@ -58,8 +59,7 @@ class HostWorker:
         would need a second rendezvous), each connection paced at ``pace_gbps`` (this host's
         NIC rate; ``tcp.PACE_FACTOR``). ``benchmarks/transport_compare.py`` measures it
         against gloo under the trainer's mailbox."""
-        if name not in TRANSPORTS:
-            raise ValueError(f"unknown transport {name!r}; choose one of {', '.join(TRANSPORTS)}")
+        one_of(name, TRANSPORTS, "transport")
         if self.backend is None:
             raise CommunicationError(f"host {self.host}: not connected to the other hosts")
         if name != "gloo" and name not in self.transports:

@@ -13,6 +13,8 @@ import heapq
 import math
 from typing import Callable, Iterable
 
+from ..validation import one_of
+
 EPS = 1e-12
 
 
@@ -88,8 +90,7 @@ class FluidNetwork:
     on a link are bottlenecked there alike (an all-to-all, a gather)."""
 
     def __init__(self, capacity: dict[int, float], sharing: str = MAX_MIN):
-        if sharing not in (MAX_MIN, FAIR_SHARE):
-            raise ValueError(f"sharing must be {MAX_MIN!r} or {FAIR_SHARE!r}, got {sharing!r}")
+        one_of(sharing, (MAX_MIN, FAIR_SHARE), "link sharing")
         self.sharing = sharing
         self.capacity = capacity
         self.now = 0.0

@@ -23,6 +23,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from ..errors import InternalError
 from ..resharding.admission import MAX_CONCURRENT, MAX_PER_RESOURCE, latency_bound, window_units
 from ..resharding.kinds import transfer_kind
 from ..resharding.kinds.base import receiving_hosts
@@ -211,8 +212,9 @@ def simulate(plan: ReshardingPlan, cluster: ClusterSpec | None = None, *,
     makespan = net.run()
     if len(done) != len(transfers):
         stuck = [t.id for t in transfers if t.id not in done][:5]
-        raise RuntimeError(f"simulation deadlocked: transfers {stuck} never became ready "
-                           "(their per-host order contradicts their dependencies)")
+        raise InternalError(f"simulation deadlocked: transfers {stuck} never became ready (their per-host "
+                            "order contradicts their dependencies; the planner never orders them so: a plan "
+                            "written by hand must put each transfer after the ones it depends on)")
     timeline.sort(key=lambda e: (e.start, e.transfer))
     host_sent: dict[int, float] = {}
     host_recv: dict[int, float] = {}

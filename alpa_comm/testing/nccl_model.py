@@ -65,6 +65,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import CommunicationError, InvalidTypeError
+
 __all__ = ["ModelArray", "NcclDeadlock", "NcclMismatch", "NcclModel", "device_array", "install", "on_device"]
 
 STALL_S = 1.0
@@ -125,7 +127,7 @@ class ModelArray(np.ndarray):
 
     def __array_function__(self, func, types, args, kwargs):
         if func.__name__ not in _NEP18:
-            raise TypeError(f"no implementation found for 'numpy.{func.__name__}' on CuPy arrays")
+            raise InvalidTypeError(f"no implementation found for 'numpy.{func.__name__}' on CuPy arrays")
         return _on_host(func)(*args, **kwargs)
 
 
@@ -334,7 +336,7 @@ class NcclModel:
             if self.deadlock:
                 raise NcclDeadlock(self.deadlock)
             if op.comm is not None and op.comm.aborted:
-                raise RuntimeError(f"NCCL error: communicator {op.comm.name} was aborted")
+                raise CommunicationError(f"NCCL error: communicator {op.comm.name} was aborted")
             self._number(op)
             self._last_progress = time.monotonic()
         g = self._groups

@@ -29,6 +29,7 @@ import threading
 from contextlib import contextmanager
 from multiprocessing.connection import Client, Listener
 
+from ..errors import CommunicationError
 from . import nccl_model as M
 
 ENV = "ALPA_COMM_NCCL_MODEL"
@@ -51,7 +52,7 @@ class _ClientMemory:
                 self.conn.send(msg)
                 reply = self.conn.recv()
             except (EOFError, OSError) as e:
-                raise RuntimeError(f"NCCL model: a rank's process is gone ({e})") from None
+                raise CommunicationError(f"NCCL model: a rank's process is gone ({e})") from None
         if isinstance(reply, Exception):
             raise reply
         return reply

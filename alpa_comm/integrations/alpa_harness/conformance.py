@@ -22,9 +22,11 @@ harness process (``loader.load_package`` first) and returns one row per (case, m
 """
 from __future__ import annotations
 
+from ...errors import InvalidOptionError
 from ...mesh import DeviceMesh
 from ...spec import ShardingSpec
 from ...topology import PAPER_TESTBED
+from ...validation import one_of
 
 MODES = ("alpa", "alpa_send_recv", "alpa_broadcast", "alpa_comm", "alpa_comm_sendrecv")
 GIB = (1 << 30) / 4
@@ -158,8 +160,7 @@ def run_case(case: dict, mode: str) -> dict:
     """One row: the case in ``mode``, every tensor's compiled tasks executed and checked."""
     from .alpa_objects import check_delivery, compile_task, execute, values
 
-    if mode not in MODES:
-        raise ValueError(f"unknown conformance mode {mode!r}; choose one of {', '.join(MODES)}")
+    one_of(mode, MODES, "conformance mode")
     row = {"case": case["name"], "mode": mode}
     try:
         comm, src_mesh, dst_mesh, xs = _communicator(case, mode)
@@ -202,7 +203,7 @@ def compiled_sends(case: dict, mode: str) -> list[list]:
     from .alpa_objects import HOST_IP as HOST, compile_task, global_box
 
     if mode not in ("alpa", "alpa_send_recv"):
-        raise ValueError(f"Alpa compiles point-to-point sends in modes alpa and alpa_send_recv, not {mode!r}")
+        raise InvalidOptionError(f"Alpa compiles point-to-point sends in modes alpa and alpa_send_recv, not {mode!r}")
     comm, src_mesh, dst_mesh, xs = _communicator(case, mode)
     out = []
     for var in xs:

@@ -27,6 +27,7 @@ import sys
 import types
 from pathlib import Path
 
+from ...errors import UsageError
 from . import pxla_compat, ray_compat
 
 STUBBED_TOP = ("jax", "jaxlib", "flax", "ray", "cupy", "optax", "chex", "numba", "pulp", "torch")
@@ -199,7 +200,7 @@ def install(alpa_root: Path) -> None:
     """Make ``import alpa...`` load Alpa 0.2.3 from ``alpa_root`` (the wheel's contents)."""
     clash = [m for m in ("jax", "alpa") if m in sys.modules]
     if clash:
-        raise RuntimeError(f"the Alpa harness needs a fresh process: {clash} already imported")
+        raise UsageError(f"the Alpa harness needs a fresh process: {clash} already imported")
     sys.meta_path.insert(0, _Finder(Path(alpa_root) / "alpa"))
 
 

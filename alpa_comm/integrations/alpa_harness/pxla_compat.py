@@ -30,6 +30,8 @@ from typing import Sequence, Tuple
 
 import numpy as np
 
+from ...errors import InvalidSpecError, InvalidTypeError
+
 
 class _Value:
     """Immutable-by-convention value: equal, hashed and printed by its ``_fields``."""
@@ -131,7 +133,7 @@ class ShardingSpec(_Value):
             elif isinstance(s, Chunked):
                 sizes.extend(s.chunks)
             elif not isinstance(s, NoSharding):
-                raise TypeError(f"unknown dim sharding {s!r}")
+                raise InvalidTypeError(f"unknown dim sharding {s!r}")
         return sizes
 
     @property
@@ -157,12 +159,12 @@ class ShardingSpec(_Value):
                 for n in s.chunks:
                     order.append(mesh_axis_of[sharded_axis])
                     if mesh_shape[order[-1]] != n:
-                        raise ValueError(f"{self!r}: mesh axis {order[-1]} has {mesh_shape[order[-1]]} devices "
-                                         f"for {n} chunks")
+                        raise InvalidSpecError(f"{self!r}: mesh axis {order[-1]} has {mesh_shape[order[-1]]} devices "
+                                               f"for {n} chunks")
                     sharded_axis += 1
                 tile_dims.append(int(np.prod(s.chunks)))
             else:
-                raise ValueError(f"{self!r}: an unstacked dim has no XLA OpSharding")
+                raise InvalidSpecError(f"{self!r}: an unstacked dim has no XLA OpSharding")
         if replicated:
             proto.last_tile_dims = [OpSharding.Type.REPLICATED]
             tile_dims.append(int(np.prod([mesh_shape[i] for i in replicated])))
@@ -178,7 +180,7 @@ class ShardingSpec(_Value):
         ``shape`` that device holds (slices, or ints for unstacked dims)."""
         shape = tuple(shape)
         if len(shape) != len(self.sharding):
-            raise ValueError(f"shape {shape} has {len(shape)} dims, {self!r} has {len(self.sharding)}")
+            raise InvalidSpecError(f"shape {shape} has {len(shape)} dims, {self!r} has {len(self.sharding)}")
         if any(isinstance(s, Unstacked) for s in self.sharding):
             return self._unstacked_indices(shape)
         mesh_shape = self.mesh_shape
@@ -204,7 +206,7 @@ class ShardingSpec(_Value):
                 per_dim.append([slice(None)])
             elif isinstance(s, Unstacked):
                 if size != s.size:
-                    raise ValueError(f"dim of size {size} unstacked as {s.size}")
+                    raise InvalidSpecError(f"dim of size {size} unstacked as {s.size}")
                 per_dim.append(list(range(size)))
                 grid.append(size)
             else:
@@ -218,7 +220,7 @@ class ShardingSpec(_Value):
         replicas = tuple(m.replicas for m in self.mesh_mapping if isinstance(m, Replicated))
         sharded = [m.axis for m in self.mesh_mapping if isinstance(m, ShardedAxis)]
         if sorted(sharded) != list(range(len(grid))):
-            raise ValueError(f"{self!r}: every sharded axis must appear once in the mesh mapping")
+            raise InvalidSpecError(f"{self!r}: every sharded axis must appear once in the mesh mapping")
         r, k = itertools.count(), iter(sharded)
         perm = [next(r) if isinstance(m, Replicated) else len(replicas) + next(k) for m in self.mesh_mapping]
         return np.broadcast_to(tiles, replicas + tiles.shape).transpose(perm)
@@ -227,7 +229,7 @@ class ShardingSpec(_Value):
 def _even_slices(size: int, parts: int) -> list[slice]:
     step, ragged = divmod(size, parts)
     if ragged:
-        raise ValueError(f"a dim of size {size} does not split into {parts} equal parts")
+        raise InvalidSpecError(f"a dim of size {size} does not split into {parts} equal parts")
     return [slice(i * step, (i + 1) * step) for i in range(parts)]
 
 

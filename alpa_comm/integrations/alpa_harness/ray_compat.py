@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import types
 
+from ...errors import InvalidOptionError
+
 NODES: list[dict] = []
 _state = {"initialized": False}
 
@@ -66,7 +68,7 @@ def placement_group(bundles, strategy="PACK", name="", **kwargs) -> PlacementGro
 
 
 def get_placement_group(name):
-    raise ValueError(f"Failed to look up placement group with name: {name}")
+    raise InvalidOptionError(f"Failed to look up placement group with name: {name}")  # Ray's own words
 
 
 def get_current_placement_group():

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from ...errors import InvalidOptionError
+from ...errors import InvalidOptionError, UsageError
 from .base import Candidate, TransferKind
 
 _REGISTRY: dict[str, TransferKind] = {}
@@ -30,7 +30,8 @@ def _load() -> None:
     for cls in _subclasses(TransferKind):
         if cls.__dict__.get("name"):
             if cls.name in found:
-                raise RuntimeError(f"transfer kind {cls.name!r} is defined twice")
+                raise UsageError(f"transfer kind {cls.name!r} is defined twice ({found[cls.name].__class__.__qualname__} "
+                                 f"and {cls.__qualname__})")
             found[cls.name] = cls()
     _REGISTRY.update(sorted(found.items(), key=lambda kv: (kv[1].order, kv[0])))
 

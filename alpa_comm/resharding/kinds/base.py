@@ -23,6 +23,7 @@ from typing import Callable, ClassVar, Dict, List, NamedTuple, Optional, Sequenc
 
 import numpy as np
 
+from ...errors import InvalidOptionError
 from ...topology import ClusterSpec
 from .. import cost_model
 from ..resources import intra_link, nic_receive, nic_send
@@ -140,7 +141,7 @@ class TransferKind:
 
     def closed_form(self, t: float, hosts: int, devices: int, chunks: int = 1) -> float:
         """The paper's time for one slice (t = one NIC copy) to ``hosts`` x ``devices``."""
-        raise ValueError(f"no closed form for transfer kind {self.name!r}")
+        raise InvalidOptionError(f"no closed form for transfer kind {self.name!r}")
 
     # ----------------------------------------------------------- simulation
     def host_flows(self, t: "Transfer", cluster: ClusterSpec) -> list[tuple[int, int, int]]:

@@ -5,6 +5,7 @@ is the upper bound of what any plan with these unit tasks can reach.
 """
 from __future__ import annotations
 
+from ...errors import InvalidOptionError
 from .. import cost_model
 from .broadcast import Broadcast
 
@@ -24,7 +25,7 @@ class Signal(Broadcast):
         return SIGNAL_BYTES, 1
 
     def closed_form(self, t, hosts, devices, chunks=1):
-        raise ValueError("signal moves one byte per task: it has no closed form in t")
+        raise InvalidOptionError(f"transfer kind {self.name!r} moves one byte per task: it has no closed form in t")
 
     def phases(self, t, cluster):
         # its one byte is a flow over the chain, like a broadcast's, so signals that
