@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from ..errors import InvalidOptionError
-from .generators import SCHEDULES, V_SCHEDULES, VIRTUAL_SCHEDULES, generate, schedule_kind
+from .generators import SCHEDULE_KINDS, chunks_for, generate
 from .ir import Schedule
 from .memory import memory
 from .simulate import Costs
@@ -52,20 +52,20 @@ def candidates(num_stages: int, num_microbatches: int, costs: Costs, virtual: bo
     count allows them."""
     S, M = num_stages, num_microbatches
     out: list[Candidate] = []
-    for kind in SCHEDULES:
+    for kind, family in SCHEDULE_KINDS.items():
+        if family.virtual:
+            continue
         out.append(Candidate(kind, kind))
-        if schedule_kind(kind).wgrad_lag is not None:  # ZB-H1 places its own weight gradients
+        if family.own_wgrad:  # ZB-H1 places its own weight gradients
             continue
         delays = auto_backward(kind, S, M, costs)
         if delays is not None:
             out.append(Candidate(f"{kind} + delay {list(delays)}", kind, True, tuple(delays)))
-    if virtual:
-        for kind, family in V_SCHEDULES.items():
-            if M >= family.min_microbatches(S):
-                out.append(Candidate(kind, kind))
-        if M % S == 0:
-            for kind in VIRTUAL_SCHEDULES:
-                out.append(Candidate(f"{kind} x2 chunks", kind, chunks=2))
+    if virtual:  # the V schedules first, then those whose chunks are the caller's
+        for kind, family in sorted(SCHEDULE_KINDS.items(), key=lambda kv: kv[1].chunks is None):
+            if family.virtual and family.runs_at(S, M):
+                chunks = chunks_for(kind)
+                out.append(Candidate(kind if chunks is None else f"{kind} x{chunks} chunks", kind, chunks=chunks))
     return out
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import InvalidOptionError
-from .generators import SCHEDULES, V_SCHEDULES, VIRTUAL_SCHEDULES, generate, schedule_kind
+from .generators import SCHEDULE_KINDS, SCHEDULES, VIRTUAL_SCHEDULES, chunks_for, generate, schedule_kind
 from .ir import Schedule, edge_name
 from .memory import memory
 from .simulate import Costs, PipelineResult, simulate_schedule
@@ -15,7 +15,7 @@ def signal_bound(num_stages: int, num_microbatches: int, costs: Costs, kinds=SCH
     """Best iteration time of any generated schedule (of ``kinds``) when transfers are free."""
     return min(simulate_schedule(generate(k, num_stages, num_microbatches, split_backward=s), costs,
                                  signal=True).iteration_time for k in kinds for s in (False, True)
-               if not (s is False and schedule_kind(k).wgrad_lag))
+               if not (s is False and schedule_kind(k).own_wgrad))
 
 
 def comm_limit(num_stages: int, num_microbatches: int, costs: Costs) -> float:
@@ -37,60 +37,61 @@ class Variant:
     delays: list[int] | None = None
 
 
+def _check_options(family, delay, chunks) -> None:
+    """The CLI's options that ``family`` takes, or the one it does not, named."""
+    if chunks is not None and family.chunks is not None and chunks != family.chunks:
+        if family.virtual:
+            raise InvalidOptionError(f"{family.name} holds {family.chunks} model chunks per stage of its own: "
+                                     "--model-chunks does not apply")
+        raise InvalidOptionError(f"--model-chunks applies to {', '.join(VIRTUAL_SCHEDULES)} only, not {family.name}")
+    if family.own_wgrad and delay is not None:
+        raise InvalidOptionError(f"{family.name} places its own weight gradients: --delay-wgrad does not apply")
+    if family.virtual and delay == "auto":
+        raise InvalidOptionError(f"--delay-wgrad auto is not available for {family.name} yet; give N")
+
+
 def build(kind: str, num_stages: int, num_microbatches: int, costs: Costs, split: bool, delay,
           chunks: int | None = None) -> Variant:
     """One schedule as the CLI options describe it (``delay`` may be 'auto', an int or None;
-    ``chunks``: model chunks per stage, for a schedule over virtual stages)."""
+    ``chunks``: model chunks per stage, for a family whose chunks are the caller's, default
+    ``DEFAULT_CHUNKS``). Any registered family."""
+    family = schedule_kind(kind)
+    _check_options(family, delay, chunks)
+    if family.own_wgrad:  # places its own weight gradients (and, in a V, its own two chunks)
+        sched = generate(kind, num_stages, num_microbatches)
+        return Variant(kind, sched, simulate_schedule(sched, costs))
+    chunks = chunks_for(kind, chunks)
+    split = split or delay is not None
     delays = None
-    if kind in V_SCHEDULES:  # two chunks in a V, split and weight gradients of their own
-        if delay is not None or chunks not in (None, 2):
-            raise InvalidOptionError(f"{kind} places its own two chunks and weight gradients: "
-                                     "--delay-wgrad and --model-chunks do not apply")
-        sched = generate(kind, num_stages, num_microbatches)
-        return Variant(kind, sched, simulate_schedule(sched, costs))
-    if kind in VIRTUAL_SCHEDULES:
-        if delay == "auto":
-            raise InvalidOptionError(f"--delay-wgrad auto is not available for {kind} yet; give N")
-        c = chunks or 2
-        sched = generate(kind, num_stages, num_microbatches, split_backward=split or delay is not None,
-                         delay_wgrad=delay, chunks=c)
-        label = f"{kind} x{c} chunks" + (" + split" if split or delay is not None else "") + \
-            (f" + delay {delay}" if delay else "")
-        return Variant(label, sched, simulate_schedule(sched, costs))
-    if chunks is not None:
-        raise InvalidOptionError(f"--model-chunks applies to {', '.join(VIRTUAL_SCHEDULES)} only, not {kind}")
-    if schedule_kind(kind).wgrad_lag is not None:  # places its own weight gradients
-        if delay is not None:
-            raise InvalidOptionError(f"{kind} places its own weight gradients: --delay-wgrad does not apply")
-        sched = generate(kind, num_stages, num_microbatches)
-        return Variant(kind, sched, simulate_schedule(sched, costs))
     if delay == "auto":
         sched, rep = auto_delay_schedule(kind, num_stages, num_microbatches, costs)
         delays = rep["delays"]
         label = f"{kind} + split + auto delay {delays}"
     else:
-        sched = generate(kind, num_stages, num_microbatches, split_backward=split or delay is not None,
-                         delay_wgrad=delay)
-        label = kind + (" + split" if split or delay is not None else "") + (f" + delay {delay}" if delay else "")
+        sched = generate(kind, num_stages, num_microbatches, split_backward=split, delay_wgrad=delay, chunks=chunks)
+        label = kind + (f" x{chunks} chunks" if family.chunks is None else "") + (" + split" if split else "") + \
+            (f" + delay {delay}" if delay else "")
     return Variant(label, sched, simulate_schedule(sched, costs), delays)
 
 
 def compare(num_stages: int, num_microbatches: int, costs: Costs) -> list[Variant]:
+    """Every family the sizes allow, in registry order: whole, split and auto-delayed
+    backward where the caller places the weight gradients (over virtual stages: whole
+    and split with delay 1, as auto delaying is not available there), as it is where
+    the family places them."""
     out = []
-    for kind in SCHEDULES:
-        if schedule_kind(kind).wgrad_lag is not None:
-            out.append(build(kind, num_stages, num_microbatches, costs, True, None))
+    for kind, family in SCHEDULE_KINDS.items():
+        if not family.runs_at(num_stages, num_microbatches):
             continue
-        out.append(build(kind, num_stages, num_microbatches, costs, False, None))
-        out.append(build(kind, num_stages, num_microbatches, costs, True, None))
-        out.append(build(kind, num_stages, num_microbatches, costs, True, "auto"))
-    if num_microbatches % num_stages == 0:  # interleaved 1F1B takes microbatches in groups of S
-        for kind in VIRTUAL_SCHEDULES:
-            out.append(build(kind, num_stages, num_microbatches, costs, False, None, 2))
-            out.append(build(kind, num_stages, num_microbatches, costs, True, 1, 2))
-    for kind, family in V_SCHEDULES.items():
-        if num_microbatches >= family.min_microbatches(num_stages):
+        if family.own_wgrad:
             out.append(build(kind, num_stages, num_microbatches, costs, False, None))
+        elif family.virtual:
+            out.append(build(kind, num_stages, num_microbatches, costs, False, None))
+            out.append(build(kind, num_stages, num_microbatches, costs, True, 1))
+        else:
+            out.append(build(kind, num_stages, num_microbatches, costs, False, None))
+            out.append(build(kind, num_stages, num_microbatches, costs, True, None))
+            out.append(build(kind, num_stages, num_microbatches, costs, True, "auto"))
     return out
 
 

@@ -91,6 +91,30 @@ _ACTION = re.compile(r"^(" + "|".join(sorted(KINDS, key=len, reverse=True))
 PLACEMENTS = ("loop", "v")
 """How chunk ``c`` of stage ``i`` (of ``S``) maps to a model stage: ``loop`` c*S + i, ``v``
 i for chunk 0 and 2S-1-i for chunk 1."""
+
+
+def model_stage(placement: str, num_stages: int, stage: int, chunk: int = 0) -> int:
+    """The model stage (virtual stage) that chunk ``chunk`` of ``stage`` is, of ``num_stages``
+    stages placed by ``placement``: the one map the generators' lowering and ``Schedule``
+    share."""
+    if placement == "v":
+        return stage if chunk == 0 else 2 * num_stages - 1 - stage
+    return chunk * num_stages + stage
+
+
+def stage_of(placement: str, num_stages: int, virtual_stage: int) -> int:
+    """The stage holding model stage ``virtual_stage`` (``model_stage``'s inverse)."""
+    return place(placement, num_stages, virtual_stage)[0]
+
+
+def place(placement: str, num_stages: int, virtual_stage: int) -> tuple[int, int]:
+    """(stage, chunk) holding model stage ``virtual_stage``."""
+    S = num_stages
+    if placement == "v":
+        return (virtual_stage, 0) if virtual_stage < S else (2 * S - 1 - virtual_stage, 1)
+    return virtual_stage % S, virtual_stage // S
+
+
 _LINE = re.compile(r"^\s*stage\s+(\d+)\s*:(.*)$")
 _PLACEMENT_LINE = re.compile(r"^\s*placement\s*:\s*(\S+)\s*$")
 
@@ -169,17 +193,11 @@ class Schedule:
 
     def virtual_stage(self, stage: int, chunk: int = 0) -> int:
         """The model stage that chunk ``chunk`` of ``stage`` is."""
-        S = self.num_stages
-        if self.placement == "v":
-            return stage if chunk == 0 else 2 * S - 1 - stage
-        return chunk * S + stage
+        return model_stage(self.placement, self.num_stages, stage, chunk)
 
     def place(self, virtual_stage: int) -> tuple[int, int]:
         """(stage, chunk) holding model stage ``virtual_stage``."""
-        S = self.num_stages
-        if self.placement == "v":
-            return (virtual_stage, 0) if virtual_stage < S else (2 * S - 1 - virtual_stage, 1)
-        return virtual_stage % S, virtual_stage // S
+        return place(self.placement, self.num_stages, virtual_stage)
 
     def transfer_key(self, stage: int, a: Action) -> tuple:
         """What a SEND and its RECV share: (direction, microbatch, source stage,
@@ -282,9 +300,6 @@ class Schedule:
         name = d.get("name", "custom")
         return cls(tuple(tuple(Action.parse(t, f" (stage {i})") for t in s) for i, s in enumerate(stages)),
                    name if isinstance(name, str) else "custom", str(d.get("placement", "loop")))
-
-    def compute_only(self) -> list[list[Action]]:
-        return [[a for a in s if a.is_compute] for s in self.stages]
 
 
 def _brief(value) -> str:
