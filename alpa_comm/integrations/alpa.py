@@ -343,11 +343,6 @@ def _patch(obj, attr: str, value) -> None:
     setattr(obj, attr, value)
 
 
-def _patch_item(mapping, key, value) -> None:
-    _state["originals"].setdefault(("item", id(mapping), key), (mapping, key, mapping.get(key, _MISSING)))
-    mapping[key] = value
-
-
 def _restore() -> None:
     worker = sys.modules.get("alpa_comm.integrations.alpa_worker")
     if worker is not None:
