@@ -59,3 +59,9 @@ class CommunicationTimeoutError(CommunicationError, TimeoutError):
 
 class InternalError(AlpaCommError, RuntimeError):
     """An invariant of the library itself broke (a bug, not a bad input): please report it."""
+
+
+class MissingExtraError(AlpaCommError, ModuleNotFoundError):
+    """An optional dependency is not installed; the message names the extra that installs
+    it (``alpa_comm._extras``). A ``ModuleNotFoundError`` too, so code that falls back
+    when a module is absent still does."""

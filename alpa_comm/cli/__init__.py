@@ -2,8 +2,10 @@
 
 Sub-commands take the same mesh/spec/strategy vocabulary as the Python API. One
 error path for every command: a user mistake (a bad value, a path that cannot be
-written, an option that does nothing in the chosen mode) ends in one line on
-stderr that names the option and the value as typed, exit code 2; an unexpected
+written, an option that does nothing in the chosen mode, an optional dependency that
+is not installed, root missing for the emulated cluster) ends in one line on stderr
+that names the option and the value as typed (or the extra to install, or the sudo
+command line), exit code 2; an unexpected
 failure ends in one line plus the file holding its traceback, exit code 1; a
 closed pipe (``alpa-comm ... | head``) ends quietly.
 """
@@ -16,6 +18,7 @@ import tempfile
 import time
 import traceback
 
+from .._extras import missing_extra
 from ..errors import AlpaCommError
 from . import cluster, resharding, schedule
 
@@ -68,6 +71,7 @@ def main(argv=None) -> int:
     except SystemExit as e:  # --help (0) or a bad command line (2, its one line already printed)
         return e.code if isinstance(e.code, int) else USAGE_ERROR
     args.given = given_options(parser, argv)
+    args.argv = argv
     prog = f"alpa-comm {args.command}"
     try:
         return args.func(args)
@@ -76,14 +80,24 @@ def main(argv=None) -> int:
     except (AlpaCommError, ValueError, OSError) as e:
         print(f"{prog}: error: {_one_line(e)}", file=sys.stderr)
         return USAGE_ERROR
+    except ImportError as e:  # an optional module missing deep down: the extra that brings it
+        missing = missing_extra(e)
+        if missing is None:
+            return _internal_error(prog, e)
+        print(f"{prog}: error: {_one_line(missing)}", file=sys.stderr)
+        return USAGE_ERROR
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # noqa: BLE001 - the one place that turns a bug into one line and a file
-        path = _save_traceback(prog)
-        print(f"{prog}: internal error: {type(e).__name__}: {_one_line(e)} (traceback in {path}; "
-              "please report it)", file=sys.stderr)
-        return INTERNAL_ERROR
+        return _internal_error(prog, e)
+
+
+def _internal_error(prog: str, e: BaseException) -> int:
+    path = _save_traceback(prog)
+    print(f"{prog}: internal error: {type(e).__name__}: {_one_line(e)} (traceback in {path}; "
+          "please report it)", file=sys.stderr)
+    return INTERNAL_ERROR
 
 
 def _one_line(e: BaseException) -> str:

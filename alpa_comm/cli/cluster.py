@@ -11,6 +11,7 @@ from ..errors import AlpaCommError
 from ..pipeline.auto_schedule import TRIAL_MARGIN
 from ..runtime.worker import TRANSPORTS
 from ..topology import ClusterSpec
+from . import needs
 from .options import (add_alpa_baseline_arg, add_emulated_host_args, add_live_cluster_args, add_schedule_args,
                       add_strategy_arg, alpa_baseline, reject_unused)
 from .values import auto_or_count, count, model_name, number, output_dir, output_file
@@ -127,6 +128,8 @@ def cmd_cluster(args) -> int:
         reject_unused(args, {"hosts": "--hosts", "nic": "--nic", "host_cpus": "--host-cpus"},
                       f"with '{args.action}' (they describe a cluster to start)")
     if args.action == "up":
+        needs.modules("ray", extra="runtime")  # a Ray node per host
+        needs.root(args, "'up'")
         from ..runtime.emulated.launch import launch_emulated  # noqa: PLC0415
 
         network = launch_emulated(args.hosts, None if args.nic == "none" else args.nic, cpu=args.host_cpus)
@@ -150,6 +153,7 @@ def cmd_cluster(args) -> int:
     if network is None and not leftovers:
         print("no emulated cluster is up; nothing to do")
         return 0
+    needs.root(args, "'down'")
     teardown_emulated(netns.existing_network())
     print("emulated cluster removed (namespaces, links, processes)")
     return 0
@@ -163,6 +167,7 @@ def cmd_bench(args) -> int:
 
     names = bench.SUITE_NAMES if args.suite == "all" else (args.suite,)
     _reject_emulated_only(args)
+    _bench_needs(args)
     if args.mode == "processes":
         return _bench_processes(args)
     reject_unused(args, {"streams": "--streams"}, "without --mode processes (alpa_comm's own workers use one)")
@@ -253,10 +258,36 @@ def _bench_data_plane(args, say) -> int:
     return 0
 
 
+def _bench_needs(args) -> None:
+    """The extras a benchmark run uses (its PNGs are drawn last), and root for an
+    emulated cluster."""
+    if args.mode == "processes":
+        needs.modules("jax")  # the user's own JAX processes
+        needs.modules("torch")  # the gloo transport and gloo's broadcast, measured beside alpa_comm's own
+    else:
+        needs.modules("ray", "torch")  # host workers on Ray, transfers over gloo
+    needs.png(True)
+    if args.cluster == needs.EMULATED:
+        needs.root(args, "--cluster emulated", "use --cluster local (loopback, no NIC shaping)")
+
+
+def _train_needs(args) -> None:
+    """The extras training uses: jax and optax in one process; the runtime too (extra
+    ``train``, which brings both) on host workers; matplotlib for --out's loss curve."""
+    if args.cluster == "inprocess":
+        needs.modules("jax", "optax")
+    else:
+        needs.modules("jax", "optax", "ray", *(["torch"] if args.transport == "gloo" else []), extra="train")
+    needs.png(args.out)
+    if args.cluster == needs.EMULATED:
+        needs.root(args, "--cluster emulated", "use --cluster local or inprocess")
+
+
 def cmd_train(args) -> int:
     from ..train.trainer import TrainConfig, train, write_loss  # noqa: PLC0415
 
     _reject_emulated_only(args)
+    _train_needs(args)
     cfg = TrainConfig(**{k: getattr(args, k) for k in TrainConfig.__dataclass_fields__ if hasattr(args, k)})
     result = train(cfg, log=sys.stderr)  # this call's stderr, not the one bound when the module loaded
     timed = result.step_seconds[1:] or result.step_seconds

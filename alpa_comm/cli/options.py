@@ -165,7 +165,9 @@ def alpa_baseline(args, cases, devices_per_host: int):
         print(f"Alpa baselines: {suites.FROM_MODEL} (--alpa-baseline model)", file=sys.stderr)
         return None
     from ..integrations.alpa_baseline import AlpaBaseline  # noqa: PLC0415
+    from .needs import alpa_code  # noqa: PLC0415
 
+    alpa_code()
     print("Alpa baselines: compiling every case with Alpa 0.2.3's own code ...", file=sys.stderr, flush=True)
     provider = AlpaBaseline(cases, devices_per_host)
     if not provider.available:

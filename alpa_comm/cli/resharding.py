@@ -11,6 +11,7 @@ from .. import suites
 from ..report.tables import table
 from ..resharding.explain import fmt_bytes, fmt_seconds
 from ..resharding.strategies import carries_data
+from . import needs
 from .options import add_resharding_args, alpa_baseline, plan_from_args, reject_unused, suite_cluster
 from .values import output_dir, output_file, png_path
 
@@ -100,6 +101,7 @@ def cmd_simulate(args) -> int:
 
     if args.suite:
         reject_unused(args, {"trace": "--trace", "png": "--png"}, "with --suite (use --out for its table and PNG)")
+        needs.png(args.out)
         from ..report.suite_results import (baseline_note, suite_table, wide_table,  # noqa: PLC0415
                                              write_suite_outputs)
         from ..sim.suite import run_suite  # noqa: PLC0415
@@ -122,6 +124,7 @@ def cmd_simulate(args) -> int:
             print("\nwrote " + ", ".join(str(p) for p in paths.values()))
         return 0
     reject_unused(args, {"out": "--out"}, "without --suite (use --trace or --png for one resharding)")
+    needs.png(args.png)
     plan = plan_from_args(args)
     if len(plan.transfers) >= LARGE_PLAN:
         print(f"simulating {len(plan.transfers):,} transfers on {plan.cluster.num_hosts} hosts ...",

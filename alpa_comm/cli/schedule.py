@@ -5,6 +5,7 @@ from pathlib import Path
 
 from ..errors import AlpaCommError
 from ..report.tables import table
+from . import needs
 from .options import AUTO_SCHEDULE, add_schedule_args, reject_unused
 from .values import count, input_file, number, output_file, png_path
 
@@ -45,6 +46,7 @@ def cmd_schedule(args) -> int:
     from ..report.schedule_pictures import ascii_timeline, timeline_png  # noqa: PLC0415
     from ..report.trace import write_chrome_trace  # noqa: PLC0415
 
+    needs.png(args.png)
     if args.t_fwd + args.t_bwd == 0:
         raise AlpaCommError(f"--t-fwd and --t-bwd cannot both be 0 (got {args.t_fwd:g} and {args.t_bwd:g}): "
                             "a schedule of free compute has nothing to simulate")

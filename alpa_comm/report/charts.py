@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
+from .._extras import require
 from ..resharding.explain import fmt_seconds
 from ..resharding.resources import INTRA, RECEIVE, SEND, host_and_side
 from ..sim.simulate import SimResult
@@ -14,7 +15,7 @@ def suite_bars(cases: Sequence[str], methods: Sequence[str], seconds: dict[tuple
                log: bool = True) -> Path:
     """Grouped bars: one group per case, one bar per method; optional lower-bound ticks;
     a log axis by default (suites span orders of magnitude)."""
-    import matplotlib  # noqa: PLC0415 - optional dependency
+    matplotlib = require("matplotlib")  # optional: the extra 'plot' named when absent
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
@@ -60,7 +61,7 @@ def gantt_png(result: SimResult, path: str | Path, title: str = "") -> Path:
     """Hosts as rows (send side above, receive side below), bars colored by kind; a large
     plan (over ``MAX_GANTT_BARS`` bars or 64 hosts) as a heat map of NIC busy time per host
     and time bin, which draws in a second where bars would take minutes."""
-    import matplotlib  # noqa: PLC0415 - optional dependency
+    matplotlib = require("matplotlib")  # optional: the extra 'plot' named when absent
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
@@ -137,7 +138,7 @@ def _busy_heatmap(plt, bars, hosts, makespan: float, heading: str, bins: int = 4
 
 def loss_png(losses, path: str | Path, title: str, window: int = 10) -> Path:
     """A training loss curve, with its running mean over ``window`` steps."""
-    import matplotlib  # noqa: PLC0415 - optional dependency
+    matplotlib = require("matplotlib")  # optional: the extra 'plot' named when absent
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
+from .._extras import require
 from ..pipeline.simulate import PipelineResult
 
 COLORS = {"F": "#4c72b0", "B": "#dd8452", "BI": "#c44e52", "BW": "#8172b3"}
@@ -45,7 +46,7 @@ def ascii_timeline(result: PipelineResult, num_stages: int, quantum: float | Non
 
 def timeline_png(panels: Sequence[tuple[str, PipelineResult, int]], path: str | Path) -> Path:
     """One panel per (title, result, num_stages), stacked, on a shared time axis."""
-    import matplotlib  # noqa: PLC0415 - optional dependency
+    matplotlib = require("matplotlib")  # optional: the extra 'plot' named when absent
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+from .._extras import require
 from ..errors import InvalidMeshError, InvalidOptionError
 from ..topology import ClusterSpec
 from .backend import DEFAULT_TIMEOUT_S, CommunicationError
@@ -56,7 +57,7 @@ class ClusterLaunchers:
         """A Ray cluster on this machine, every host a worker process; no NIC shaping.
         Always a new one (``address="local"``): Ray's default would join the last cluster
         started on this machine (``/tmp/ray/ray_current_cluster``), another job's."""
-        import ray  # noqa: PLC0415
+        ray = require("ray")  # the extra to install named when absent
 
         spec = ClusterSpec(num_hosts=num_hosts, devices_per_host=devices_per_host, **cluster_kw)
         ray.init(address="local", num_cpus=max(2, num_hosts),
@@ -72,7 +73,7 @@ class ClusterLaunchers:
     def connect(cls, address: str, devices_per_host: int, timeout: float = DEFAULT_TIMEOUT_S,
                 **cluster_kw) -> "ClusterLaunchers":
         """An existing Ray cluster: one host per node (nodes ordered by IP), pinned by node id."""
-        import ray  # noqa: PLC0415
+        ray = require("ray")  # the extra to install named when absent
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: PLC0415
 
         ray.init(address=address, log_to_driver=False)
@@ -116,7 +117,7 @@ class ClusterLaunchers:
     @classmethod
     def _attach(cls, network, devices_per_host: int, timeout: float, log, owns_network: bool,
                 **cluster_kw) -> "ClusterLaunchers":
-        import ray  # noqa: PLC0415
+        ray = require("ray")  # the extra to install named when absent
 
         saved_env = {k: os.environ.get(k) for k in ray_nodes.auth_env("")}
         os.environ.update(ray_nodes.auth_env(network.info["token"]))
@@ -141,7 +142,7 @@ class ClusterLaunchers:
     @classmethod
     def _start(cls, spec: ClusterSpec, timeout: float, ifname, network, strategies=None,
                owns_ray: bool = True, emulated: bool = False) -> "ClusterLaunchers":
-        import ray  # noqa: PLC0415
+        ray = require("ray")  # the extra to install named when absent
 
         actor = ray.remote(cls.worker_class)
         workers = []
