@@ -1,11 +1,14 @@
 # Two commands matter: `make demo` (the main job: the resharding benchmark) and `make test`.
+# `make check` tests an install in seconds (no root); targets on the emulated cluster need
+# root: `sudo make bench-all` and the others below.
 # Both create .venv and install the package with its dev extras when needed.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install sysdeps demo test bench bench-emulated clean
+.PHONY: install sysdeps demo test bench bench-emulated clean check reference reference-check \
+	cluster-up cluster-down cluster-status bench-all bench-weight-sync train-emulated
 
 $(STAMP): setup.cfg setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +53,56 @@ bench: $(STAMP)
 bench-emulated: $(STAMP) sysdeps
 	$(BIN)/python benchmarks/runtime_1_to_m.py
 	$(BIN)/python benchmarks/allreduce.py
+
+# A check of the install that takes seconds and needs no root: plan, simulate and schedule
+# with whatever extras .venv has (no install step: it checks what you installed).
+check:
+	@test -x $(BIN)/alpa-comm || { echo "no $(BIN)/alpa-comm: python3 -m venv $(VENV) && $(BIN)/pip install -e ."; exit 2; }
+	$(BIN)/alpa-comm plan --shape 1024,1024,16 --src-mesh 2x4@0,1 --src-spec S0RR --dst-mesh 2x4@2,3 --dst-spec S01RR > /dev/null
+	$(BIN)/alpa-comm simulate --suite n-to-m --alpa-baseline model > /dev/null
+	$(BIN)/alpa-comm schedule --compare --stages 4 --microbatches 8 > /dev/null
+	@echo "check passed: the planner, the simulator and the schedules run"
+
+# docs/cli.md and docs/api.md, generated from the argument parser and the docstrings.
+reference: $(STAMP)
+	$(BIN)/python tools/gen_reference.py
+
+reference-check: $(STAMP)
+	$(BIN)/python tools/gen_reference.py --check
+
+# Commands on the emulated cluster need root (network namespaces, tc): `sudo make TARGET`.
+# Each runs the venv's own alpa-comm, which sudo finds by its path (sudo resets PATH).
+NEEDS_ROOT = @if [ "$$(id -u)" != 0 ]; then echo "make $@ needs root (the emulated cluster: network namespaces, tc): sudo make $@"; exit 2; fi
+
+cluster-up: $(STAMP) sysdeps
+	$(NEEDS_ROOT)
+	$(BIN)/alpa-comm cluster up --hosts $(HOSTS) --nic $(NIC)
+
+cluster-down: $(STAMP)
+	$(NEEDS_ROOT)
+	$(BIN)/alpa-comm cluster down
+
+cluster-status: $(STAMP)
+	$(BIN)/alpa-comm cluster status
+
+HOSTS ?= 5
+NIC ?= 400mbit
+
+# The main benchmark: every suite, every method, on 5 emulated hosts x 4 devices.
+bench-all: $(STAMP) sysdeps
+	$(NEEDS_ROOT)
+	$(BIN)/alpa-comm bench --suite all --size-mb 32 --repeat 3 --out out/bench
+
+# The weight sync in six JAX processes of their own on emulated hosts.
+bench-weight-sync: $(STAMP) sysdeps
+	$(NEEDS_ROOT)
+	$(BIN)/alpa-comm bench --suite weight-sync --mode processes --cluster emulated --nic $(NIC) --size-mb 32 \
+	    --repeat 5 --out out/weight-sync
+
+# GPT trained through a pipeline on emulated hosts, each capped at half a core.
+train-emulated: $(STAMP) sysdeps
+	$(NEEDS_ROOT)
+	$(BIN)/alpa-comm train --cluster emulated --nic $(NIC) --host-cpus 0.5 --model gpt --steps 50 --out out/train
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
