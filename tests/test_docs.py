@@ -1,4 +1,4 @@
-"""The README's layout section and links follow the tree; every source folder is a package."""
+"""The architecture page's layout section and the docs' links follow the tree; every source folder is a package."""
 import pathlib
 import re
 
@@ -6,21 +6,22 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def layout_block() -> str:
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("## Layout"):]
+    """The code block of docs/architecture.md's "## Layout" section (the source tree, folder by folder)."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text[text.index("\n## Layout"):]
     return section[section.index("```") + 3:section.index("```", section.index("```") + 3)]
 
 
-def test_readme_layout_names_every_package_and_module():
+def test_layout_names_every_package_and_module():
     block = layout_block()
     pkg = ROOT / "alpa_comm"
     folders = sorted(p.name for p in pkg.iterdir() if p.is_dir() and (p / "__init__.py").exists())
     modules = sorted(p.name for p in pkg.glob("*.py") if p.name != "__init__.py")
     missing = [f"{f}/" for f in folders if f"{f}/" not in block] + [m for m in modules if m not in block]
-    assert not missing, f"README layout does not mention {missing}"
+    assert not missing, f"docs/architecture.md's layout does not mention {missing}"
     named = set(re.findall(r"^  ([a-z_]+)/", block, re.M))
     gone = sorted(named - set(folders))
-    assert not gone, f"README layout names folders that do not exist: {gone}"
+    assert not gone, f"docs/architecture.md's layout names folders that do not exist: {gone}"
 
 
 def test_readme_and_docs_links_resolve():
