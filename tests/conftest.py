@@ -111,3 +111,13 @@ def alpa_package_runner():
         return json.loads(done.stdout.strip().splitlines()[-1])
 
     return run
+
+
+def pytest_collect_file(file_path, parent):
+    """README.md's and docs/*.md's ```python blocks lie outside ``testpaths``: collected
+    (by Sybil) with tests/test_docs_blocks.py, which says how."""
+    if file_path.name == "test_docs_blocks.py" and file_path.parent == Path(__file__).parent:
+        from test_docs_blocks import pages_collector
+
+        return pages_collector(parent, file_path)
+    return None
