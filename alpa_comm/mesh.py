@@ -66,6 +66,20 @@ def devices_per_host_needed(text: str) -> int:
     return -(-int(np.prod(shape)) // k)
 
 
+def _ints(values, what: str) -> tuple[int, ...]:
+    """``values`` as a tuple of ints (whole numbers of any integer type), or an error naming
+    them: a string such as ``'2x4'`` is text for ``DeviceMesh.parse``, not a sequence."""
+    try:
+        if isinstance(values, (str, bytes)):
+            raise TypeError
+        out = tuple(int(v) for v in values)
+        if any(isinstance(v, bool) or out[i] != v for i, v in enumerate(values)):
+            raise TypeError
+    except (TypeError, ValueError, OverflowError):
+        raise InvalidMeshError(f"{what} must be a sequence of integers, got {values!r}") from None
+    return out
+
+
 @dataclass(frozen=True, eq=False)
 class DeviceMesh:
     """An n-d array of global device ids on hosts of ``devices_per_host`` devices."""
@@ -74,7 +88,14 @@ class DeviceMesh:
     devices_per_host: int
 
     def __post_init__(self):
-        ids = np.asarray(self.device_ids, dtype=np.int64)
+        try:
+            raw = np.asarray(self.device_ids)
+            with np.errstate(invalid="ignore"):
+                ids = raw.astype(np.int64)
+            if raw.dtype.kind not in "iu" and not np.array_equal(ids, raw):
+                raise ValueError
+        except (TypeError, ValueError, OverflowError):
+            raise InvalidMeshError(f"device ids must be an array of integers, got {self.device_ids!r}") from None
         if ids.ndim == 0 or ids.size == 0:
             raise InvalidMeshError(f"a mesh needs at least one device, got {self.device_ids!r}")
         if (ids < 0).any():
@@ -88,8 +109,11 @@ class DeviceMesh:
     # ------------------------------------------------------------ constructors
     @classmethod
     def on_hosts(cls, shape: Sequence[int], hosts: Sequence[int], devices_per_host: int) -> "DeviceMesh":
-        shape = tuple(int(s) for s in shape)
-        hosts = tuple(int(h) for h in hosts)
+        shape = _ints(shape, "mesh shape")
+        hosts = _ints(hosts, "mesh hosts")
+        positive_int(devices_per_host, "devices_per_host", InvalidMeshError)
+        if not hosts:
+            raise InvalidMeshError(f"a mesh needs at least one host, got {hosts!r}")
         total = int(np.prod(shape))
         label = "x".join(map(str, shape)) + "@" + host_list_text(hosts)
         if len(set(hosts)) != len(hosts):

@@ -96,6 +96,8 @@ class Resharding:
     @classmethod
     def between(cls, shape, dtype, src_mesh, src_spec, dst_mesh, dst_spec) -> "Resharding":
         """The six values as one record (meshes and specs as objects or text)."""
+        if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
+            raise InvalidSpecError(f"shape must be a sequence of positive integers, got {shape!r}")
         return cls(tuple(shape), dtype, Placement(src_mesh, src_spec), Placement(dst_mesh, dst_spec))
 
     src_mesh = property(lambda self: self.src.mesh)

@@ -52,14 +52,26 @@ def non_negative_int(value: Any, name: str, error: Type[AlpaCommError] = Invalid
     return value
 
 
+def _finite_real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def positive_number(value: Any, name: str, error: Type[AlpaCommError] = InvalidOptionError,
                     unit: str = "") -> float:
     """``value`` if it is a finite real number > 0 (not a bool); else ``error`` naming
     ``name`` and the value (``unit``, e.g. ``"Gbit/s"``, is said in the message)."""
-    ok = (isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-          and value > 0)
-    if not ok:
+    if not (_finite_real(value) and value > 0):
         what = f"a positive number of {unit}" if unit else "a positive number"
+        raise error(f"{name} must be {what}, got {value!r}")
+    return value
+
+
+def non_negative_number(value: Any, name: str, error: Type[AlpaCommError] = InvalidOptionError,
+                        unit: str = "") -> float:
+    """``value`` if it is a finite real number >= 0 (not a bool); else ``error`` naming
+    ``name`` and the value."""
+    if not (_finite_real(value) and value >= 0):
+        what = f"a number >= 0 of {unit}" if unit else "a number >= 0"
         raise error(f"{name} must be {what}, got {value!r}")
     return value
 
@@ -79,14 +91,19 @@ def check_streams(streams: Any, allow_auto: bool = False) -> Any:
     return streams
 
 
-def one_of(value: Any, choices: Iterable[str], what: str, error: Type[AlpaCommError] = InvalidOptionError) -> Any:
-    """``value`` if it is one of ``choices``; else ``error``: ``unknown <what> <value>;
-    choose one of <choices>``. An unhashable value is simply not a choice."""
-    choices = list(choices)
+def is_choice(value: Any, choices: Iterable[Any]) -> bool:
+    """``value`` is one of ``choices``; a value that cannot be compared with them (an
+    unhashable one, a numpy array compared element-wise) is simply not."""
     try:
-        known = value in choices
-    except (TypeError, ValueError):  # unhashable, or an array compared element-wise
-        known = False
-    if not known:
+        return any(value == c and isinstance(value, type(c)) for c in choices)
+    except (TypeError, ValueError):
+        return False
+
+
+def one_of(value: Any, choices: Iterable[Any], what: str, error: Type[AlpaCommError] = InvalidOptionError) -> Any:
+    """``value`` if it is one of ``choices``; else ``error``: ``unknown <what> <value>;
+    choose one of <choices>``."""
+    choices = list(choices)
+    if not is_choice(value, choices):
         raise error(f"unknown {what} {value!r}; choose one of {', '.join(map(str, choices))}")
     return value

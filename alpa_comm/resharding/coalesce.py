@@ -54,16 +54,21 @@ def auto_bucket_bytes(cluster: ClusterSpec) -> int:
     return int(min(AUTO_BUCKET_MAX, max(AUTO_BUCKET_MIN, 20 * cluster.latency_s * rate)))
 
 
+def check_bucket_bytes(bucket_bytes) -> None:
+    """``bucket_bytes`` is ``"auto"``, None, or an int >= 0 (0: no packing); anything else
+    (an array, a float, a bool) is refused by name before it is compared with anything."""
+    if not (bucket_bytes is None or (isinstance(bucket_bytes, str) and bucket_bytes == "auto")
+            or (is_int(bucket_bytes) and bucket_bytes >= 0)):
+        raise InvalidOptionError(f"bucket_bytes must be 'auto', a positive integer or None, got {bucket_bytes!r}")
+
+
 def bucket_option(bucket_bytes, cluster: ClusterSpec) -> int | None:
     """The bucket size ``bucket_bytes`` asks for: ``"auto"`` (``auto_bucket_bytes``), a
     positive byte count, or None/0 for no packing; anything else is refused by name."""
+    check_bucket_bytes(bucket_bytes)
     if bucket_bytes == "auto":
         return auto_bucket_bytes(cluster)
-    if bucket_bytes in (None, 0):
-        return None
-    if is_int(bucket_bytes) and bucket_bytes > 0:
-        return bucket_bytes
-    raise InvalidOptionError(f"bucket_bytes must be 'auto', a positive integer or None, got {bucket_bytes!r}")
+    return bucket_bytes or None
 
 
 def pack_jobs(jobs: list[Job], job_leaf: list[int], bucket: int, cluster: ClusterSpec, chunks,

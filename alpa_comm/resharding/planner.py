@@ -11,17 +11,17 @@ import math
 from typing import Callable, Sequence, TypeVar
 
 from ..dtypes import itemsize
-from ..errors import InvalidOptionError
+from ..errors import InvalidOptionError, InvalidTypeError
 from ..gc_pause import gc_paused
 from ..mesh import DeviceMesh, devices_per_host_needed
 from ..placement import Placement, Resharding
 from ..spec import ShardingSpec
 from ..topology import ClusterSpec
-from ..validation import is_int, one_of
+from ..validation import is_int, non_negative_number, one_of, positive_int
 from . import loadbalance as balancing
 from .admission import MAX_CONCURRENT, MAX_INFLIGHT_BYTES, admitted_seconds
 from .cache import PlanCache, cache_for, cluster_key, move_key, raw_key
-from .coalesce import bucket_option, bucket_within, pack_jobs, stream_bytes_within
+from .coalesce import bucket_option, bucket_within, check_bucket_bytes, pack_jobs, stream_bytes_within
 from .kinds import TRANSFER_KINDS, transfer_kind
 from .plan import Part, ReshardingPlan, Transfer
 from .strategies import (ALLGATHER, ALPA, AUTO, LOCAL_COPY, STRATEGIES, Job, JobMemo, allgather_job, alpa_local_allgather_spec,
@@ -115,15 +115,42 @@ def plan_resharding(shape: Sequence[int], dtype, src_mesh, src_spec, dst_mesh, d
         return _plan(shape, dtype, src_mesh, src_spec, dst_mesh, dst_spec, **kwargs)
 
 
+def check_options(*, cluster, loadbalance, chunks, seed, dfs_budget_s, cache, bucket_bytes, max_inflight_bytes,
+                  cluster_required: bool = False) -> None:
+    """Every planning option but the strategy, checked before any is hashed into a cache
+    key or used, so a bad one is named here instead of failing deep inside the planner
+    (a ``TypeError`` from a comparison, an unhashable key); one array and a tree of them
+    check theirs alike.
+
+    Raises:
+        InvalidTypeError: ``cluster`` is not a ``ClusterSpec`` (None is one where not
+            ``cluster_required``), or ``cache`` is not a bool, None or ``PlanCache``.
+        InvalidOptionError: any other option out of its range, named with its value.
+    """
+    if not (isinstance(cluster, ClusterSpec) or (cluster is None and not cluster_required)):
+        raise InvalidTypeError(f"cluster must be a ClusterSpec{'' if cluster_required else ' or None'}, "
+                               f"got {cluster!r}")
+    one_of(loadbalance, balancing.LOADBALANCE_MODES, "loadbalance mode")
+    if chunks is not None and (not is_int(chunks) or chunks <= 0):
+        raise InvalidOptionError(f"chunks must be a positive integer or None (auto), got {chunks!r}")
+    if seed is not None and not is_int(seed):
+        raise InvalidOptionError(f"seed must be an integer, got {seed!r}")
+    non_negative_number(dfs_budget_s, "dfs_budget_s", unit="seconds")
+    if not (cache is None or isinstance(cache, (bool, PlanCache))):
+        raise InvalidTypeError(f"cache must be True, False or a PlanCache, got {cache!r}")
+    check_bucket_bytes(bucket_bytes)
+    if max_inflight_bytes is not None:
+        positive_int(max_inflight_bytes, "max_inflight_bytes")
+
+
 def _plan(shape: Sequence[int], dtype, src_mesh, src_spec, dst_mesh, dst_spec, *,
           cluster: ClusterSpec | None = None, strategy: str = "broadcast", loadbalance: str = "auto",
           chunks: int | None = None, seed: int = 0, dfs_budget_s: float = balancing.DEFAULT_DFS_BUDGET_S,
           cache: bool | PlanCache = True, bucket_bytes: int | str | None = "auto",
           max_inflight_bytes: int | None = None) -> ReshardingPlan:
     one_of(strategy, STRATEGIES, "strategy")
-    one_of(loadbalance, balancing.LOADBALANCE_MODES, "loadbalance mode")
-    if chunks is not None and (not is_int(chunks) or chunks <= 0):
-        raise InvalidOptionError(f"chunks must be a positive integer or None (auto), got {chunks!r}")
+    check_options(cluster=cluster, loadbalance=loadbalance, chunks=chunks, seed=seed, dfs_budget_s=dfs_budget_s,
+                  cache=cache, bucket_bytes=bucket_bytes, max_inflight_bytes=max_inflight_bytes)
     store = cache_for(cache)
     raw = (raw_key("plan", shape, str(dtype), src_mesh, src_spec, dst_mesh, dst_spec, cluster, strategy, loadbalance,
                    chunks, seed, dfs_budget_s, bucket_bytes, max_inflight_bytes) if store is not None else None)

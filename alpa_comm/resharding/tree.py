@@ -26,6 +26,7 @@ from ..errors import InvalidOptionError
 from ..gc_pause import gc_paused
 from ..placement import Placement, Resharding
 from ..topology import ClusterSpec
+from ..validation import is_choice
 from . import loadbalance as balancing
 from .admission import MAX_INFLIGHT_BYTES
 from .cache import PlanCache, cache_for, cluster_key, move_key, raw_key
@@ -33,7 +34,7 @@ from .coalesce import (AUTO_BUCKET_MAX, AUTO_BUCKET_MIN, auto_bucket_bytes, buck
                        stream_bytes_within)
 from .kinds import PER_TASK_STRATEGIES
 from .plan import Leaf, Transfer
-from .planner import LowerBounds, build_transfers, group_jobs, host_operations, plan_for
+from .planner import LowerBounds, build_transfers, check_options, group_jobs, host_operations, plan_for
 from .strategies import AUTO, LOCAL_COPY, Job, JobMemo, jobs_for_task
 from .unit_tasks import UnitTask, decompose
 
@@ -142,10 +143,12 @@ def plan_resharding_tree(tree, *, cluster: ClusterSpec, strategy: str = "broadca
     stream of large slices aims at half of it (``coalesce.bucket_within``,
     ``stream_bytes_within``).
     """
-    stream = stream_bytes_within(max_inflight_bytes)
-    if strategy not in TREE_STRATEGIES:
+    if not is_choice(strategy, TREE_STRATEGIES):
         raise InvalidOptionError(f"strategy {strategy!r} is not available for trees; choose one of "
                                  f"{', '.join(TREE_STRATEGIES)}")
+    check_options(cluster=cluster, loadbalance=loadbalance, chunks=chunks, seed=seed, dfs_budget_s=dfs_budget_s,
+                  cache=cache, bucket_bytes=bucket_bytes, max_inflight_bytes=max_inflight_bytes, cluster_required=True)
+    stream = stream_bytes_within(max_inflight_bytes)
     bucket = bucket_within(bucket_option(bucket_bytes, cluster), max_inflight_bytes)
     flat = tree_flatten(tree)
     store = cache_for(cache)
