@@ -1,8 +1,9 @@
 """The README stays a front door whose numbers come from committed results.
 
 Its headline table is what tools/headline.py computes from benchmarks/results/; any
-other measured number sits in a ``<!-- numbers-from: FILE[, FILE] -->`` block whose
-files hold it; and the page stays short enough to read before the first call.
+other measured number sits in a ``<!-- numbers-from: FILE[, FILE] -->`` block (whose
+numbers tests/test_docs_numbers.py finds in those files, as on every page); and the page
+stays short enough to read before the first call.
 """
 import functools
 import importlib.util
@@ -18,12 +19,12 @@ ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 MAX_BYTES = 8 * 1024
 
-NUMBERS_FROM = re.compile(r"<!-- numbers-from: ([^>]*?) -->\n(.*?)(?:\n\n|\Z)", re.S)
+NUMBERS_FROM = re.compile(r"<!-- numbers-from: [^>]*-->\n.*?(?:\n\n|\Z)", re.S)
+"""A numbers-from marker and the block it covers: up to the next blank line."""
 NOT_MEASURED = re.compile(r"(?:Python|Alpa|jax|arXiv|[<>=]=?)\s*\d+(?:\.\d+)+|\b\d+\.\d+\.\d+\b")
 """Versions (Python >= 3.10, Alpa 0.2.3) and the paper's arXiv id: numbers nobody measured."""
 MEASURED = re.compile(r"\d+(?:\.\d+)?\s*(?:x\b|%)|\b\d+\.\d+\b")
 """A ratio (1.35x), a share (12 %) or any other decimal: what a run measures."""
-DECIMAL = re.compile(r"\d+\.\d+")
 
 
 @functools.lru_cache(maxsize=None)
@@ -37,7 +38,7 @@ def headline():
 
 def without_code(text: str) -> str:
     """Prose only: fenced blocks and inline code hold commands and example values."""
-    return re.sub(r"`[^`\n]*`", "", re.sub(r"```.*?```", "", text, flags=re.S))
+    return re.sub(r"`[^`]*`", "", re.sub(r"```.*?```", "", text, flags=re.S))
 
 
 def test_headline_block_is_what_the_results_files_give():
@@ -55,10 +56,6 @@ def test_every_measured_number_outside_the_headline_is_sourced():
     h = headline()
     text = README.read_text()
     text = text[:text.index(h.START)] + text[text.index(h.END) + len(h.END):]
-    for files, block in NUMBERS_FROM.findall(text):
-        sources = "".join((ROOT / f.strip()).read_text() for f in files.split(","))
-        stray = [n for n in DECIMAL.findall(without_code(block)) if n not in sources]
-        assert not stray, f"numbers {stray} are in none of {files}: copy them from there"
     prose = without_code(NUMBERS_FROM.sub("", text))
     stray = MEASURED.findall(NOT_MEASURED.sub("", prose))
     assert not stray, (f"README.md quotes {stray} outside the headline table and any <!-- numbers-from: ... --> "
