@@ -63,7 +63,7 @@ def alpa_figure(saved: dict) -> tuple[str, str]:
     c = saved["cluster"]
     return (f"Alpa's {len(cases)} many-to-many cases, {c['hosts']} hosts x {c['devices_per_host']} devices, "
             f"{nic(c['nic'])}",
-            f"{span(speed)}x faster than Alpa 0.2.3's own messages; {span(bound)}x the bound")
+            f"{span(speed)}x faster than Alpa 0.2.3's own resharding; {span(bound)}x the bound")
 
 
 def jax_figure(saved: dict) -> tuple[str, str]:
