@@ -8,6 +8,13 @@ with placeholders (``...``, ``<name>``, ``DIR``) and bare command names (a refer
 a command) are not commands. ``sudo`` lines, ``bench``, ``cluster`` and trainer runs on
 a Ray or emulated cluster need root or a cluster and are left to their own tests.
 
+A command that needs root is written ``sudo .venv/bin/alpa-comm ...`` or ``sudo
+.venv/bin/python benchmarks/...``: sudo resets PATH, so it does not see the venv's scripts
+(and its ``python`` is the system's, without the package). Such a line is recognised as
+a command (and left to its own tests, as above); a bare ``sudo alpa-comm`` or ``sudo
+python ...`` line, in a code block or an inline code span, fails
+``test_sudo_commands_name_the_venv`` with its ``PAGE:LINE``.
+
 Commands that take minutes at their shown size run at CI size: the shown line with
 ``CI_SIZED``'s options appended (argparse keeps the last value), so every shown option
 is still parsed and used, on the cluster the line names (the trainer's default: a local
@@ -25,6 +32,8 @@ import pytest
 from conftest import local_ray_marks
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import sync_docs  # noqa: E402  (tools/ is not a package; it reads a page's fenced blocks)
 PLACEHOLDERS = ("...", "<", "DIR", "ADDR", "/simulate")
 NEEDS_A_CLUSTER = re.compile(r"alpa-comm (bench|cluster)\b|--cluster (local|emulated|ray)|^sudo|runtime_1_to_m"
                              r"|allreduce|train_pipeline|gpu_check|alpa_nm_suite"
@@ -42,20 +51,41 @@ CI_SIZED = [  # (pattern of the argv, options appended)
 ]
 
 
-def shown_commands() -> list[tuple[str, str]]:
-    """(document, command line) of every command the docs show, continuation lines joined."""
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+COMMAND = re.compile(r"^(sudo )?(\.venv/bin/)?(alpa-comm|python benchmarks/)")
+# sudo, its options and variables, then a name its PATH does not hold (a venv script or python)
+BARE_SUDO = re.compile(r"^sudo\s+(?:-\S+\s+)*(?:env\s+)?(?:(?!PATH=)\w+=\S*\s+)*(alpa-comm|python[\d.]*)(?:\s|$)")
+
+
+def commands_in(text: str) -> list[str]:
+    """Every command line a page's text shows, continuation lines joined."""
+    lines = []
+    for block in re.findall(r"```[a-z]*\n(.*?)```", text, re.S):
+        lines += block.replace("\\\n", " ").splitlines()
+    lines += re.findall(r"`((?:sudo )?(?:\.venv/bin/)?(?:alpa-comm|python benchmarks/)[^`]*)`", text)
     out = []
-    for md in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
-        text = md.read_text()
-        lines = []
-        for block in re.findall(r"```[a-z]*\n(.*?)```", text, re.S):
-            lines += block.replace("\\\n", " ").splitlines()
-        lines += re.findall(r"`((?:sudo )?(?:\.venv/bin/)?(?:alpa-comm|python benchmarks/)[^`]*)`", text)
-        for line in lines:
-            line = re.split(r"\s#\s|\s{2,}#", line)[0].strip()
-            if re.match(r"^(sudo )?(\.venv/bin/)?(alpa-comm|python benchmarks/)", line):
-                out.append((md.name, " ".join(line.split())))
-    return list(dict.fromkeys(out))
+    for line in lines:
+        line = re.split(r"\s#\s|\s{2,}#", line)[0].strip()
+        if COMMAND.match(line):
+            out.append(" ".join(line.split()))
+    return out
+
+
+def shown_commands() -> list[tuple[str, str]]:
+    """(document, command line) of every command the docs show."""
+    return list(dict.fromkeys((md.name, line) for md in PAGES for line in commands_in(md.read_text())))
+
+
+def bare_sudo_lines(text: str) -> list[tuple[int, str]]:
+    """(1-based line, command) of every ``sudo alpa-comm`` / ``sudo python`` a page shows,
+    on a code block's line or in an inline code span."""
+    lines = text.splitlines()
+    in_block = {i for f in sync_docs.fences(lines) for i in range(f.start + 1, f.end)}
+    out = []
+    for i, line in enumerate(lines):
+        shown = [line.strip().removeprefix("$ ")] if i in in_block else re.findall(r"`([^`]+)`", line)
+        out += [(i + 1, s) for s in shown if BARE_SUDO.match(s.strip())]
+    return out
 
 
 def runnable(line: str) -> list[str] | None:
@@ -117,6 +147,27 @@ def test_the_docs_show_runnable_commands():
     assert len(COMMANDS) >= 12, COMMANDS
     missing = [line for _, line, argv in COMMANDS if argv[1] != "-m" and not Path(argv[1]).exists()]
     assert not missing, f"docs show scripts that do not exist: {missing}"
+
+
+def test_sudo_commands_name_the_venv():
+    bad = [f"{md.relative_to(ROOT)}:{n}: {line!r}: sudo does not see the venv's scripts; write "
+           f"'sudo .venv/bin/{line.split(maxsplit=1)[1]}'" for md in PAGES for n, line in bare_sudo_lines(md.read_text())]
+    assert not bad, "\n".join(bad)
+
+
+def test_a_sudo_command_is_recognised_and_left_to_its_own_tests():
+    text = ("```bash\nsudo .venv/bin/alpa-comm bench --suite n-to-m --size-mb 16\n"
+            "sudo .venv/bin/python benchmarks/emulated_hosts.py --hosts 16\nsudo alpa-comm schedule --help\n"
+            "sudo -E python benchmarks/emulated_hosts.py\n```\nRun `sudo python3 benchmarks/x.py` or "
+            "`sudo make demo`; `sudo env PATH=$PATH alpa-comm bench` keeps PATH.\n")
+    shown = commands_in(text)
+    assert shown[:2] == ["sudo .venv/bin/alpa-comm bench --suite n-to-m --size-mb 16",
+                         "sudo .venv/bin/python benchmarks/emulated_hosts.py --hosts 16"]
+    assert all(runnable(line) is None for line in shown)
+    assert bare_sudo_lines(text) == [(4, "sudo alpa-comm schedule --help"),
+                                     (5, "sudo -E python benchmarks/emulated_hosts.py"),
+                                     (7, "sudo python3 benchmarks/x.py")]
+    assert runnable(".venv/bin/alpa-comm schedule --help")[1:] == ["-m", "alpa_comm.cli", "schedule", "--help"]
 
 
 def starts_local_ray(argv: list[str]) -> bool:
