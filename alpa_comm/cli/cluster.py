@@ -24,7 +24,7 @@ def register(sub) -> None:
     _register_bench(sub)
     _register_train(sub)
     p = sub.add_parser("cluster", help="start, inspect or remove the emulated multi-host cluster (root, iproute2)",
-                       description="An emulated cluster on this machine: one network namespace per host on a "
+                       description="An emulated cluster on one machine: one network namespace per host on a "
                                    "bridge, tc-shaped NICs, one Ray node per host. 'down' removes everything "
                                    "it created, also after a crash.")
     p.add_argument("action", choices=["up", "down", "status"])
@@ -98,7 +98,7 @@ def _register_train(sub) -> None:
                         "(alpa_comm's own TCP streams: one connection per pair of hosts, messages in order, "
                         "each read whole, paced at the NIC rate; benchmarks/transport_compare.py compares them)")
     p.add_argument("--dp", type=count(1, 64), default=1, help="data-parallel hosts per stage (default 1)")
-    add_live_cluster_args(p, "local", "inprocess (one process), local (Ray on this machine), emulated (root: "
+    add_live_cluster_args(p, "local", "inprocess (one process), local (Ray on the local machine), emulated (root: "
                                       "shaped NICs) or ray://ADDR", hosts_default=None, devices_default=2,
                           host_cpus=True)
     p.add_argument("--steps", type=count(1, 10_000_000), default=50, help="training steps (default 50)")

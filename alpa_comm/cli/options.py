@@ -152,7 +152,8 @@ def add_alpa_baseline_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--alpa-baseline", choices=ALPA_BASELINE_SOURCES, default="code",
                    help="suites: where Alpa's baselines (alpa, alpa_send_recv) come from: 'code' = the messages "
                         "Alpa 0.2.3's own strategy generation and task compiler produce (run from its wheel, "
-                        "fetched once; falls back to 'model', saying so, where it cannot run), 'model' = "
+                        "fetched once; needs the extra 'alpa'; falls back to 'model', saying so, where the "
+                        "wheel cannot be fetched or run), 'model' = "
                         "alpa_comm's model of Alpa (each piece sent once) (default code)")
 
 

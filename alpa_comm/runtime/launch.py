@@ -54,9 +54,9 @@ class ClusterLaunchers:
     @classmethod
     def local(cls, num_hosts: int, devices_per_host: int, timeout: float = DEFAULT_TIMEOUT_S,
               **cluster_kw) -> "ClusterLaunchers":
-        """A Ray cluster on this machine, every host a worker process; no NIC shaping.
+        """A Ray cluster on the local machine, every host a worker process; no NIC shaping.
         Always a new one (``address="local"``): Ray's default would join the last cluster
-        started on this machine (``/tmp/ray/ray_current_cluster``), another job's."""
+        started on the same machine (``/tmp/ray/ray_current_cluster``), another job's."""
         ray = require("ray")  # the extra to install named when absent
 
         spec = ClusterSpec(num_hosts=num_hosts, devices_per_host=devices_per_host, **cluster_kw)
@@ -96,7 +96,7 @@ class ClusterLaunchers:
                  **cluster_kw) -> "ClusterLaunchers":
         """Hosts as network namespaces with ``tc``-shaped NICs (see ``alpa_comm.runtime.emulated``);
         ``cpu`` caps each host at that many cores (hosts then compute side by side at a
-        steady rate instead of contending for this machine's cores); ``shutdown``
+        steady rate instead of contending for the machine's cores); ``shutdown``
         removes every namespace, cgroup and process it created."""
         network = launch_emulated(num_hosts, nic, log, cpu)
         try:
