@@ -233,3 +233,24 @@ def test_the_venvs_script_runs_without_the_venv_on_path(tmp_path):
                           text=True, timeout=120, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "iteration time" in done.stdout
+
+
+def sudo_lines() -> list[tuple[str, str]]:
+    """(page, line) of every sudo command README.md and docs/*.md show (code lines and
+    inline code spans)."""
+    out = []
+    for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        text = page.read_text()
+        lines = [ln for block in re.findall(r"```[a-z]*\n(.*?)```", text, re.S) for ln in block.splitlines()]
+        lines += re.findall(r"`(sudo [^`]*)`", text)
+        out += [(page.name, ln.strip()) for ln in lines if ln.strip().startswith("sudo ")]
+    return out
+
+
+def test_docs_run_sudo_with_the_venvs_own_paths():
+    """sudo resets PATH, so ``sudo alpa-comm`` or ``sudo python`` would not find the venv's
+    programs: a page writes ``sudo .venv/bin/alpa-comm``, ``sudo .venv/bin/python`` or a
+    make target (which knows the path)."""
+    ok = re.compile(r"^sudo (\w+=\S+ )*(\.venv/bin/(alpa-comm|python)\b|make\b)")
+    bad = [f"{page}: {line}" for page, line in sudo_lines() if not ok.match(line)]
+    assert not bad, "write sudo .venv/bin/... (sudo does not see the venv's scripts):\n" + "\n".join(bad)
