@@ -28,7 +28,7 @@ The syntax a page uses, and what each form does:
 Wiring: README.md and docs/ lie outside ``testpaths``, so when pytest collects this module
 tests/conftest.py's ``pytest_collect_file`` also returns ``pages_collector(parent)``: a node
 at this module's path holding one Sybil file node per page, so ``pytest
-tests/test_docs_blocks.py`` and ``make test`` both run the pages. Under ``--dist loadgroup``
+tests/test_docs_blocks.py`` and ``make test`` both run the pages (one page: ``-k jax.md``). Under ``--dist loadgroup``
 a page's blocks carry ``xdist_group("docs-<page>")``: one worker runs a page from its first
 block to its last, in order, in one namespace.
 """
@@ -241,11 +241,25 @@ def test_the_scanner_reads_fences_and_markers_as_sybil_does():
              "````markdown", "<!-- skip: next \"shown, not a marker\" -->", "```python", "b", "```", "````",
              "  ```python", "  c = 2", "  ```"]
     blocks = sync_docs.fences(lines)
-    assert [(f.line, f.info, f.body) for f in blocks] == [(3, "python", "a = 1\n"),
-                                                           (7, "markdown", "<!-- skip: next \"shown, not a marker\" -->\n"
-                                                            "```python\nb\n```\n"),
+    shown = "<!-- skip: next \"shown, not a marker\" -->\n```python\nb\n```\n"
+    assert [(f.line, f.info, f.body) for f in blocks] == [(3, "python", "a = 1\n"), (7, "markdown", shown),
                                                            (13, "python", "c = 2\n")]
     assert [(m.line, m.name) for m in sync_docs.markers(lines, blocks)] == [(2, "skip")]
     assert sync_docs.governed_fence(lines, blocks, 1) == blocks[0]
     assert _compile_errors("x.md", sync_docs.Fence(9, 11, "python", "", "a = (\n")) == [
         "x.md:11: '(' was never closed (the ```python block at line 10)"]
+
+
+def test_a_page_runs_in_a_scratch_folder_on_cpu_without_the_emulated_cluster():
+    from alpa_comm.runtime.emulated import netns
+
+    cwd, check, namespace = os.getcwd(), netns.check_available, {}
+    enter_scratch(namespace)
+    try:
+        folder = os.getcwd()
+        assert folder != cwd and os.environ["JAX_PLATFORMS"] == "cpu" and namespace["__name__"] == "__main__"
+        with pytest.raises(netns.EmulationUnavailable, match="may not start the emulated cluster"):
+            netns.check_available()  # what EmulatedNetwork.up calls first
+    finally:
+        leave_scratch(namespace)
+    assert os.getcwd() == cwd and netns.check_available is check and not os.path.exists(folder)

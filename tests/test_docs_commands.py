@@ -151,7 +151,8 @@ def test_the_docs_show_runnable_commands():
 
 def test_sudo_commands_name_the_venv():
     bad = [f"{md.relative_to(ROOT)}:{n}: {line!r}: sudo does not see the venv's scripts; write "
-           f"'sudo .venv/bin/{line.split(maxsplit=1)[1]}'" for md in PAGES for n, line in bare_sudo_lines(md.read_text())]
+           f"'sudo .venv/bin/{line.split(maxsplit=1)[1]}'"
+           for md in PAGES for n, line in bare_sudo_lines(md.read_text())]
     assert not bad, "\n".join(bad)
 
 

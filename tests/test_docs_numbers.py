@@ -130,7 +130,8 @@ def check_page(page: Path, root: Path = ROOT) -> list[str]:
         if errors:
             continue
         values = frozenset().union(*(file_numbers(p) for p in paths))
-        quoted = [(i, q, pct) for i in governed_block(lines, blocks, marker.index) for q, pct in quoted_numbers(lines[i])]
+        quoted = [(i, q, pct) for i in governed_block(lines, blocks, marker.index)
+                  for q, pct in quoted_numbers(lines[i])]
         if not quoted:
             problems.append(f"{name}:{marker.line}: {MARKER}: the block after it quotes no decimal number "
                             "(a misplaced marker?)")
