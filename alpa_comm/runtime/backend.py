@@ -1,11 +1,15 @@
-"""Communication backends behind one small interface.
+"""Communication backends behind one small interface (``Backend``, an ABC).
 
 A backend connects the host workers (one rank per host) and moves flat byte
 buffers (``numpy.uint8`` arrays) between them: ``isend``/``irecv`` return a
 handle whose ``wait(timeout)`` raises ``CommunicationError`` naming the peer
 host; ``send``/``recv`` are the blocking forms; plus ``barrier`` and
-``close``. Strategies are written once on top of it (``executor``); backends
-differ only in the primitive calls.
+``close``. What a backend can do beyond that is declared, not probed: the class
+attributes ``concurrent``, ``issue_ordered``, ``vectored``, ``rendezvous``,
+``streams`` and ``fresh_after_failure`` (``Backend`` says what each means). Its
+``name`` is a ``Transport`` (a ``str`` enum: ``"tcp"``, ``"gloo"``, ... compare equal to
+it). Strategies are written once on top of it (``executor``); backends differ only in
+the primitive calls.
 
 * ``GlooBackend``: ``torch.distributed`` gloo on CPU tensors, zero-copy from
   NumPy (``torch.from_numpy``). gloo's own broadcast (``gloo::broadcast``, what
@@ -22,11 +26,14 @@ import os
 import queue
 import threading
 import time
+from abc import ABC, abstractmethod
 from datetime import timedelta
-from typing import Sequence
+from enum import Enum
+from typing import ClassVar, Sequence
 
 import numpy as np
 
+from .._extras import require
 from ..errors import CommunicationError
 
 DEFAULT_TIMEOUT_S = 30.0
@@ -42,31 +49,57 @@ class Handle:
         self._wait(timeout)
 
 
-class Backend:
-    """Interface; ``rank`` is the host id, ``world`` the number of hosts."""
+class Transport(str, Enum):
+    """The transports a ``Backend`` is (its ``name``); each value is the name users write,
+    and compares equal to it (``Transport.TCP == "tcp"``)."""
 
-    name = "abstract"
+    THREAD = "thread"
+    TCP = "tcp"
+    GLOO = "gloo"
+    NCCL = "nccl"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Backend(ABC):
+    """The transport interface: ``rank`` is the host id, ``world`` the number of hosts.
+    A subclass implements ``isend``, ``irecv`` and ``barrier`` and declares what it can do
+    in the class attributes below (the executor reads them, it never probes)."""
+
+    name: ClassVar[Transport]
     rank: int
     world: int
-    concurrent = True
+    concurrent: ClassVar[bool] = True
     """Sends and receives of different transfers may be posted from several threads at once
     and match by (peer, tag) whatever their order: the executor keeps many in flight."""
-    issue_ordered = False
+    issue_ordered: ClassVar[bool] = False
     """Messages between two hosts match in the order they were issued, not by tag (NCCL).
     The executor still keeps transfers in flight at once, but issues every transfer's
     operations in the plan's order on every host: posted ones from its dispatching thread,
-    one that must react to arrivals alone (``HostExecutor._run_concurrently``)."""
-    vectored = False
+    one that must react to arrivals alone (``runtime/dispatch.py``)."""
+    vectored: ClassVar[bool] = False
     """``isend``/``irecv`` take ``Pieces`` (several buffers, one message) as they are."""
-    fresh_after_failure = False
+    rendezvous: ClassVar[bool] = False
+    """``isend``/``irecv`` take ``rendezvous=True``: a large send then waits for its
+    receive to be posted (``runtime.tcp``)."""
+    streams: int = 1
+    """Connections per pair of hosts; a message rides one (large ones are striped over all)."""
+    fresh_after_failure: ClassVar[bool] = False
     """After a failed call its user closes this backend and makes a new one: messages of
     the failed call may still be held (an eager transport) and must not meet a later one."""
 
+    @abstractmethod
     def isend(self, buf: np.ndarray, peer: int, tag: int) -> Handle:
-        raise NotImplementedError
+        """Post a send of ``buf`` to host ``peer`` with ``tag``; never blocks."""
 
+    @abstractmethod
     def irecv(self, buf: np.ndarray, peer: int, tag: int) -> Handle:
-        raise NotImplementedError
+        """Post a receive into ``buf`` from host ``peer`` with ``tag``; never blocks."""
+
+    @abstractmethod
+    def barrier(self, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+        """Return once every host has called it; a host missing after ``timeout`` is named."""
 
     def send(self, buf: np.ndarray, peer: int, tag: int, timeout: float = DEFAULT_TIMEOUT_S) -> None:
         self.isend(buf, peer, tag).wait(timeout)
@@ -83,9 +116,6 @@ class Backend:
         """What was posted since the last call is one whole transfer: a backend that starts
         posted operations as one group may end a group here (NCCL: before it grows past
         the operations a group may hold)."""
-
-    def barrier(self, timeout: float = DEFAULT_TIMEOUT_S) -> None:
-        raise NotImplementedError
 
     def allreduce_sum(self, flat: np.ndarray, hosts: Sequence[int], tag_base: int,
                       timeout: float = DEFAULT_TIMEOUT_S) -> None:
@@ -157,11 +187,11 @@ def gloo_handle(rank: int, work, peer: int | str, what: str) -> Handle:
 class GlooBackend(Backend):
     """torch.distributed gloo; one process group over all host workers."""
 
-    name = "gloo"
+    name = Transport.GLOO
 
     def __init__(self, rank: int, world: int, master_addr: str, master_port: int,
                  timeout: float = DEFAULT_TIMEOUT_S):
-        import torch.distributed as dist  # noqa: PLC0415 - optional dependency
+        dist = require("torch.distributed")  # optional: the extra to install named when absent
 
         self._dist = dist
         self.rank, self.world = rank, world
@@ -287,10 +317,10 @@ class GlooSubgroupBackend(_Subgroup, Backend):
     one I/O thread, each). Where one stream cannot fill a link (loopback, 100 Gbit/s
     NICs), large messages are striped over all of them (``_stripes``)."""
 
-    name = "gloo"
+    name = Transport.GLOO
 
     def __init__(self, host: int, hosts, store, timeout: float = DEFAULT_TIMEOUT_S, streams: int = 1):
-        import torch.distributed as dist  # noqa: PLC0415 - optional dependency
+        dist = require("torch.distributed")  # optional: the extra to install named when absent
 
         if isinstance(streams, bool) or not isinstance(streams, int) or not 1 <= streams <= MAX_STREAMS:
             raise ValueError(f"streams must be an integer in [1, {MAX_STREAMS}], got {streams!r}")
@@ -389,7 +419,7 @@ class NcclBackend(Backend):
     event (never a blocking synchronize) and, past its timeout, aborts the communicator
     and names the peer."""
 
-    name = "nccl"
+    name = Transport.NCCL
     MAX_GROUP_OPS = 2048
     """NCCL 2.9-2.11 document at most 2048 operations between groupStart and groupEnd."""
     concurrent = False  # one thread at a time on a communicator
@@ -397,7 +427,7 @@ class NcclBackend(Backend):
     fresh_after_failure = True  # unmatched operations of a failed call would shift every later match
 
     def __init__(self, rank: int, world: int, unique_id, timeout: float = DEFAULT_TIMEOUT_S):
-        import cupy  # noqa: PLC0415 - only where a GPU exists
+        cupy = require("cupy")  # only where a GPU exists; the extra 'gpu' named when absent
         from cupy.cuda import nccl  # noqa: PLC0415
 
         self._cupy, self._nccl = cupy, nccl
@@ -506,7 +536,7 @@ class NcclSubgroupBackend(_Subgroup, NcclBackend):
     def __init__(self, host: int, hosts, store, device_ordinal: int, timeout: float = DEFAULT_TIMEOUT_S):
         import json  # noqa: PLC0415
 
-        import cupy  # noqa: PLC0415 - only where a GPU exists
+        cupy = require("cupy")  # only where a GPU exists; the extra 'gpu' named when absent
 
         self._member_of(host, hosts, store)
         if host == self.hosts[0]:
@@ -545,7 +575,7 @@ class ThreadHub:
 class ThreadBackend(Backend):
     """Ranks as threads; a send copies into the peer's mailbox (eager, like small TCP sends)."""
 
-    name = "thread"
+    name = Transport.THREAD
 
     def __init__(self, rank: int, hub: ThreadHub):
         self.rank, self.world, self.hub = rank, hub.world, hub

@@ -50,7 +50,7 @@ from datetime import timedelta
 import numpy as np
 
 from .backend import (DEFAULT_TIMEOUT_S, MAX_STREAMS, STRIPE_MIN_BYTES, Backend, CommunicationError, Handle,
-                      _Subgroup, stream_of, striped_handle)
+                      Transport, _Subgroup, stream_of, striped_handle)
 from .host_memory import raw_bytes
 from .pieces import Pieces
 from .thread_cpu import name_os_thread
@@ -369,14 +369,76 @@ class _Stream:
         self.sock.close()
 
 
+class _Acceptor:
+    """Accepts the ``expected`` connections of the members below this one, on a thread of
+    its own, for at most ``timeout`` s: each opens with a ``HELLO`` naming (host, stream).
+    ``_lock`` guards ``accepted`` against ``stop``: once stopped, a late connection is
+    closed here, never left to a caller that has given up."""
+
+    def __init__(self, listener: socket.socket, expected: int, timeout: float, rank: int):
+        self.listener, self.expected, self.timeout = listener, expected, timeout
+        self.accepted: dict[tuple[int, int], socket.socket] = {}
+        self.errors: list[str] = []
+        self._lock, self._stop = threading.Lock(), threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True, name=f"alpa-comm-tcp-accept-{rank}")
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + self.timeout
+        while len(self.accepted) < self.expected and not self._stop.is_set():
+            self.listener.settimeout(max(0.01, min(0.5, deadline - time.monotonic())))
+            try:
+                sock, _ = self.listener.accept()
+            except socket.timeout:
+                if time.monotonic() >= deadline:
+                    return
+                continue
+            except OSError as e:
+                self.errors.append(str(e))
+                return
+            if not self._keep(sock):
+                return
+
+    def _keep(self, sock: socket.socket) -> bool:
+        """Read ``sock``'s hello and keep it; False once stopped (``sock`` then closed)."""
+        try:
+            sock.settimeout(self.timeout)
+            buf = bytearray(HELLO.size)
+            recv_all(sock, [memoryview(buf)])
+        except (OSError, ConnectionError) as e:
+            sock.close()
+            self.errors.append(str(e))
+            return True
+        with self._lock:
+            if self._stop.is_set():
+                sock.close()
+                return False
+            self.accepted[HELLO.unpack(buf)] = sock
+        return True
+
+    def finish(self, join_s: float) -> dict:
+        """Wait (at most ``join_s`` s) for the thread, then ``stop``."""
+        self.thread.join(join_s)
+        return self.stop()
+
+    def stop(self) -> dict:
+        """Accept no more; what was accepted ((host, stream) -> socket), now the caller's."""
+        with self._lock:
+            self._stop.set()
+            return dict(self.accepted)
+
+
 class TcpBackend(_Subgroup, Backend):
     """TCP among ``hosts`` (this process being ``host``), met through the rendezvous
     ``store``; ``streams`` connections per pair; ``address``: where the others reach this
     host. Gathers and scatters ``Pieces`` (``vectored``). ``pace_gbps``: the NIC's rate;
     each connection is then paced at ``PACE_FACTOR`` times it at most (None: unpaced)."""
 
-    name = "tcp"
+    name = Transport.TCP
     vectored = True
+    rendezvous = True  # isend/irecv take ``rendezvous=`` (see the module's docstring)
     fresh_after_failure = True  # early messages of a failed call stay buffered: start afresh
 
     def __init__(self, host: int, hosts, store, timeout: float = DEFAULT_TIMEOUT_S, streams: int = 1,
@@ -395,6 +457,9 @@ class TcpBackend(_Subgroup, Backend):
 
     # ------------------------------------------------------------------ set-up
     def _connect(self, address: str, timeout: float) -> None:
+        """Listen, publish where, connect to every member above this one and accept every
+        member below it (on an ``_Acceptor`` thread meanwhile); a member that does not
+        appear within ``timeout`` is named. On any failure nothing is left open."""
         lower = [h for h in self.hosts if h < self.rank]
         higher = [h for h in self.hosts if h > self.rank]
         try:
@@ -402,71 +467,39 @@ class TcpBackend(_Subgroup, Backend):
         except OSError as e:
             raise CommunicationError(f"host {self.rank}: cannot listen on {address} ({e}): set "
                                      f"ALPA_COMM_GROUP_ADDR to an address of this host") from e
-        accepted: dict[tuple[int, int], socket.socket] = {}
-        accept_error: list[str] = []
-        lock, stop = threading.Lock(), threading.Event()
-
-        def accept() -> None:
-            deadline = time.monotonic() + timeout
-            while len(accepted) < len(lower) * self.streams and not stop.is_set():
-                listener.settimeout(max(0.01, min(0.5, deadline - time.monotonic())))
-                try:
-                    sock, _ = listener.accept()
-                except socket.timeout:
-                    if time.monotonic() >= deadline:
-                        return
-                    continue
-                except OSError as e:
-                    accept_error.append(str(e))
-                    return
-                try:
-                    sock.settimeout(timeout)
-                    buf = bytearray(HELLO.size)
-                    recv_all(sock, [memoryview(buf)])
-                except (OSError, ConnectionError) as e:
-                    sock.close()
-                    accept_error.append(str(e))
-                    continue
-                with lock:
-                    if stop.is_set():
-                        sock.close()
-                        return
-                    accepted[HELLO.unpack(buf)] = sock
-
-        acceptor = threading.Thread(target=accept, daemon=True, name=f"alpa-comm-tcp-accept-{self.rank}")
+        acceptor = _Acceptor(listener, len(lower) * self.streams, timeout, self.rank)
         try:
             self._store.set(f"tcp/{self.rank}", f"{address}:{listener.getsockname()[1]}")
             acceptor.start()
             for peer in higher:
-                ip, port = self._address_of(peer, timeout)
-                for index in range(self.streams):
-                    try:
-                        sock = socket.create_connection((ip, port), timeout=timeout)
-                        sock.sendall(HELLO.pack(self.rank, index))
-                    except OSError as e:
-                        raise CommunicationError(f"host {self.rank}: connecting to host {peer} at {ip}:{port} "
-                                                 f"failed: {e}") from e
-                    self._add(peer, index, sock)
-            acceptor.join(timeout + 1)
-            with lock:
-                stop.set()
-                mine = dict(accepted)
+                self._dial(peer, timeout)
+            mine = acceptor.finish(timeout + 1)
             missing = sorted({p for p in lower for i in range(self.streams) if (p, i) not in mine})
             if missing:
                 raise CommunicationError(f"host {self.rank}: host(s) {missing} did not connect within "
-                                         f"{timeout:g} s" + (f" ({accept_error[0]})" if accept_error else ""))
+                                         f"{timeout:g} s" + (f" ({acceptor.errors[0]})" if acceptor.errors else ""))
             for (peer, index), sock in mine.items():
                 self._add(peer, index, sock)
         except BaseException:
-            with lock:
-                stop.set()
-                late = list(accepted.values())
+            late = list(acceptor.stop().values())
             self.close()
             for sock in late:
                 sock.close()
             raise
         finally:
             listener.close()
+
+    def _dial(self, peer: int, timeout: float) -> None:
+        """Open this host's ``streams`` connections to ``peer`` (a member above it)."""
+        ip, port = self._address_of(peer, timeout)
+        for index in range(self.streams):
+            try:
+                sock = socket.create_connection((ip, port), timeout=timeout)
+                sock.sendall(HELLO.pack(self.rank, index))
+            except OSError as e:
+                raise CommunicationError(f"host {self.rank}: connecting to host {peer} at {ip}:{port} "
+                                         f"failed: {e}") from e
+            self._add(peer, index, sock)
 
     def _address_of(self, peer: int, timeout: float) -> tuple[str, int]:
         key = f"tcp/{peer}"
@@ -524,8 +557,6 @@ class TcpBackend(_Subgroup, Backend):
             if op.error is not None:
                 raise CommunicationError(f"host {self.rank}: {what} host {peer} failed: {op.error}")
         return Handle(wait, f"{what} host {peer}")
-
-    rendezvous = True  # isend/irecv take ``rendezvous=`` (see the module's docstring)
 
     def isend(self, buf, peer, tag, rendezvous: bool = False):
         return self._post(buf, peer, tag, is_recv=False, rendezvous=rendezvous)

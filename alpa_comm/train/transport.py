@@ -37,6 +37,7 @@ from ..pipeline.transfer_order import transfer_order
 from ..resharding.host_job import HostJob
 from ..runtime.backend import Backend, CommunicationError
 from ..runtime.executor import TAGS_PER_TRANSFER, HostExecutor, Layout
+from ..runtime.pools import shutdown_now
 from ..runtime.thread_cpu import name_os_thread
 
 MAX_TRANSFERS_PER_PLAN = 128
@@ -171,7 +172,7 @@ class ReshardMailbox:
         self.sends.clear()
 
     def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        shutdown_now(self.pool, [*self.pending.values(), *self.sends])  # Python 3.8: no cancel_futures
 
 
 class OrderedMailbox(ReshardMailbox):
