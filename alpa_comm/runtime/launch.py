@@ -130,8 +130,7 @@ class ClusterLaunchers:
             cluster = cls._start(spec, timeout, ifname=None, network=network if owns_network else None,
                                  emulated=True)
             cluster._saved_env = saved_env
-            if log:
-                print(f"alpa-comm: emulated cluster ready: {spec.describe()}", file=log, flush=True)
+            ray_nodes.say(log, f"alpa-comm: emulated cluster ready: {spec.describe()}")
             return cluster
         except BaseException:
             if ray.is_initialized():

@@ -19,6 +19,7 @@ tear down) is removed first, saying so, instead of blocking every later run.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import numbers
 import os
@@ -27,12 +28,14 @@ import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...errors import AlpaCommError
+from ...errors import AlpaCommError, InvalidOptionError
+from ...validation import is_int
+
+logger = logging.getLogger(__name__)
 
 PREFIX = "acomm"
 BRIDGE = f"{PREFIX}-br0"
@@ -114,13 +117,7 @@ def existing_namespaces() -> list[str]:
 def _burst(rate: str) -> str:
     """tbf needs a bucket of at least rate/HZ; 1/250 s of traffic, at least 64 KiB (or
     ``$ALPA_COMM_TBF_BURST``)."""
-    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "bit": 1.0}
-    for u, mult in units.items():
-        if rate.endswith(u):
-            bits = float(rate[: -len(u)]) * mult
-            break
-    else:
-        raise AlpaCommError(f"cannot read NIC rate {rate!r}: expected e.g. 400mbit or 1gbit")
+    bits = _rate_bits(rate)
     override = os.environ.get(TBF_BURST_ENV, "")
     return f"{_bucket_bytes(override)}b" if override else f"{max(64 * 1024, int(bits / 8 / 250))}b"
 
@@ -137,21 +134,29 @@ def _bucket_bytes(size: str) -> int:
     4 GiB tc takes."""
     got = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*", size.lower())
     if not got or got.group(2) not in _SIZE_UNITS:
-        raise AlpaCommError(f"{TBF_BURST_ENV}={size!r}: expected a size in bytes: N, Nb, Nk[b], Nm[b] or Ng[b]")
+        raise InvalidOptionError(f"{TBF_BURST_ENV}={size!r}: expected a size in bytes: N, Nb, Nk[b], Nm[b] or Ng[b]")
     n = int(float(got.group(1)) * _SIZE_UNITS[got.group(2)])
     if not MIN_BUCKET_BYTES <= n < 4 * 1024 ** 3:
-        raise AlpaCommError(f"{TBF_BURST_ENV}={size!r} is {n} bytes: a bucket takes {MIN_BUCKET_BYTES} bytes "
-                            f"(a whole frame) to under 4 GiB")
+        raise InvalidOptionError(f"{TBF_BURST_ENV}={size!r} is {n} bytes: a bucket takes {MIN_BUCKET_BYTES} bytes "
+                                 f"(a whole frame) to under 4 GiB")
     return n
+
+
+def _rate_bits(rate: str) -> float:
+    """A tc rate ('400mbit', '1gbit', '64000bit') in bit/s, or an error naming it."""
+    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "bit": 1.0}
+    got = re.fullmatch(r"(\d+(?:\.\d+)?)([kmg]?bit)", rate) if isinstance(rate, str) else None
+    if not got or float(got.group(1)) <= 0:
+        raise InvalidOptionError(f"cannot read NIC rate {rate!r}: expected e.g. 400mbit or 1gbit")
+    return float(got.group(1)) * units[got.group(2)]
 
 
 def rate_gbps(rate: str) -> float:
     """'400mbit' -> 0.4."""
-    units = {"kbit": 1e-6, "mbit": 1e-3, "gbit": 1.0}
-    for u, mult in units.items():
-        if rate.endswith(u):
-            return float(rate[: -len(u)]) * mult
-    raise AlpaCommError(f"cannot read NIC rate {rate!r}: expected e.g. 400mbit or 1gbit")
+    units = {"kbit": 1e-6, "mbit": 1e-3, "gbit": 1.0, "bit": 1e-9}
+    _rate_bits(rate)  # named if it is no rate
+    unit = next(u for u in units if rate.endswith(u))
+    return float(rate[: -len(unit)]) * units[unit]
 
 
 @dataclass
@@ -167,8 +172,8 @@ class EmulatedNetwork:
     # ------------------------------------------------------------------ up
     def up(self) -> "EmulatedNetwork":
         check_available()
-        if self.num_hosts <= 0 or self.num_hosts > 200:
-            raise AlpaCommError(f"num_hosts must be 1..200, got {self.num_hosts}")
+        if not is_int(self.num_hosts) or not 1 <= self.num_hosts <= 200:
+            raise InvalidOptionError(f"num_hosts must be 1..200, got {self.num_hosts!r}")
         if self.rate is not None:
             _burst(self.rate)  # validate before touching anything
         if self.cpu is not None:
@@ -179,7 +184,7 @@ class EmulatedNetwork:
                 raise ClusterExistsError(
                     f"an emulated cluster is already up ({describe_existing(self.state_file)}); "
                     "run 'alpa-comm cluster down' first")
-            print(f"alpa-comm: removing a stale emulated cluster ({reason})", file=sys.stderr, flush=True)
+            logger.warning("alpa-comm: removing a stale emulated cluster (%s)", reason)
             remove_existing(self.state_file)
         self.owner = _process_identity(os.getpid())
         self._save()
@@ -368,8 +373,8 @@ def check_cpu_cores(cores: float) -> None:
     per period (``AlpaCommError`` naming the value, before anything is set up)."""
     if not (isinstance(cores, numbers.Real) and not isinstance(cores, bool) and math.isfinite(cores)
             and cores * CPU_PERIOD_US >= MIN_QUOTA_US):
-        raise AlpaCommError(f"CPU cores per host must be a number >= {MIN_QUOTA_US / CPU_PERIOD_US:g} (the "
-                            f"kernel's least quota, {MIN_QUOTA_US} us, in a {CPU_PERIOD_US} us period), got {cores!r}")
+        raise InvalidOptionError(f"CPU cores per host must be a number >= {MIN_QUOTA_US / CPU_PERIOD_US:g} (the "
+                                 f"kernel's least quota, {MIN_QUOTA_US} us, in a {CPU_PERIOD_US} us period), got {cores!r}")
 
 
 def check_cpu_cap(cores: float) -> None:

@@ -9,6 +9,7 @@ exactly these processes by PID.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -18,6 +19,8 @@ from pathlib import Path
 
 from ...errors import AlpaCommError
 from .netns import LAUNCHER_IP, EmulatedNetwork, host_ip
+
+logger = logging.getLogger(__name__)
 
 GCS_PORT = 6390
 RAY_TMP = "/tmp/acomm_ray"
@@ -92,9 +95,17 @@ def start_ray(network: EmulatedNetwork, token: str, object_store_mb: int = 256, 
                                          "--num-cpus=1", f"--resources={json.dumps({host_resource(h): 1})}",
                                          *common], f"host{h}")
         _wait_log(logdir / f"host{h}.log", "Ray runtime started", timeout, procs, f"host{h}")
-        if log:
-            print(f"alpa-comm: Ray node for host {h} is up", file=log, flush=True)
+        say(log, f"alpa-comm: Ray node for host {h} is up")
     return address
+
+
+def say(log, message: str) -> None:
+    """A progress line on the stream the caller chose (the CLI's stderr), else to this
+    module's logger at INFO (silent unless the program configures logging)."""
+    if log:
+        print(message, file=log, flush=True)
+    else:
+        logger.info(message)
 
 
 def _wait_log(path: Path, marker: str, timeout: float, procs, name: str) -> None:
