@@ -262,3 +262,82 @@ def test_each_stream_gets_a_window_and_a_striped_transfer_takes_all_of_them():
         expect_exact(plan, x, out)
         assert peak_overlap(seen[0]) <= expect, (shape, peak_overlap(seen[0]))
         assert peak_overlap(seen[0]) >= 2
+
+
+def test_every_backend_declares_its_capabilities_and_names_a_transport():
+    """The transport interface: every backend (threads, TCP, gloo, NCCL, the NCCL model's
+    ungrouped stand-in) is a concrete ``Backend`` whose abilities are declared attributes
+    and whose name is a ``Transport``, equal to the string users write."""
+    import inspect
+
+    from alpa_comm.runtime.backend import (Backend, GlooBackend, GlooSubgroupBackend, NcclBackend,
+                                           NcclSubgroupBackend, Transport)
+    from alpa_comm.runtime.tcp import TcpBackend
+    from alpa_comm.testing.ungrouped_nccl import ungrouped
+
+    classes = [ThreadBackend, TcpBackend, GlooBackend, GlooSubgroupBackend, NcclBackend, NcclSubgroupBackend,
+               ungrouped(NcclSubgroupBackend)]
+    for cls in classes:
+        assert issubclass(cls, Backend) and not inspect.isabstract(cls), cls
+        assert isinstance(cls.name, Transport), cls
+        for ability in ("concurrent", "issue_ordered", "vectored", "rendezvous", "fresh_after_failure"):
+            assert isinstance(getattr(cls, ability), bool), (cls, ability)
+        assert cls.streams == 1 or isinstance(cls.streams, int)
+    assert inspect.isabstract(Backend)
+    assert TcpBackend.name == "tcp" and Transport("gloo") is Transport.GLOO and f"{Transport.NCCL}" == "nccl"
+    assert TcpBackend.rendezvous and TcpBackend.vectored and NcclBackend.issue_ordered and not NcclBackend.concurrent
+
+
+def test_options_as_one_object_or_as_the_old_arguments():
+    """``HostExecutor`` takes its options as one ``ExecutorOptions`` or, as callers wrote it
+    before, as arguments after ``host_of``; not both."""
+    from alpa_comm.runtime.executor import ExecutorOptions
+
+    backend = ThreadBackend(0, _Hub())
+    old = HostExecutor(0, [], [], [], backend, lambda d: 0, 7.0, 1e9, tag_base=3, max_concurrent=4)
+    new = HostExecutor(0, [], [], [], backend, lambda d: 0,
+                       options=ExecutorOptions(timeout=7.0, min_rate=1e9, tag_base=3, max_concurrent=4))
+    assert old.options == new.options and old.timeout == 7.0 and old.max_concurrent == 4
+    assert new.max_inflight_bytes == ExecutorOptions().max_inflight_bytes
+    with pytest.raises(InvalidOptionError, match="not both"):
+        HostExecutor(0, [], [], [], backend, lambda d: 0, 7.0, options=ExecutorOptions())
+
+
+def test_the_dispatcher_and_the_packer_never_wait_on_a_timer(monkeypatch):
+    """Every wait of the dispatcher and of packing ahead is on a condition that the awaited
+    event notifies (a transfer ended, a failure, a run of parts packed), never a poll."""
+    from types import SimpleNamespace
+
+    from alpa_comm.runtime import dispatch, packing
+
+    timeouts = []
+
+    class Recording(threading.Condition):
+        def wait(self, timeout=None):
+            timeouts.append(timeout)
+            return super().wait(timeout)
+
+    for module in (dispatch, packing):
+        monkeypatch.setattr(module, "threading", SimpleNamespace(Condition=Recording))
+    plan = plan_resharding_tree(small_leaves(), cluster=TREE_CLUSTER, bucket_bytes=8 << 20)
+    arrays = [np.random.default_rng(i).random(leaf.shape).astype(leaf.dtype) for i, leaf in enumerate(plan.leaves)]
+    out = execute_tree_in_threads(plan, arrays, timeout=20, backend_class=SlowWire, max_concurrent=2)
+    assert timeouts and all(t is None for t in timeouts), timeouts
+    assert out[0] and all(len(leaf) for leaf in out)
+
+
+def test_shutdown_now_cancels_what_has_not_started():
+    """Python 3.8's ``shutdown(cancel_futures=True)``: the futures not yet started are
+    cancelled, the running one ends on its own."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from alpa_comm.runtime.pools import shutdown_now
+
+    pool, started, release = ThreadPoolExecutor(max_workers=1), threading.Event(), threading.Event()
+    running = pool.submit(lambda: started.set() or release.wait(10))
+    assert started.wait(10)
+    queued = [pool.submit(time.sleep, 0) for _ in range(3)]
+    shutdown_now(pool, [running, *queued])
+    assert all(f.cancelled() for f in queued) and not running.cancelled()
+    release.set()
+    assert running.result(timeout=10) is True

@@ -13,7 +13,7 @@ import numpy as np
 from ..resharding.host_job import HostJob
 from ..resharding.plan import ReshardingPlan
 from .backend import DEFAULT_TIMEOUT_S, CommunicationError, ThreadBackend, ThreadHub
-from .executor import HostExecutor, Layout
+from .executor import ExecutorOptions, HostExecutor, Layout
 
 
 def tree_layouts(plan) -> list[Layout]:
@@ -35,14 +35,15 @@ def execute_tree_in_threads(plan, arrays, timeout: float = DEFAULT_TIMEOUT_S,
     destination device's buffer. ``xp``: keep every buffer in that array module's memory
     (sources, destinations and everything the executor makes), as on GPUs.
     ``backend_class``: a ``ThreadBackend`` (sub)class; ``on_timings(host, timings)``: told
-    each host's transfer timings; ``executor_options``: ``HostExecutor``'s
-    ``max_concurrent`` and ``max_inflight_bytes``."""
+    each host's transfer timings; ``executor_options``: ``ExecutorOptions`` fields
+    (``max_concurrent``, ``max_inflight_bytes``, ...)."""
     layouts = tree_layouts(plan)
     for leaf, lay, a in zip(plan.leaves, layouts, arrays):
         if a.shape != tuple(leaf.shape) or a.dtype != lay.dtype:
             where = "" if leaf.path == "/" else f"{leaf.path}: "
             raise ValueError(f"{where}array of shape {a.shape} and dtype {a.dtype} does not match the plan's "
                              f"{tuple(leaf.shape)} {lay.dtype}")
+    options = ExecutorOptions(timeout, xp=xp, **executor_options)  # a bad option fails before any host starts
     host_of = plan.cluster.host_of
     hub = ThreadHub(plan.cluster.num_hosts)
     alloc = None if xp is None else (lambda d, shape, dtype: xp.zeros(shape, dtype))
@@ -58,8 +59,8 @@ def execute_tree_in_threads(plan, arrays, timeout: float = DEFAULT_TIMEOUT_S,
         if xp is not None:
             src = [{d: xp.asarray(b) for d, b in leaf_src.items()} for leaf_src in src]
         mine = [{d: b for d, b in leaf_dst.items() if job.is_local(d)} for leaf_dst in dst]
-        timings = HostExecutor(h, layouts, src, mine, backend_class(h, hub), job.host_of, timeout, xp=xp,
-                               **executor_options).run(job.transfers)
+        timings = HostExecutor(h, layouts, src, mine, backend_class(h, hub), job.host_of,
+                               options=options).run(job.transfers)
         if on_timings is not None:
             on_timings(h, timings)
 

@@ -25,9 +25,8 @@ The protocol, per TCP stream (``streams`` per pair of hosts):
   message never arrives before its receive (no buffer of its own: a memory budget
   holds, and data crosses a link when its receiver has admitted it, as the simulator
   models it). Both ends must choose alike; the resharding executor does (every
-  message of a plan), since every transfer's receives are posted once it is admitted on
-  the receiving host and the earliest unfinished transfer is admitted everywhere
-  (``HostExecutor._run_concurrently``), so a clear-to-send always comes;
+  message of a plan), and a clear-to-send always comes (docs/runtime.md, "Why the
+  executor cannot deadlock");
 * a message of at least ``STRIPE_MIN_BYTES`` is cut into one part per stream, both
   ends cutting alike (``GlooSubgroupBackend`` does the same).
 
