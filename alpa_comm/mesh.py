@@ -70,14 +70,26 @@ def _ints(values, what: str) -> tuple[int, ...]:
     """``values`` as a tuple of ints (whole numbers of any integer type), or an error naming
     them: a string such as ``'2x4'`` is text for ``DeviceMesh.parse``, not a sequence."""
     try:
-        if isinstance(values, (str, bytes)):
-            raise TypeError
-        out = tuple(int(v) for v in values)
-        if any(isinstance(v, bool) or out[i] != v for i, v in enumerate(values)):
-            raise TypeError
+        out = None if isinstance(values, (str, bytes)) else tuple(int(v) for v in values)
     except (TypeError, ValueError, OverflowError):
-        raise InvalidMeshError(f"{what} must be a sequence of integers, got {values!r}") from None
+        out = None
+    if out is None or any(isinstance(v, bool) or o != v for o, v in zip(out, values)):
+        raise InvalidMeshError(f"{what} must be a sequence of integers, got {values!r}")
     return out
+
+
+def _id_array(device_ids) -> np.ndarray:
+    """``device_ids`` as an int64 array, or an error naming them where they are not whole
+    numbers (a float id would silently lose its fraction)."""
+    try:
+        raw = np.asarray(device_ids)
+        with np.errstate(invalid="ignore"):
+            ids = raw.astype(np.int64)
+    except (TypeError, ValueError, OverflowError):
+        ids = None
+    if ids is None or (raw.dtype.kind not in "iu" and not np.array_equal(ids, raw)):
+        raise InvalidMeshError(f"device ids must be an array of integers, got {device_ids!r}")
+    return ids
 
 
 @dataclass(frozen=True, eq=False)
@@ -88,14 +100,7 @@ class DeviceMesh:
     devices_per_host: int
 
     def __post_init__(self):
-        try:
-            raw = np.asarray(self.device_ids)
-            with np.errstate(invalid="ignore"):
-                ids = raw.astype(np.int64)
-            if raw.dtype.kind not in "iu" and not np.array_equal(ids, raw):
-                raise ValueError
-        except (TypeError, ValueError, OverflowError):
-            raise InvalidMeshError(f"device ids must be an array of integers, got {self.device_ids!r}") from None
+        ids = _id_array(self.device_ids)
         if ids.ndim == 0 or ids.size == 0:
             raise InvalidMeshError(f"a mesh needs at least one device, got {self.device_ids!r}")
         if (ids < 0).any():

@@ -65,7 +65,7 @@ def positive_shape(shape) -> tuple[int, ...]:
         out = tuple(int(s) for s in shape)
     except (TypeError, ValueError):
         raise InvalidSpecError(f"shape must be a sequence of positive integers, got {shape!r}") from None
-    if any(s <= 0 for s in out) or any(float(s) != s for s in shape):
+    if any(s <= 0 for s in out) or any(o != s for o, s in zip(out, shape)):
         raise InvalidSpecError(f"shape must be positive integers, got {tuple(shape)}")
     return out
 

@@ -71,7 +71,7 @@ def non_negative_number(value: Any, name: str, error: Type[AlpaCommError] = Inva
     """``value`` if it is a finite real number >= 0 (not a bool); else ``error`` naming
     ``name`` and the value."""
     if not (_finite_real(value) and value >= 0):
-        what = f"a number >= 0 of {unit}" if unit else "a number >= 0"
+        what = f"a number of {unit} >= 0" if unit else "a number >= 0"
         raise error(f"{name} must be {what}, got {value!r}")
     return value
 

@@ -44,7 +44,8 @@ from datetime import timedelta
 from ..errors import AlpaCommError, CommunicationTimeoutError, InvalidOptionError
 from ..runtime.backend import DEFAULT_TIMEOUT_S, Backend, CommunicationError, GlooSubgroupBackend
 from ..runtime.host_memory import DEFAULT_MAX_FREE_BYTES, BufferPool
-from ..validation import MAX_STREAMS, check_streams, is_int, positive_number
+from ..validation import (MAX_STREAMS, check_streams, is_choice, is_int, non_negative_int, non_negative_number,
+                          positive_number)
 from .placement import has_device_memory
 
 BACKENDS = ("tcp", "gloo", "nccl")
@@ -271,27 +272,22 @@ class ProcessGroup:
                  timeout: float = DEFAULT_TIMEOUT_S, nic_gbps: float = 10.0, latency_s: float = 20e-6,
                  buffers: str | None = None, streams: int | str = "auto", stream_gbps: float = DEFAULT_STREAM_GBPS,
                  recycle_bytes: int = DEFAULT_MAX_FREE_BYTES, _kv=None, _name: str = "group"):
-        if backend not in BACKENDS:
+        if not is_choice(backend, BACKENDS):
             raise InvalidOptionError(f"backend {backend!r} is not available; choose one of {', '.join(BACKENDS)}")
         buffers = _buffers(backend, buffers)
-        if buffers not in BUFFERS:
+        if not is_choice(buffers, BUFFERS):
             raise InvalidOptionError(f"buffers {buffers!r} must be one of {', '.join(BUFFERS)}")
         if backend == "nccl" and buffers == "host":
             raise InvalidOptionError("NCCL moves device memory: backend 'nccl' needs buffers='device'")
         self.backend_name, self.buffers = backend, buffers
         _check_rank(rank, world_size)
-        if not (isinstance(timeout, (int, float)) and timeout > 0):
-            raise InvalidOptionError(f"timeout must be a positive number of seconds, got {timeout!r}")
-        if not (isinstance(nic_gbps, (int, float)) and nic_gbps > 0):
-            raise InvalidOptionError(f"nic_gbps must be a positive number (Gbit/s), got {nic_gbps!r}")
-        if not (isinstance(latency_s, (int, float)) and latency_s >= 0):
-            raise InvalidOptionError(f"latency_s must be a number of seconds >= 0, got {latency_s!r}")
+        positive_number(timeout, "timeout", unit="seconds")
+        positive_number(nic_gbps, "nic_gbps", unit="Gbit/s")
+        non_negative_number(latency_s, "latency_s", unit="seconds")
+        non_negative_int(recycle_bytes, "recycle_bytes")
         self.rank, self.world_size, self.timeout, self.nic_gbps = rank, world_size, float(timeout), nic_gbps
         self.streams = streams_for(streams, nic_gbps, stream_gbps)
-        try:
-            self.pool = BufferPool(recycle_bytes)  # destination memory recycled across calls
-        except ValueError as e:
-            raise InvalidOptionError(f"recycle_bytes: {e}") from None
+        self.pool = BufferPool(recycle_bytes)  # destination memory recycled across calls
         self.latency_s = float(latency_s)  # what one message costs beyond its bytes: sets chunk and bucket sizes
         self.address, self.name = address, _name
         self._subgroups: dict[tuple[int, ...], Backend] = {}

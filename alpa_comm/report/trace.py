@@ -25,7 +25,7 @@ def chrome_trace(source) -> dict:
         events = _run_events(list(source))
     else:
         raise InvalidTypeError(f"no Chrome trace for a {type(source).__name__}: expected a SimResult, a PipelineResult "
-                        "or a list of measured steps")
+                               "or a list of measured steps")
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 

@@ -213,7 +213,7 @@ class Cluster(ClusterLaunchers):
         dst = tree_flatten(placements)
         if [p for p, _ in src] != [p for p, _ in dst]:
             raise InvalidArgumentError(f"arrays and placements differ in structure: {[p for p, _ in src][:4]} vs "
-                             f"{[p for p, _ in dst][:4]}")
+                                       f"{[p for p, _ in dst][:4]}")
         layouts = {}
         for (path, a), (_, pl) in zip(src, dst):
             if not isinstance(a, DistributedArray) or not isinstance(pl, Placement):
