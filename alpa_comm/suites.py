@@ -1,5 +1,10 @@
-"""The reference benchmark suites (DESIGN.md), as plain data shared by plan,
-simulate and bench, and the methods compared on them.
+"""Alpa's reference cases (the paper's many-to-many and one-to-many reshardings, the
+load-balancing ablation, sharded to replicated; DESIGN.md) and the methods compared on
+them, as plain data. They are descriptions, not a benchmark: the library itself reads
+them (``alpa-comm plan --suite``, the Alpa baseline integration that compiles these
+cases with Alpa's own code, Alpa's conformance harness), and ``plan_method`` is the one
+place a method becomes a plan. What runs and measures them lives in the benchmark
+package, ``alpa_comm_bench`` (``alpa-comm simulate --suite``, ``alpa-comm bench``).
 
 Mesh dim 0 = hosts, dim 1 = devices in a host. Source meshes start at host 0,
 destination meshes at the next free host, so the n-to-m suite needs 5 hosts of
@@ -17,7 +22,7 @@ from .resharding.planner import plan_from_sends, plan_resharding
 
 @dataclass(frozen=True)
 class Case(ReshardingFields):
-    """One benchmark case: a named resharding (meshes and specs as text)."""
+    """One reference case: a named resharding (meshes and specs as text)."""
 
     suite: str
     name: str
@@ -82,7 +87,7 @@ FROM_MODEL = "alpa_comm's model of Alpa"
 def plan_method(case: Case, method: Method, cluster, *, seed: int = 0, chunks: int | None = None,
                 compiled_sends: Callable | None = None):
     """(plan, where the plan came from) for ``method`` on ``case``: the one place a suite
-    method becomes a plan, for ``plan --suite``, ``simulate`` and ``bench``.
+    method becomes a plan, for ``plan --suite``, ``simulate --suite`` and ``bench``.
 
     For Alpa's baselines (``ALPA_BASELINES``), ``compiled_sends(case, method)`` may give the
     (sender, receiver, box) messages Alpa 0.2.3's own code compiles

@@ -62,7 +62,7 @@ WORLD, DEVICES, TRAIN, REPLICAS = 6, 2, (0, 1), ((2, 3), (4, 5))
 METHODS = ("alpa_comm", "alpa_comm_fresh", "jax_device_put", "gather_broadcast")
 LATENCY_S = 1e-3
 """What one message costs here beyond its bytes (Python, the transport and the tc queue on
-two shared cores), as ``alpa_comm.jax.sync_bench`` tells the planner."""
+two shared cores), as ``alpa_comm_bench.sync_processes`` tells the planner."""
 COLUMNS = ("method", "model_bytes", "leaves", "replicas", "nic", "seconds", "gbps_busiest_receiver",
            "bound_seconds", "peak_extra_bytes", "bucket_bytes", "verified")
 
@@ -159,7 +159,7 @@ def _worker(config_path: str) -> int:
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
     from alpa_comm.jax import ProcessGroup, reshard_tree
-    from alpa_comm.jax.sync_bench import copy_times
+    from alpa_comm_bench.probes import copy_times
 
     method, arrays = cfg["method"], model_arrays(cfg["layers"], cfg["width"], cfg["vocab"])
     names = [n for n, _, _ in arrays]
@@ -384,7 +384,7 @@ def main(argv=None) -> int:
         from alpa_comm.jax.launch import run_worker
 
         return run_worker(_worker, args.worker)
-    from alpa_comm.jax.sync_bench import copy_rate
+    from alpa_comm_bench.probes import copy_rate
 
     methods = [m for m in args.methods.split(",") if m]
     bad = [m for m in methods if m not in METHODS]

@@ -9,10 +9,11 @@ pytest.importorskip("torch")
 
 from conftest import local_ray_marks  # noqa: E402
 
-from alpa_comm import bench  # noqa: E402
 from alpa_comm.cli import main  # noqa: E402
-from alpa_comm.report import bench_results  # noqa: E402
 from alpa_comm.runtime import Cluster  # noqa: E402
+from alpa_comm_bench import acceptance, cluster_runs as bench, report as bench_results, shapes  # noqa: E402
+from alpa_comm_bench.result import VerificationError  # noqa: E402
+from alpa_comm_bench.weight_sync import run_weight_sync  # noqa: E402
 
 
 pytestmark = local_ray_marks()
@@ -51,7 +52,7 @@ def test_a_corrupted_shard_fails_loudly(cluster, monkeypatch):
 
     monkeypatch.setattr(cluster, "checksums", corrupt)
     case = bench.suite_cases("1-to-m", 0.0625)[1]
-    with pytest.raises(bench.VerificationError, match="received wrong data"):
+    with pytest.raises(VerificationError, match="received wrong data"):
         bench.run_case(cluster, cluster.spec, "1-to-m", case, bench.bench_methods("1-to-m")[:1], repeat=1)
 
 
@@ -68,12 +69,12 @@ def test_bad_options_fail_before_starting(capsys):
 
 def test_weight_sync_suite_runs_verified(cluster, monkeypatch):
     def tiny():
-        P = bench.Param
+        P = shapes.Param
         small = {"layers": [{"w": P((16, 8), "S01R", "RS1"), "b": P((8,), "S01", "R")} for _ in range(3)]}
         return {"small-leaves": small}
-    monkeypatch.setattr(bench, "weight_sync_trees", tiny)
-    results = bench.run_weight_sync(cluster, cluster.spec, repeat=1)
+    monkeypatch.setattr(shapes, "weight_sync_trees", tiny)
+    results = run_weight_sync(cluster, cluster.spec, repeat=1)
     assert [r.method for r in results] == ["per_array", "tree_joint", "tree_packed"]
     assert all(r.verified for r in results)
     assert results[2].extra["messages"] < results[1].extra["messages"]
-    assert any("weight-sync" in c for c, _, _ in bench.acceptance(results))
+    assert any("weight-sync" in c for c, _, _ in acceptance.acceptance(results))

@@ -27,8 +27,8 @@ def no_real_work(monkeypatch):
     """Whatever the parser lets through must not start clusters, training or suites here:
     those entry points fail the test instead."""
     import alpa_comm.runtime.emulated.launch as launch
-    import alpa_comm.sim.suite as suite
     import alpa_comm.train.trainer as trainer
+    import alpa_comm_bench.simulated as suite
     from alpa_comm.runtime.cluster import Cluster
 
     def refuse(*args, **kwargs):

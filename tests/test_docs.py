@@ -22,6 +22,11 @@ def test_layout_names_every_package_and_module():
     named = set(re.findall(r"^  ([a-z_]+)/", block, re.M))
     gone = sorted(named - set(folders))
     assert not gone, f"docs/architecture.md's layout names folders that do not exist: {gone}"
+    bench = ROOT / "alpa_comm_bench"
+    section = block[block.index("\nalpa_comm_bench/"):]
+    section = section[:re.search(r"\n\S", section[1:]).start() + 1]  # up to the next top-level entry
+    unnamed = [p.stem for p in sorted(bench.glob("*.py")) if p.name != "__init__.py" and p.stem not in section]
+    assert not unnamed, f"docs/architecture.md's layout does not name alpa_comm_bench's modules {unnamed}"
 
 
 def test_readme_and_docs_links_resolve():
@@ -35,6 +40,7 @@ def test_readme_and_docs_links_resolve():
 def test_every_source_folder_is_a_package():
     """setup.cfg finds packages by their __init__.py: a folder without one would be left
     out of a (non-editable) install."""
-    folders = {p.parent for p in (ROOT / "alpa_comm").rglob("*.py") if "__pycache__" not in p.parts}
+    folders = {p.parent for top in ("alpa_comm", "alpa_comm_bench") for p in (ROOT / top).rglob("*.py")
+               if "__pycache__" not in p.parts}
     missing = sorted(str(f.relative_to(ROOT)) for f in folders if not (f / "__init__.py").exists())
     assert not missing, f"source folders without __init__.py: {missing}"

@@ -1,9 +1,13 @@
-"""The package's modules import each other without circles (type-only imports count:
-they are how a circle starts), except the ones listed here with why they remain."""
+"""The packages' modules import each other without circles (type-only imports count:
+they are how a circle starts), except the ones listed here with why they remain; the
+library never imports the benchmark package."""
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "alpa_comm"
+BENCH = PACKAGE.parent / "alpa_comm_bench"
 
 KNOWN = {
     # the Alpa adapter and the code it installs in Alpa's workers share the adapter's
@@ -46,7 +50,7 @@ def graph() -> dict[str, set[str]]:
     """Module -> the package modules it imports. Packages' ``__init__`` are left out: they
     re-export their modules' names, so through them every module would seem to import
     every other; ``from pkg import mod`` counts as importing ``pkg.mod``."""
-    modules = {module_name(p): p for p in PACKAGE.rglob("*.py") if p.name != "__init__.py"}
+    modules = {module_name(p): p for root in (PACKAGE, BENCH) for p in root.rglob("*.py") if p.name != "__init__.py"}
     return {m: {i for i in imports_of(p) if i in modules and i != m} for m, p in modules.items()}
 
 
@@ -86,6 +90,18 @@ def cycles(g: dict[str, set[str]]) -> list[frozenset]:
 def test_no_import_circles_beyond_the_known_ones():
     found = set(cycles(graph()))
     assert found <= KNOWN, f"new import circles: {[sorted(c) for c in found - KNOWN]}"
+
+
+def test_the_library_never_imports_the_benchmarks():
+    """alpa_comm_bench imports alpa_comm, never the other way: the CLI reaches a runner
+    through ``cli.needs.bench`` when its command runs, so importing the library (and its
+    CLI) loads no benchmark code."""
+    bad = sorted(module_name(p) for p in PACKAGE.rglob("*.py")
+                 if any(i.split(".")[0] == "alpa_comm_bench" for i in imports_of(p)))
+    assert not bad, f"library modules that import alpa_comm_bench: {bad}"
+    code = ("import sys, alpa_comm, alpa_comm.cli, alpa_comm.suites, alpa_comm.sim, alpa_comm.report\n"
+            "assert not [m for m in sys.modules if m.startswith('alpa_comm_bench')]\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_the_detector_finds_a_circle():

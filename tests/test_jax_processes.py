@@ -221,8 +221,9 @@ def test_the_weight_sync_processes_bench_verifies_every_method(tmp_path):
                            str(tmp_path)], capture_output=True, text=True, timeout=500)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.loads((tmp_path / "results.json").read_text())["results"]
-    from alpa_comm.jax.sync_bench import LAYOUTS, METHODS
-    assert {(r["case"], r["method"]) for r in rows} == {(c, m) for c in LAYOUTS for m in METHODS}
+    from alpa_comm_bench.shapes import SYNC_LAYOUTS
+    from alpa_comm_bench.sync_processes import METHODS
+    assert {(r["case"], r["method"]) for r in rows} == {(c, m) for c in SYNC_LAYOUTS for m in METHODS}
     assert all(r["verified"] and r["lower_bound_seconds"] > 0 for r in rows)
     half = {r["case"]: r["nbytes"] for r in rows if r["method"] == "planned_bf16"}
     assert all(2 * half[r["case"]] == r["nbytes"] for r in rows if r["method"] == "planned")

@@ -49,11 +49,11 @@ class Member:
         from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
         from alpa_comm.jax import reshard_tree
-        from alpa_comm.jax.sync_bench import model
         from alpa_comm.runtime.backend import CommunicationError
         from alpa_comm.runtime.executor import numpy_dtype
+        from alpa_comm_bench.shapes import transformer_weights
 
-        weights = {k: w + np.float32(step) for k, w in model(0.25, width=64).items()}
+        weights = {k: w + np.float32(step) for k, w in transformer_weights(0.25, width=64).items()}
         try:
             if self.rank in TRAINERS:
                 devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))

@@ -10,7 +10,8 @@ import pytest
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "alpa_comm"
 PURE = ["spec.py", "mesh.py", "placement.py", "topology.py", "dtypes.py", "errors.py", "suites.py",
         "resharding", "sim", "pipeline"]
-SHELL = {"runtime", "report", "train", "models", "cli", "integrations", "bench"}
+SHELL = {"runtime", "report", "train", "models", "cli", "integrations", "alpa_comm_bench"}
+"""The shell: alpa_comm's packages that run, measure or write, and the benchmark package."""
 HEAVY = {"jax", "ray", "torch", "cupy", "matplotlib", "tqdm", "optax"}
 WRITES = {"write_text", "write_bytes", "savefig", "mkdir", "unlink", "open"}
 

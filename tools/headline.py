@@ -25,7 +25,7 @@ BASELINES = ("alpa", "alpa_send_recv", "signal")
 """Methods of an ``alpa-comm bench`` run that are not alpa_comm's plans (Alpa's two, and
 the one-byte signal that moves no data)."""
 SMALL_CALL_BYTES = 4096
-"""A data-plane case this small times a cached call, not bytes (as ``alpa_comm.bench``)."""
+"""A data-plane case this small times a cached call, not bytes (as ``alpa_comm_bench.acceptance``)."""
 MODEL_NAMES = {"gpt": "GPT", "utransformer": "U-Transformer"}
 
 

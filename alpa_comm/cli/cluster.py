@@ -160,11 +160,9 @@ def cmd_cluster(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from .. import bench  # noqa: PLC0415
-    from ..report.bench_results import (acceptance_table, baseline_note, results_table,  # noqa: PLC0415
-                                        write_bench_outputs)
     from ..runtime import Cluster  # noqa: PLC0415
 
+    bench, report = needs.bench("cluster_runs"), needs.bench("report")
     names = bench.SUITE_NAMES if args.suite == "all" else (args.suite,)
     _reject_emulated_only(args)
     _bench_needs(args)
@@ -189,20 +187,19 @@ def cmd_bench(args) -> int:
                 "size_mb": args.size_mb, "repeat": args.repeat}
     print(f"\nalpa-comm bench on {desc['description']} ({args.cluster}); one {args.size_mb:g} MiB copy "
           f"between two hosts: {t_copy:.3f} s = {calibrated.nic_send_gbps:.3f} Gbit/s (simulator calibrated to it)\n")
-    print(results_table(results))
+    print(report.results_table(results))
     print()
-    print(acceptance_table(results))
-    if baseline_note(results):
-        print(f"\n{baseline_note(results)}.")
-    paths = write_bench_outputs(results, desc, Path(args.out))
+    print(report.acceptance_table(results))
+    if report.baseline_note(results):
+        print(f"\n{report.baseline_note(results)}.")
+    paths = report.write_bench_outputs(results, desc, Path(args.out))
     print("\nwrote " + ", ".join(str(p) for p in paths.values()))
     return 0
 
 
 def _bench_processes(args) -> int:
     """``--mode processes``: the weight-sync suite in six JAX processes of our own."""
-    from ..jax import sync_bench  # noqa: PLC0415
-    from ..report.bench_results import acceptance_table, results_table, write_bench_outputs  # noqa: PLC0415
+    sync, report = needs.bench("sync_processes"), needs.bench("report")
     if args.suite not in ("weight-sync", *DATA_PLANE_SUITES):
         raise AlpaCommError(f"--mode processes runs --suite weight-sync, {', '.join(DATA_PLANE_SUITES)}, "
                             f"not --suite {args.suite}")
@@ -211,7 +208,7 @@ def _bench_processes(args) -> int:
                             f"not {args.cluster!r}")
     reject_unused(args, {"hosts": "--hosts", "devices_per_host": "--devices-per-host",
                          "alpa_baseline": "--alpa-baseline"},
-                  f"with --mode processes ({sync_bench.WORLD} processes x {sync_bench.DEVICES} devices, no Alpa)")
+                  f"with --mode processes ({sync.WORLD} processes x {sync.DEVICES} devices, no Alpa)")
     t0 = time.monotonic()
 
     def say(msg: str) -> None:
@@ -219,15 +216,15 @@ def _bench_processes(args) -> int:
     if args.suite in DATA_PLANE_SUITES:
         return _bench_data_plane(args, say)
     reject_unused(args, {"streams": "--streams"}, "with --suite weight-sync (its group picks its own)")
-    results, desc = sync_bench.run(None if args.nic == "none" else args.nic, args.size_mb, args.repeat,
-                                   timeout=args.timeout, emulated=args.cluster == "emulated", progress=say)
+    results, desc = sync.run(None if args.nic == "none" else args.nic, args.size_mb, args.repeat,
+                             timeout=args.timeout, emulated=args.cluster == "emulated", progress=say)
     print(f"\nalpa-comm bench --mode processes on {desc['description']}; process-to-process copies move "
           f"{desc['measured_copy_gbps']:.3f} Gbit/s (the slope between two sizes; the lower bounds use it) "
           f"after {1e3 * desc['fixed_seconds_per_call']:.0f} ms that every call costs\n")
-    print(results_table(results))
+    print(report.results_table(results))
     print()
-    print(acceptance_table(results))
-    paths = write_bench_outputs(results, desc, Path(args.out))
+    print(report.acceptance_table(results))
+    paths = report.write_bench_outputs(results, desc, Path(args.out))
     print("\nwrote " + ", ".join(str(p) for p in paths.values()))
     return 0
 
@@ -237,23 +234,20 @@ DATA_PLANE_SUITES = ("same-layout", "layout-change", "data-plane")
 
 def _bench_data_plane(args, say) -> int:
     """``--mode processes --suite same-layout | layout-change | data-plane``."""
-    from ..jax import wire_bench  # noqa: PLC0415
-    from ..report.bench_results import acceptance_table, jax_refusals_table, results_table  # noqa: PLC0415
-    from ..report.bench_results import write_bench_outputs  # noqa: PLC0415
-
-    suites = wire_bench.SUITES if args.suite == "data-plane" else (args.suite,)
-    results, desc = wire_bench.run(suites, None if args.nic == "none" else args.nic, args.size_mb, args.repeat,
+    data_plane, report = needs.bench("data_plane"), needs.bench("report")
+    suites = data_plane.SUITES if args.suite == "data-plane" else (args.suite,)
+    results, desc = data_plane.run(suites, None if args.nic == "none" else args.nic, args.size_mb, args.repeat,
                                    timeout=args.timeout, emulated=args.cluster == "emulated", streams=args.streams,
                                    progress=say)
     print(f"\nalpa-comm bench --mode processes on {desc['description']}; 'x lower bound' is the time over the "
           f"faster transport's raw rate (tcp or gloo) for the same bytes between the same processes\n")
-    print(results_table(results))
+    print(report.results_table(results))
     print()
-    print(acceptance_table(results))
+    print(report.acceptance_table(results))
     if desc["jax_refusals"]:
         print("\nJAX's own device_put on the layout-change cases (each in processes of its own):\n")
-        print(jax_refusals_table(desc["jax_refusals"]))
-    paths = write_bench_outputs(results, desc, Path(args.out))
+        print(report.jax_refusals_table(desc["jax_refusals"]))
+    paths = report.write_bench_outputs(results, desc, Path(args.out))
     print("\nwrote " + ", ".join(str(p) for p in paths.values()))
     return 0
 

@@ -25,6 +25,21 @@ def modules(*names: str, extra: str | None = None) -> None:
     _extras.check(*names, extra=extra)
 
 
+def bench(module: str):
+    """``alpa_comm_bench.<module>``, the benchmark package's runner a command drives,
+    imported only when that command runs (the library never imports the benchmarks);
+    one line if the package is missing (it installs with alpa_comm)."""
+    import importlib  # noqa: PLC0415
+
+    try:
+        return importlib.import_module(f"alpa_comm_bench.{module}")
+    except ModuleNotFoundError as e:
+        if e.name not in ("alpa_comm_bench", f"alpa_comm_bench.{module}"):
+            raise
+        raise AlpaCommError("this command runs the benchmark package alpa_comm_bench, which is not importable: "
+                            "reinstall alpa_comm (pip install -e . in a checkout)") from None
+
+
 def png(wanted) -> None:
     """matplotlib, where the command will draw a PNG (``wanted`` true)."""
     if wanted:

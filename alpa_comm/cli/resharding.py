@@ -102,25 +102,23 @@ def cmd_simulate(args) -> int:
     if args.suite:
         reject_unused(args, {"trace": "--trace", "png": "--png"}, "with --suite (use --out for its table and PNG)")
         needs.png(args.out)
-        from ..report.suite_results import (baseline_note, suite_table, wide_table,  # noqa: PLC0415
-                                             write_suite_outputs)
-        from ..sim.suite import run_suite  # noqa: PLC0415
-
+        simulated, report = needs.bench("simulated"), needs.bench("suite_report")
         cluster = suite_cluster(args)
         compiled = alpa_baseline(args, suites.suite_cases(args.suite, args.last_dim, args.size_mb),
                                  cluster.devices_per_host)
         t0 = time.monotonic()
-        rows = run_suite(args.suite, cluster, args.last_dim, args.size_mb, args.seed,
-                         progress=lambda line: print(line, file=sys.stderr, flush=True), compiled_sends=compiled)
+        rows = simulated.run_suite(args.suite, cluster, args.last_dim, args.size_mb, args.seed,
+                                   progress=lambda line: print(line, file=sys.stderr, flush=True),
+                                   compiled_sends=compiled)
         print(f"simulated in {time.monotonic() - t0:.1f} s", file=sys.stderr)
         print(f"Simulated {args.suite} suite on {cluster.describe()}\n")
-        print(wide_table(rows))
+        print(report.wide_table(rows))
         print()
-        print(suite_table(rows))
-        if baseline_note(rows):
-            print(f"\n{baseline_note(rows)}.")
+        print(report.suite_table(rows))
+        if report.baseline_note(rows):
+            print(f"\n{report.baseline_note(rows)}.")
         if args.out:
-            paths = write_suite_outputs(args.suite, rows, cluster, Path(args.out))
+            paths = report.write_suite_outputs(args.suite, rows, cluster, Path(args.out))
             print("\nwrote " + ", ".join(str(p) for p in paths.values()))
         return 0
     reject_unused(args, {"out": "--out"}, "without --suite (use --trace or --png for one resharding)")

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..resharding.explain import fmt_bytes, fmt_seconds
-from ..sim.suite import Row
-from ..topology import ClusterSpec
-from .charts import suite_bars
-from .tables import table
+from alpa_comm.report.charts import suite_bars
+from alpa_comm.report.tables import table
+from alpa_comm.resharding.explain import fmt_bytes, fmt_seconds
+from alpa_comm.topology import ClusterSpec
+
+from .simulated import Row
 
 
 def suite_table(rows: list[Row]) -> str:

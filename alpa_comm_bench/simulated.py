@@ -1,18 +1,21 @@
-"""Run a reference suite through planner + simulator, every method side by side (returns
-rows; ``report.suite_results`` turns them into tables and files)."""
+"""``alpa-comm simulate --suite``: a reference suite through the planner and the
+simulator, every method side by side (returns rows; ``suite_report`` turns them into
+tables and files)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable
 
-from .. import suites
-from ..resharding.strategies import carries_data
-from ..topology import ClusterSpec
-from .simulate import effective_gbps, simulate
+from alpa_comm import suites
+from alpa_comm.resharding.strategies import carries_data
+from alpa_comm.sim.simulate import effective_gbps, simulate
+from alpa_comm.topology import ClusterSpec
 
 
 @dataclass
 class Row:
+    """One method on one case, simulated."""
+
     suite: str
     case: str
     method: str
@@ -53,8 +56,3 @@ def run_suite(name: str, cluster: ClusterSpec, last_dim: int = 512, size_mb: flo
         if not r.lower_bound:
             r.lower_bound = bounds.get(r.case, 0.0)
     return rows
-
-
-def best_broadcast(rows: list[Row], case: str) -> Row:
-    return min((r for r in rows if r.case == case and ("broadcast" in r.method or r.method.startswith("bc_"))),
-               key=lambda r: r.seconds)

@@ -2,7 +2,7 @@
 own JAX processes, our planned sync against what RL systems do without it.
 
 Six ``jax.distributed`` processes, one per emulated host, 2 CPU devices each (the
-launcher: ``alpa_comm.jax.launch``). A training group (hosts 0-1, mesh (data=2,
+launcher: ``alpa_comm.jax.launch``; the weights: ``shapes.transformer_weights``). A training group (hosts 0-1, mesh (data=2,
 fsdp=2), every weight sharded FSDP-style along dim 0 over its 4 devices) pushes a
 transformer's weights to inference replicas on hosts 2-5, in two layouts:
 
@@ -28,7 +28,7 @@ last process's end (the run's time is the slowest process's):
   baseline at its best).
 
 The lower bound of a layout is the bytes the busiest inference host must receive divided
-by the NIC rate (measured in the same run: one process-to-process copy). Every received
+by the NIC rate (measured in the same run: ``probes.copy_times`` between two processes). Every received
 shard is compared with the NumPy reference (bit-exact; ``planned_bf16`` against the
 values rounded to bfloat16).
 """
@@ -43,31 +43,16 @@ from pathlib import Path
 
 import numpy as np
 
+from .probes import copy_rate, copy_times
+from .result import Result, VerificationError
+from .shapes import SYNC_LAYOUTS, transformer_weights
+
 WORLD, DEVICES, TRAIN, INFER = 6, 2, (0, 1), (2, 3, 4, 5)
-LAYOUTS = {"tp-in-host": (4, 2), "tp-across-hosts": (2, 4)}  # inference mesh (replica, tp)
 METHODS = ("planned", "planned_bf16", "per_leaf", "gather_broadcast", "gather_pipelined")
 BASELINES = ("gather_broadcast", "gather_pipelined")
-WIDTH = 256
 LATENCY_S = 1e-3
 """What one message costs here beyond its bytes (Python, gloo and the tc queue on two shared
 cores): the planner's chunk and bucket sizes follow from it."""
-
-
-def model(size_mb: float, width: int = WIDTH, seed: int = 0) -> dict[str, np.ndarray]:
-    """A transformer's weights, flat by name, about ``size_mb`` MiB of float32: per layer
-    attention (4 d x d) and MLP (d x 4d, 4d x d) matrices plus two norm vectors."""
-    per_layer = 12 * width * width * 4
-    layers = max(1, round(size_mb * 2**20 / per_layer))
-    rng = np.random.default_rng(seed)
-    out = {}
-    for i in range(layers):
-        for k in ("wq", "wk", "wv", "wo"):
-            out[f"l{i}.attn.{k}"] = rng.standard_normal((width, width), dtype=np.float32)
-        out[f"l{i}.mlp.w1"] = rng.standard_normal((width, 4 * width), dtype=np.float32)
-        out[f"l{i}.mlp.w2"] = rng.standard_normal((4 * width, width), dtype=np.float32)
-        out[f"l{i}.norm1"] = rng.standard_normal((width,), dtype=np.float32)
-        out[f"l{i}.norm2"] = rng.standard_normal((width,), dtype=np.float32)
-    return out
 
 
 def host_bytes_in(weights: dict[str, np.ndarray], replica: int, tp: int) -> dict[int, int]:
@@ -84,19 +69,19 @@ def host_bytes_in(weights: dict[str, np.ndarray], replica: int, tp: int) -> dict
 
 # ------------------------------------------------------------------ one process
 def _worker(config_path: str) -> int:
-    from .launch import worker_init
+    from alpa_comm.jax.launch import worker_init
 
     rank, world, _ = worker_init()
     import jax
     from jax._src import distributed
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-    from . import ProcessGroup, reshard, reshard_tree
-    from ..runtime.executor import numpy_dtype
+    from alpa_comm.jax import ProcessGroup, reshard, reshard_tree
+    from alpa_comm.runtime.executor import numpy_dtype
 
     cfg = json.loads(Path(config_path).read_text())
     client = distributed.global_state.client
-    weights = model(cfg["size_mb"])
+    weights = transformer_weights(cfg["size_mb"])
     names = list(weights)
     devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
     of = {p: [d for d in devices if d.process_index == p] for p in range(world)}
@@ -110,7 +95,7 @@ def _worker(config_path: str) -> int:
 
     def barrier():
         barrier_n[0] += 1
-        client.wait_at_barrier(f"alpa_comm/sync_bench/{barrier_n[0]}", 600_000)
+        client.wait_at_barrier(f"alpa_comm_bench/sync_processes/{barrier_n[0]}", 600_000)
 
     def check(got: dict, want: dict) -> int:
         return sum(not np.array_equal(np.asarray(s.data), want[k][s.index])
@@ -123,7 +108,7 @@ def _worker(config_path: str) -> int:
     gloo = ProcessGroup.from_jax(backend="gloo", nic_gbps=cfg["nic_gbps"], latency_s=cfg["latency_s"])
     report["copies"] = copy_times(rank, of, group, barrier, (0, 1), _elements(cfg["size_mb"]) * 4, cfg["repeat"])
 
-    for layout, (replica, tp) in LAYOUTS.items():
+    for layout, (replica, tp) in SYNC_LAYOUTS.items():
         infer_ids = [d for p in INFER for d in of[p]]
         infer = Mesh(np.array(infer_ids).reshape(replica, tp), ("replica", "tp"))
         hosts = {d.process_index for d in infer.devices.flat}
@@ -183,44 +168,6 @@ def _worker(config_path: str) -> int:
     return 0
 
 
-def copy_times(rank: int, of: dict, group, barrier, pair: tuple[int, int], nbytes: int, repeat: int) -> dict:
-    """The NIC rate as processes see it, measured in the benchmark's own launch: copies
-    of ``nbytes / 4`` and ``nbytes`` from process ``pair[0]``'s first device to process
-    ``pair[1]``'s, every process at a common ``barrier`` each time; returns bytes ->
-    seconds of the ``repeat`` runs after a warm-up (``copy_rate`` turns them into a rate)."""
-    import jax  # noqa: PLC0415
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: PLC0415
-
-    from . import reshard  # noqa: PLC0415
-
-    src1 = NamedSharding(Mesh(np.array(of[pair[0]][:1]), ("x",)), P())
-    dst1 = NamedSharding(Mesh(np.array(of[pair[1]][:1]), ("x",)), P())
-    out = {}
-    for n in (nbytes // 16, nbytes // 4):  # float32 elements
-        probe = jax.make_array_from_callback((n,), src1, lambda idx, n=n: np.ones(n, np.float32)[idx],
-                                             dtype=np.float32)
-        times = []
-        for _ in range(repeat + 1):
-            barrier()
-            t0 = time.perf_counter()
-            if rank in pair:
-                reshard(probe, dst1, group=group, strategy="send_recv")
-            times.append(time.perf_counter() - t0)
-        out[str(n * 4)] = times[1:]
-    return out
-
-
-def copy_rate(reports: list[dict], repeat: int) -> tuple[float, float]:
-    """(bytes/s one process sends another, seconds every call costs whatever its size):
-    the slope between the two copy sizes of ``copy_times`` (slowest process of each run,
-    median over runs), which leaves out what every call costs."""
-    (small, t_small), (large, t_large) = [
-        (int(n), statistics.median(max(r["copies"][n][i] for r in reports if r.get("copies")) for i in range(repeat)))
-        for n in sorted(next(r["copies"] for r in reports if r.get("copies")), key=int)]
-    rate = (large - small) / max(t_large - t_small, 1e-9)
-    return rate, max(0.0, t_small - small / rate)
-
-
 def _elements(size_mb: float) -> int:
     return int(size_mb * 2**18)  # float32 elements in size_mb MiB
 
@@ -237,11 +184,10 @@ def _placeholder(w: np.ndarray, root):
 def run(nic: str | None, size_mb: float, repeat: int, timeout: float = 60.0, emulated: bool = True,
         progress=None) -> tuple[list, dict]:
     """Launch the six processes (on the emulated cluster, or on loopback), collect their
-    reports, and return (``bench.Result`` rows, a description of the run)."""
-    from ..bench import Result, VerificationError
-    from ..runtime.emulated import netns
-    from ..runtime.emulated.launch import teardown_emulated
-    from .launch import config_file, launch, python_command, reports_of
+    reports, and return (``Result`` rows, a description of the run)."""
+    from alpa_comm.jax.launch import config_file, launch, python_command, reports_of
+    from alpa_comm.runtime.emulated import netns
+    from alpa_comm.runtime.emulated.launch import teardown_emulated
 
     say = progress or (lambda msg: None)
     cfg = {"size_mb": size_mb, "repeat": repeat, "timeout": timeout, "latency_s": LATENCY_S,
@@ -249,7 +195,7 @@ def run(nic: str | None, size_mb: float, repeat: int, timeout: float = 60.0, emu
     network = netns.EmulatedNetwork(WORLD, nic).up() if emulated else None
     try:
         say(f"{WORLD} JAX processes ({'emulated hosts, NIC ' + str(nic) if emulated else 'loopback'}), "
-            f"{size_mb:g} MiB of weights, {len(LAYOUTS)} layouts x {len(METHODS)} methods x {repeat + 1} runs")
+            f"{size_mb:g} MiB of weights, {len(SYNC_LAYOUTS)} layouts x {len(METHODS)} methods x {repeat + 1} runs")
         t0 = time.monotonic()
         with config_file(cfg) as path:
             outs = launch(WORLD, DEVICES, python_command(__name__, "--worker", path), network=network,
@@ -260,10 +206,10 @@ def run(nic: str | None, size_mb: float, repeat: int, timeout: float = 60.0, emu
             teardown_emulated(network)
     reports = reports_of(outs)
     rate, fixed = copy_rate(reports, repeat)
-    weights = model(size_mb)
+    weights = transformer_weights(size_mb)
     nbytes = sum(w.nbytes for w in weights.values())
     results = []
-    for layout, (replica, tp) in LAYOUTS.items():
+    for layout, (replica, tp) in SYNC_LAYOUTS.items():
         into = host_bytes_in(weights, replica, tp)
         for method in METHODS:
             bound = max(into.values()) / rate / (2 if method == "planned_bf16" else 1)
@@ -289,7 +235,7 @@ def main(argv=None) -> int:
                                             "(run by 'alpa-comm bench --suite weight-sync --mode processes')")
     p.add_argument("--worker", required=True, help="the benchmark's JSON configuration")
     args = p.parse_args(argv)
-    from .launch import run_worker
+    from alpa_comm.jax.launch import run_worker
 
     return run_worker(_worker, args.worker)
 

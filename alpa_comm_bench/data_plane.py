@@ -48,7 +48,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import InvalidOptionError
+from alpa_comm.errors import InvalidOptionError
+
+from .result import Result, VerificationError
 
 WORLD, DEVICES = 3, 2
 SUITES = ("same-layout", "layout-change")
@@ -111,14 +113,14 @@ def needed_bytes(case: dict) -> dict[int, int]:
 
 # ------------------------------------------------------------------ one process
 def _worker(config_path: str) -> int:
-    from .launch import worker_init
+    from alpa_comm.jax.launch import worker_init
 
     rank, world, _ = worker_init()
     import jax
     from jax._src import distributed
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-    from . import ProcessGroup, reshard_tree
+    from alpa_comm.jax import ProcessGroup, reshard_tree
 
     cfg = json.loads(Path(config_path).read_text())
     client = distributed.global_state.client
@@ -134,7 +136,7 @@ def _worker(config_path: str) -> int:
 
     def barrier():
         barrier_n[0] += 1
-        client.wait_at_barrier(f"alpa_comm/wire_bench/{barrier_n[0]}", 600_000)
+        client.wait_at_barrier(f"alpa_comm_bench/data_plane/{barrier_n[0]}", 600_000)
 
     report = {"rank": rank, "cases": {}, "streams": groups["tcp"].streams}
     for suite in cfg["suites"]:
@@ -230,7 +232,7 @@ def _jax_method(case: dict, xs: list, dst, rank: int, of: dict, meshes: dict):
 # ------------------------------------------------------------------ probing JAX
 def _probe_worker(config_path: str) -> int:
     """Try JAX's own ``device_put`` on one case and say what happened here."""
-    from .launch import worker_init
+    from alpa_comm.jax.launch import worker_init
 
     rank, world, _ = worker_init()
     import jax
@@ -261,7 +263,7 @@ def _probe_worker(config_path: str) -> int:
 def probe_jax(size_mb: float, network=None, progress=None) -> list[dict]:
     """What JAX's own ``device_put`` does on every layout-change case: one launch each,
     ended after ``PROBE_DEADLINE_S``; per process: its error, a result, or no return."""
-    from .launch import config_file, launch, python_command
+    from alpa_comm.jax.launch import config_file, launch, python_command
 
     say = progress or (lambda msg: None)
     out = []
@@ -292,14 +294,13 @@ def run(suites, nic: str | None, size_mb: float, repeat: int, timeout: float = 6
         streams: int | str = "auto", stream_gbps: float | None = None, probe: bool = True,
         progress=None) -> tuple[list, dict]:
     """Launch the processes (loopback, or the emulated cluster with ``nic``), collect their
-    reports; returns (``bench.Result`` rows, a description of the run with JAX's refusals
+    reports; returns (``Result`` rows, a description of the run with JAX's refusals
     under ``jax_refusals``)."""
-    from ..bench import Result, VerificationError
-    from ..runtime.emulated import netns
-    from ..runtime.emulated.launch import teardown_emulated
-    from ..runtime.launch import EMULATED_LATENCY_S
-    from .group import DEFAULT_STREAM_GBPS, streams_for
-    from .launch import config_file, launch, python_command, reports_of
+    from alpa_comm.jax.group import DEFAULT_STREAM_GBPS, streams_for
+    from alpa_comm.jax.launch import config_file, launch, python_command, reports_of
+    from alpa_comm.runtime.emulated import netns
+    from alpa_comm.runtime.emulated.launch import teardown_emulated
+    from alpa_comm.runtime.launch import EMULATED_LATENCY_S
 
     say = progress or (lambda msg: None)
     nic_gbps = netns.rate_gbps(nic) if emulated and nic else LOOPBACK_GBPS
@@ -364,7 +365,7 @@ def main(argv=None) -> int:
     g.add_argument("--worker", help="the benchmark's JSON configuration")
     g.add_argument("--probe", help="a probe's JSON configuration (one case of JAX's own device_put)")
     args = p.parse_args(argv)
-    from .launch import run_worker
+    from alpa_comm.jax.launch import run_worker
 
     return run_worker(_worker, args.worker) if args.worker else run_worker(_probe_worker, args.probe)
 

@@ -6,11 +6,13 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from ..bench import Result, acceptance, speedups
-from ..resharding.explain import fmt_seconds
-from ..resharding.strategies import carries_data
-from .charts import suite_bars
-from .tables import table
+from alpa_comm.report.charts import suite_bars
+from alpa_comm.report.tables import table
+from alpa_comm.resharding.explain import fmt_seconds
+from alpa_comm.resharding.strategies import carries_data
+
+from .acceptance import acceptance, speedups
+from .result import Result
 
 
 def results_table(results: list[Result]) -> str:
