@@ -89,6 +89,13 @@ class HostExecutor:
     executor makes (packs, receive buffers) comes from ``xp``, so device data is never
     staged through host memory.
 
+    Shared between the threads of a run without a lock: the caches ``_kinds`` (filled by
+    ``run`` before the first transfer is admitted), ``_in_place`` and ``_strided`` (a value
+    is the same whoever computes it), and ``_packed``, ``_packing`` and ``_gathered``
+    (written by the dispatching thread before the transfer they belong to is admitted,
+    popped once by the thread that sends it). The dispatcher's own state is under its lock
+    (``runtime/dispatch.py``).
+
     Raises:
         InvalidOptionError: a limit that is not a positive integer, or ``options``
             given beside option arguments.
