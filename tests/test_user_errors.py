@@ -347,8 +347,8 @@ def bare_raises(path: pathlib.Path) -> list[str]:
         if isinstance(node, ast.Raise) and node.exc is not None:
             exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
             if isinstance(exc, ast.Name) and exc.id in BARE:
-                out.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: raise {exc.id}")
-    return out
+                out.append((node.lineno, f"{path.relative_to(PACKAGE)}:{node.lineno}: raise {exc.id}"))
+    return [text for _, text in sorted(out)]
 
 
 def test_no_module_raises_a_bare_builtin_error():
