@@ -10,7 +10,7 @@ import sys
 
 from .. import suites
 from ..errors import AlpaCommError
-from ..pipeline import SCHEDULE_KINDS, V_SCHEDULES, VIRTUAL_SCHEDULES
+from ..pipeline import DEFAULT_CHUNKS, SCHEDULE_KINDS, VIRTUAL_SCHEDULES
 from ..resharding import LOADBALANCE_MODES, STRATEGIES, plan_resharding
 from ..resharding.planner import smallest_cluster
 from ..topology import ClusterSpec
@@ -92,14 +92,11 @@ AUTO_SCHEDULE = "auto"
 the memory cap run (``pipeline.auto_schedule``)."""
 
 
-def add_schedule_args(p: argparse.ArgumentParser, delay_help: str, virtual: bool = False, auto: bool = False) -> None:
-    """``--schedule``, ``--split-backward``, ``--delay-wgrad``; ``virtual`` adds the schedules
-    over virtual stages and ``--model-chunks`` (where the command can run them), ``auto``
-    the choice by simulation and its ``--memory-cap``."""
+def add_schedule_args(p: argparse.ArgumentParser, delay_help: str, auto: bool = False) -> None:
+    """``--schedule`` (every family of ``pipeline.SCHEDULE_KINDS``, virtual ones included),
+    ``--model-chunks``, ``--split-backward``, ``--delay-wgrad``; ``auto`` adds the choice by
+    simulation and its ``--memory-cap``."""
     kinds = {k.name: k.summary for k in SCHEDULE_KINDS.values()}
-    if virtual:
-        kinds.update(VIRTUAL_SCHEDULES)
-        kinds.update({k.name: k.summary for k in V_SCHEDULES.values()})
     if auto:
         kinds[AUTO_SCHEDULE] = ("predict every schedule above (schedule: the simulator with --t-fwd/--t-bwd/"
                                 "--t-comm; train: measured in a calibration run first) and run the fastest that "
@@ -109,10 +106,9 @@ def add_schedule_args(p: argparse.ArgumentParser, delay_help: str, virtual: bool
                             "of a whole stage (1F1B's first stage holds min(S, M); default: no cap)")
     p.add_argument("--schedule", default="eager-1f1b", choices=list(kinds),
                    help="; ".join(f"{k}: {v}" for k, v in kinds.items()) + " (default eager-1f1b)")
-    if virtual:
-        p.add_argument("--model-chunks", type=count(2, 64), default=None,
-                       help="model chunks per stage (virtual stages) for " + ", ".join(VIRTUAL_SCHEDULES)
-                            + " (default 2)")
+    p.add_argument("--model-chunks", type=count(2, 64), default=None,
+                   help="model chunks per stage (virtual stages) for " + ", ".join(VIRTUAL_SCHEDULES)
+                        + f" (default {DEFAULT_CHUNKS})")
     p.add_argument("--split-backward", action="store_true",
                    help="split B into BI (input grad) and BW (weight grad)")
     p.add_argument("--delay-wgrad", type=delay_value, default=None, help=delay_help)

@@ -26,7 +26,7 @@ def register(sub) -> None:
     p.add_argument("--microbatches", type=count(1, MAX_MICROBATCHES), default=8,
                    help="microbatches per iteration (default 8)")
     add_schedule_args(p, "delay BW: 'auto' (least delay that helps, from the cost model), N, or N0,N1,... per stage",
-                      virtual=True, auto=True)
+                      auto=True)
     p.add_argument("--t-fwd", type=number(0, maximum=1e9), default=1.0, help="forward time per stage (default 1)")
     p.add_argument("--t-bwd", type=number(0, maximum=1e9), default=2.0,
                    help="backward time per stage (default 2; BI and BW half each)")

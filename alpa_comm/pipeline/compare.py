@@ -37,8 +37,11 @@ class Variant:
     delays: list[int] | None = None
 
 
-def _check_options(family, delay, chunks) -> None:
-    """The CLI's options that ``family`` takes, or the one it does not, named."""
+def check_options(kind: str, delay, chunks) -> None:
+    """The options (``--delay-wgrad``: None, 'auto', N or one per stage; ``--model-chunks``)
+    family ``kind`` takes, or the one it does not, named: what every front end checks
+    before it builds anything."""
+    family = schedule_kind(kind)
     if chunks is not None and family.chunks is not None and chunks != family.chunks:
         if family.virtual:
             raise InvalidOptionError(f"{family.name} holds {family.chunks} model chunks per stage of its own: "
@@ -56,7 +59,7 @@ def build(kind: str, num_stages: int, num_microbatches: int, costs: Costs, split
     ``chunks``: model chunks per stage, for a family whose chunks are the caller's, default
     ``DEFAULT_CHUNKS``). Any registered family."""
     family = schedule_kind(kind)
-    _check_options(family, delay, chunks)
+    check_options(kind, delay, chunks)
     if family.own_wgrad:  # places its own weight gradients (and, in a V, its own two chunks)
         sched = generate(kind, num_stages, num_microbatches)
         return Variant(kind, sched, simulate_schedule(sched, costs))

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import InvalidOptionError
-from ..pipeline import SCHEDULES, Costs, generate, validate
+from ..pipeline import Costs, chunks_for, generate, schedule_kind, validate
 from ..pipeline.edges import with_skips
 from ..pipeline.ir import Schedule
 from ..pipeline.weight_delay import auto_backward
@@ -60,7 +60,8 @@ class TrainConfig:
     seq: int = 32
     microbatches: int = 4
     microbatch_size: int = 4
-    schedule: str = "eager-1f1b"  # or "auto": calibrated, simulated, the fastest that fits ``memory_cap``
+    schedule: str = "eager-1f1b"  # any of pipeline.SCHEDULE_NAMES, or "auto": the fastest that fits ``memory_cap``
+    model_chunks: int | None = None  # chunks per stage for a family whose chunks are the caller's (default 2)
     memory_cap: float | None = None  # --schedule auto: most live activations per stage (whole-stage microbatches)
     trial_margin: float | None = None  # --schedule auto: measure those predicted within this (None: TRIAL_MARGIN)
     split_backward: bool = False
@@ -109,6 +110,7 @@ class TrainConfig:
         from ..pipeline.auto_schedule import check_memory_cap, check_trial_margin  # noqa: PLC0415
 
         check_memory_cap(self.memory_cap)
+        self._check_schedule()
         for name in ("memory_cap", "trial_margin"):
             if getattr(self, name) is not None and self.schedule != AUTO:
                 raise InvalidOptionError(f"--{name.replace('_', '-')} applies to --schedule auto, not "
@@ -132,6 +134,30 @@ class TrainConfig:
             raise InvalidOptionError("--trace needs host workers (--cluster local, emulated or ray://...): "
                                      "--cluster inprocess runs every stage in this process and moves no data")
 
+    def _check_schedule(self) -> None:
+        """The schedule is ``auto`` or a registered family, and takes the options given."""
+        from ..pipeline.compare import check_options  # noqa: PLC0415
+
+        if self.schedule == AUTO:
+            if self.model_chunks is not None:
+                raise InvalidOptionError("--schedule auto chooses the chunks itself: leave out --model-chunks")
+            return
+        check_options(self.schedule, self.delay_wgrad, self.model_chunks)
+
+    @property
+    def chunks(self) -> int | None:
+        """What ``generate`` gets as ``chunks`` for the chosen family (None: its own)."""
+        return None if self.schedule == AUTO else chunks_for(self.schedule, self.model_chunks)
+
+    @property
+    def model_stages(self) -> int:
+        """Model stages the chosen schedule runs: one per chunk of every stage (``auto``:
+        one per stage; the distributed trainer cuts the model again for a virtual pick)."""
+        if self.schedule == AUTO:
+            return self.stages
+        family = schedule_kind(self.schedule)
+        return self.stages * (self.chunks if family.chunks is None else family.chunks)
+
     def model_kwargs(self) -> dict:
         return {"layers": self.layers, "d": self.width, "heads": self.heads, "seq": self.seq, "seed": self.seed}
 
@@ -149,18 +175,49 @@ def build_schedule(cfg: TrainConfig, model, costs: Costs = DEFAULT_COSTS, log=No
     """The schedule IR for the config, with the model's skip edges added, validated.
     ``--schedule auto`` is ranked with ``costs`` as given, uncalibrated (``train`` on a
     cluster calibrates first), its ranking printed to ``log``; with ``model_for`` (see
-    ``choose_schedule``) among the virtual-stage schedules too."""
+    ``choose_schedule``) among the virtual-stage schedules too.
+
+    Any registered family runs (``pipeline.SCHEDULE_KINDS``); one over virtual stages
+    takes the skips of the model cut into one stage per chunk: ``model``'s own where it
+    is cut so (the in-process runner builds it so), else ``model_for``'s."""
     if cfg.schedule == AUTO:
         return choose_schedule(cfg, model, costs, log=log, model_for=model_for).schedule
-    if cfg.schedule not in SCHEDULES:
-        raise InvalidOptionError(f"unknown schedule {cfg.schedule!r}; choose one of {', '.join(SCHEDULES)}")
     delay = cfg.delay_wgrad
     if delay == "auto":
         delay = auto_backward(cfg.schedule, cfg.stages, cfg.microbatches, costs)
-    sched = with_skips(generate(cfg.schedule, cfg.stages, cfg.microbatches,
-                                split_backward=cfg.split_backward or delay is not None, delay_wgrad=delay), model.skips)
+    sched = generate(cfg.schedule, cfg.stages, cfg.microbatches, split_backward=cfg.split_backward or delay is not None,
+                     delay_wgrad=delay, chunks=cfg.chunks)
+    sched = with_skips(sched, _skips_of(cfg, sched, model, model_for))
     validate(sched)
     return sched
+
+
+def _skips_of(cfg: TrainConfig, sched: Schedule, model, model_for=None):
+    """The skip edges of the model cut into ``sched``'s model stages: ``model``'s where it
+    is cut so, else ``model_for``'s; a model that cannot be cut so is named."""
+    n = sched.num_virtual_stages
+    if model.num_stages == n:
+        return model.skips
+    skips = _skips_by_size(model, model_for)(n) if model_for is not None else None
+    if skips is None:
+        raise InvalidOptionError(f"--schedule {cfg.schedule} runs {cfg.stages} stages x {sched.num_chunks} chunks = "
+                                 f"{n} model stages: the model ({cfg.layers} layers) cannot be cut into {n}")
+    return skips
+
+
+def build_model_for(cfg: TrainConfig):
+    """``cfg``'s model with parameters, cut into ``cfg.model_stages`` (one per chunk of
+    every stage), or an error naming the schedule's chunks where it cannot be."""
+    from ..models import build_model  # noqa: PLC0415
+
+    try:
+        return build_model(cfg.model, cfg.model_stages, **cfg.model_kwargs())
+    except InvalidOptionError as e:
+        if cfg.model_stages == cfg.stages:
+            raise
+        chunks = cfg.model_stages // cfg.stages
+        raise InvalidOptionError(f"--schedule {cfg.schedule} runs {cfg.stages} stages x {chunks} chunks = "
+                                 f"{cfg.model_stages} model stages: {e}") from None
 
 
 def choose_schedule(cfg: TrainConfig, model, costs: Costs, predict=None, log=None, wgrad_fraction: float = 0.5,
@@ -342,7 +399,7 @@ def calibrate(cfg: TrainConfig, cluster, model, data, log=None, model_for=None, 
     runs = [(kind, split, None) for split in (True, False)]
     skips = _skips_by_size(model, model_for)
     if model_for is not None and skips(2 * cfg.stages) is not None:
-        runs += [r for r in VIRTUAL_CALIBRATION if _runs_at(r[0], r[2], cfg.stages, cfg.microbatches)]
+        runs += [r for r in VIRTUAL_CALIBRATION if schedule_kind(r[0]).runs_at(cfg.stages, cfg.microbatches)]
     done = []
     for kind, split, chunks in runs:
         sched = generate(kind, cfg.stages, cfg.microbatches, split_backward=split, chunks=chunks)
@@ -394,16 +451,6 @@ def calibration_from(runs: list[dict], cfg: TrainConfig) -> Calibration:
     return Calibration(costs, predict_measured, max(kept, default=0.5), list(runs))
 
 
-def _runs_at(kind: str, chunks, num_stages: int, num_microbatches: int) -> bool:
-    """Whether the virtual-stage family ``kind`` can be generated for these sizes (the
-    same conditions as ``auto_schedule.candidates``)."""
-    from ..pipeline.generators import V_SCHEDULES  # noqa: PLC0415
-
-    if kind in V_SCHEDULES:
-        return num_microbatches >= V_SCHEDULES[kind].min_microbatches(num_stages)
-    return chunks is None or num_microbatches % num_stages == 0
-
-
 def data_stream(cfg: TrainConfig):
     rows = cfg.microbatch_size
     if cfg.data == "corpus":
@@ -432,13 +479,12 @@ def train(cfg: TrainConfig, log=sys.stderr) -> TrainResult:
 def _train_inprocess(cfg: TrainConfig, log) -> TrainResult:
     import jax.numpy as jnp  # noqa: PLC0415
 
-    from ..models import build_model  # noqa: PLC0415
     from .local_pipeline import run_schedule  # noqa: PLC0415
     from .worker import make_optimizer  # noqa: PLC0415
 
     if cfg.dp != 1:
         raise InvalidOptionError("--cluster inprocess runs one replica per stage; use --dp 1")
-    model = build_model(cfg.model, cfg.stages, **cfg.model_kwargs())
+    model = build_model_for(cfg)  # one model stage per chunk of every stage
     # auto: one process runs the stages one after another, nothing to measure: default costs
     sched = build_schedule(cfg, model, log=log)
     opt, update = make_optimizer(cfg.optimizer, cfg.lr)
