@@ -2,9 +2,10 @@
 own JAX processes, our planned sync against what RL systems do without it.
 
 Six ``jax.distributed`` processes, one per emulated host, 2 CPU devices each (the
-launcher: ``alpa_comm.jax.launch``; the weights: ``shapes.transformer_weights``). A training group (hosts 0-1, mesh (data=2,
-fsdp=2), every weight sharded FSDP-style along dim 0 over its 4 devices) pushes a
-transformer's weights to inference replicas on hosts 2-5, in two layouts:
+launcher: ``alpa_comm.jax.launch``). A training group (hosts 0-1, mesh (data=2, fsdp=2),
+every weight sharded FSDP-style along dim 0 over its 4 devices) pushes a transformer's
+weights (``shapes.transformer_weights``) to inference replicas on hosts 2-5, in two
+layouts (``shapes.SYNC_LAYOUTS``):
 
 * ``tp-in-host``: 4 replicas, each tensor-parallel over one host's 2 devices (mesh
   (replica=4, tp=2)): every inference host needs the whole model;
@@ -28,9 +29,9 @@ last process's end (the run's time is the slowest process's):
   baseline at its best).
 
 The lower bound of a layout is the bytes the busiest inference host must receive divided
-by the NIC rate (measured in the same run: ``probes.copy_times`` between two processes). Every received
-shard is compared with the NumPy reference (bit-exact; ``planned_bf16`` against the
-values rounded to bfloat16).
+by the NIC rate (measured in the same run between two processes: ``probes.copy_times``).
+Every received shard is compared with the NumPy reference (bit-exact; ``planned_bf16``
+against the values rounded to bfloat16).
 """
 from __future__ import annotations
 

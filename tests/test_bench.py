@@ -11,7 +11,7 @@ from conftest import local_ray_marks  # noqa: E402
 
 from alpa_comm.cli import main  # noqa: E402
 from alpa_comm.runtime import Cluster  # noqa: E402
-from alpa_comm_bench import acceptance, cluster_runs as bench, report as bench_results, shapes  # noqa: E402
+from alpa_comm_bench import acceptance, cluster_runs, report, shapes  # noqa: E402
 from alpa_comm_bench.result import VerificationError  # noqa: E402
 from alpa_comm_bench.weight_sync import run_weight_sync  # noqa: E402
 
@@ -26,19 +26,19 @@ def cluster():
 
 
 def test_bench_runs_verifies_and_writes(cluster, tmp_path):
-    calibrated, t_copy, results = bench.run(cluster, ["1-to-m"], size_mb=0.0625, repeat=1, progress_stream=None)
+    calibrated, t_copy, results = cluster_runs.run(cluster, ["1-to-m"], size_mb=0.0625, repeat=1, progress_stream=None)
     assert t_copy > 0 and calibrated.nic_send_gbps > 0
     methods = {r.method for r in results}
     assert {"alpa_send_recv", "alpa", "broadcast_naive", "broadcast_size", "broadcast", "auto", "signal"} == methods
     assert all(r.verified is True for r in results if r.strategy != "signal")
-    paths = bench_results.write_bench_outputs(results, {"description": "local"}, tmp_path)
+    paths = report.write_bench_outputs(results, {"description": "local"}, tmp_path)
     data = json.loads(paths["json"].read_text())
     assert set(data) == {"cluster", "results"}
     for key in ("suite", "case", "method", "seconds", "median_seconds", "lower_bound_seconds",
                 "predicted_seconds", "verified"):
         assert key in data["results"][0]
     assert paths["1-to-m"].read_bytes()[:4] == b"\x89PNG"
-    assert "speedup vs alpa" in bench_results.results_table(results)
+    assert "speedup vs alpa" in report.results_table(results)
 
 
 def test_a_corrupted_shard_fails_loudly(cluster, monkeypatch):
@@ -51,9 +51,10 @@ def test_a_corrupted_shard_fails_loudly(cluster, monkeypatch):
         return got
 
     monkeypatch.setattr(cluster, "checksums", corrupt)
-    case = bench.suite_cases("1-to-m", 0.0625)[1]
+    case = cluster_runs.suite_cases("1-to-m", 0.0625)[1]
     with pytest.raises(VerificationError, match="received wrong data"):
-        bench.run_case(cluster, cluster.spec, "1-to-m", case, bench.bench_methods("1-to-m")[:1], repeat=1)
+        cluster_runs.run_case(cluster, cluster.spec, "1-to-m", case, cluster_runs.bench_methods("1-to-m")[:1],
+                              repeat=1)
 
 
 def test_bad_options_fail_before_starting(capsys):
