@@ -29,9 +29,10 @@ from ..resharding.host_job import HostJob
 from ..resharding.tree import plan_resharding_tree, tree_flatten, tree_unflatten
 from ..runtime.backend import CommunicationError
 from ..resharding.admission import MAX_INFLIGHT_BYTES
-from ..runtime.executor import HostExecutor, Layout, SlabLayout, check_positive, numpy_dtype, slab_regions
+from ..runtime.executor import ExecutorOptions, HostExecutor, Layout, SlabLayout, numpy_dtype, slab_regions
 from ..spec import ShardingSpec
 from ..topology import ClusterSpec
+from ..validation import positive_int
 from . import programs
 from .buffers import buffers_for
 from .group import ProcessGroup, default_group
@@ -83,7 +84,8 @@ def reshard_tree(tree, dst_tree, *, group: ProcessGroup | None = None, strategy:
     arrays and the results, the buffers this process makes for the call (packed buckets,
     receives that cannot land in place) stay within it; buckets are at most half of it,
     so the next is packed while the previous is on the wire."""
-    budget = check_positive("max_inflight_bytes", max_inflight_bytes, MAX_INFLIGHT_BYTES)
+    budget = MAX_INFLIGHT_BYTES if max_inflight_bytes is None else positive_int(max_inflight_bytes,
+                                                                                "max_inflight_bytes")
     if out is not None and dst_tree is None:
         dst_tree = tree_unflatten(out, [y.sharding for _, y in tree_flatten(out)])
     with gc_paused():  # no collection pass stalls the wire mid-call (see gc_pause)
@@ -146,9 +148,10 @@ def _run(share: "_Share", layouts, src, group: ProcessGroup, timeout, io, placer
     if placer is not None:
         placer.start(dst)
     backend = group.backend(share.participants)
-    ex = HostExecutor(group.rank, layouts, src, dst, backend, job.host_of, timeout or group.timeout, job.min_rate,
-                      xp=io.xp, latency_s=job.latency_s, in_place=in_place, max_inflight_bytes=budget,
-                      on_done=None if placer is None else placer.done)
+    options = ExecutorOptions(timeout or group.timeout, job.min_rate, xp=io.xp, latency_s=job.latency_s,
+                              in_place=in_place, max_inflight_bytes=budget,
+                              on_done=None if placer is None else placer.done)
+    ex = HostExecutor(group.rank, layouts, src, dst, backend, job.host_of, options=options)
     try:
         ex.run(job.transfers)
     except CommunicationError as e:

@@ -34,7 +34,8 @@ from typing import ClassVar, Sequence
 import numpy as np
 
 from .._extras import require
-from ..errors import CommunicationError
+from ..errors import CommunicationError, InvalidArgumentError
+from ..validation import MAX_STREAMS, check_streams  # noqa: F401 - MAX_STREAMS: this module's name for it, kept
 
 DEFAULT_TIMEOUT_S = 30.0
 
@@ -137,7 +138,7 @@ def ring_allreduce_sum(backend: Backend, flat: np.ndarray, hosts: Sequence[int],
     if n == 1:
         return
     if backend.rank not in hosts:
-        raise ValueError(f"host {backend.rank} is not in the all-reduce group {hosts}")
+        raise InvalidArgumentError(f"host {backend.rank} is not in the all-reduce group {hosts}")
     p = hosts.index(backend.rank)
     nxt, prv = hosts[(p + 1) % n], hosts[(p - 1) % n]
     bounds = np.linspace(0, flat.size, n + 1).astype(np.int64)
@@ -228,7 +229,7 @@ class GlooBackend(Backend):
         if len(hosts) == 1:
             return
         if self.rank not in hosts:
-            raise ValueError(f"host {self.rank} is not in the all-reduce group {hosts}")
+            raise InvalidArgumentError(f"host {self.rank} is not in the all-reduce group {hosts}")
         work = self._dist.all_reduce(torch.from_numpy(flat), group=self._group(hosts, timeout), async_op=True)
         self._handle(work, ",".join(map(str, hosts)), "all-reducing with").wait(timeout)
 
@@ -259,7 +260,7 @@ class _Subgroup:
     def _member_of(self, host: int, hosts, store) -> None:
         self.hosts = sorted(int(h) for h in hosts)
         if host not in self.hosts:
-            raise ValueError(f"host {host} is not one of the group's hosts {self.hosts}")
+            raise InvalidArgumentError(f"host {host} is not one of the group's hosts {self.hosts}")
         self._index = {h: i for i, h in enumerate(self.hosts)}
         self._store = store
 
@@ -280,7 +281,6 @@ class _Subgroup:
             return message
 
 
-MAX_STREAMS = 8
 STRIPE_MIN_BYTES = 4 << 20
 """A message this large is split over every stream (smaller ones ride one: ``stream_of``)."""
 TAG_LIMIT = 2**31
@@ -313,8 +313,8 @@ class GlooSubgroupBackend(_Subgroup, Backend):
     part, and a program's own ``torch.distributed`` use is left alone. Peers are host
     ids, as everywhere in the executor.
 
-    ``streams``: TCP connections per pair of hosts (one gloo device, so one context and
-    one I/O thread, each). Where one stream cannot fill a link (loopback, 100 Gbit/s
+    ``streams``: TCP connections per pair of hosts, 1 to ``MAX_STREAMS`` (one gloo device,
+    so one context and one I/O thread, each). Where one stream cannot fill a link (loopback, 100 Gbit/s
     NICs), large messages are striped over all of them (``_stripes``)."""
 
     name = Transport.GLOO
@@ -322,8 +322,7 @@ class GlooSubgroupBackend(_Subgroup, Backend):
     def __init__(self, host: int, hosts, store, timeout: float = DEFAULT_TIMEOUT_S, streams: int = 1):
         dist = require("torch.distributed")  # optional: the extra to install named when absent
 
-        if isinstance(streams, bool) or not isinstance(streams, int) or not 1 <= streams <= MAX_STREAMS:
-            raise ValueError(f"streams must be an integer in [1, {MAX_STREAMS}], got {streams!r}")
+        check_streams(streams)
         self._member_of(host, hosts, store)
         self.rank, self.world, self.streams = host, len(self.hosts), streams
         self._join_barrier(timeout)

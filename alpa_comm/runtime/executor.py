@@ -44,14 +44,14 @@ from .dispatch import Dispatcher, TransferTiming
 from .host_memory import BufferPool
 from .layouts import (Destinations, LeafViews, Layout, SlabLayout, array_module, destination_buffers, numpy_dtype,
                       shape_of, slab_regions, view)
-from .options import ExecutorOptions, check_positive
+from .options import ExecutorOptions
 from .packing import PACK_AHEAD, PACK_RUN_BYTES, PackAhead, Packing
 from .pieces import Pieces
 from .pools import kept_threads
 
 __all__ = ["Destinations", "ExecutorOptions", "HostExecutor", "LeafViews", "Layout", "PACK_AHEAD",
            "PACK_RUN_BYTES", "RING_TAG", "SCRATCH", "SlabLayout", "TAGS_PER_TRANSFER", "TransferContext",
-           "TransferTiming", "array_module", "check_positive", "destination_buffers", "kept_threads",
+           "TransferTiming", "array_module", "destination_buffers", "kept_threads",
            "numpy_dtype", "shape_of", "slab_regions", "view"]
 
 TAGS_PER_TRANSFER = 1024  # chunk tags below RING_TAG, ring steps above

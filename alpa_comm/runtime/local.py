@@ -10,6 +10,7 @@ import threading
 
 import numpy as np
 
+from ..errors import InvalidArgumentError
 from ..resharding.host_job import HostJob
 from ..resharding.plan import ReshardingPlan
 from .backend import DEFAULT_TIMEOUT_S, CommunicationError, ThreadBackend, ThreadHub
@@ -41,8 +42,8 @@ def execute_tree_in_threads(plan, arrays, timeout: float = DEFAULT_TIMEOUT_S,
     for leaf, lay, a in zip(plan.leaves, layouts, arrays):
         if a.shape != tuple(leaf.shape) or a.dtype != lay.dtype:
             where = "" if leaf.path == "/" else f"{leaf.path}: "
-            raise ValueError(f"{where}array of shape {a.shape} and dtype {a.dtype} does not match the plan's "
-                             f"{tuple(leaf.shape)} {lay.dtype}")
+            raise InvalidArgumentError(f"{where}array of shape {a.shape} and dtype {a.dtype} does not match the "
+                                       f"plan's {tuple(leaf.shape)} {lay.dtype}")
     options = ExecutorOptions(timeout, xp=xp, **executor_options)  # a bad option fails before any host starts
     host_of = plan.cluster.host_of
     hub = ThreadHub(plan.cluster.num_hosts)

@@ -5,18 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from ..errors import InvalidOptionError
 from ..resharding.admission import MAX_CONCURRENT, MAX_INFLIGHT_BYTES
+from ..validation import positive_int
 from .backend import DEFAULT_TIMEOUT_S
 
 
-def check_positive(name: str, value, default: int) -> int:
-    """``value`` (None: ``default``) as a positive int, or an error naming it."""
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidOptionError(f"{name} must be a positive integer, got {value!r}")
-    return value
+def _limit(value, name: str, default: int) -> int:
+    """``value`` (None: ``default``) as a positive int, or ``InvalidOptionError`` naming it
+    (``validation.positive_int``: the package's one positive-integer check)."""
+    return default if value is None else positive_int(value, name)
 
 
 @dataclass(frozen=True)
@@ -55,8 +52,7 @@ class ExecutorOptions:
 
     def __post_init__(self):
         set_ = object.__setattr__  # frozen: the defaults are filled in once, here
-        set_(self, "max_concurrent", check_positive("max_concurrent", self.max_concurrent, MAX_CONCURRENT))
-        set_(self, "max_inflight_bytes",
-             check_positive("max_inflight_bytes", self.max_inflight_bytes, MAX_INFLIGHT_BYTES))
+        set_(self, "max_concurrent", _limit(self.max_concurrent, "max_concurrent", MAX_CONCURRENT))
+        set_(self, "max_inflight_bytes", _limit(self.max_inflight_bytes, "max_inflight_bytes", MAX_INFLIGHT_BYTES))
         if self.max_per_resource is not None:
-            check_positive("max_per_resource", self.max_per_resource, 0)
+            positive_int(self.max_per_resource, "max_per_resource")

@@ -48,8 +48,10 @@ from datetime import timedelta
 
 import numpy as np
 
-from .backend import (DEFAULT_TIMEOUT_S, MAX_STREAMS, STRIPE_MIN_BYTES, Backend, CommunicationError, Handle,
-                      Transport, _Subgroup, stream_of, striped_handle)
+from ..errors import InvalidArgumentError
+from ..validation import check_streams, positive_number
+from .backend import (DEFAULT_TIMEOUT_S, STRIPE_MIN_BYTES, Backend, CommunicationError, Handle, Transport, _Subgroup,
+                      stream_of, striped_handle)
 from .host_memory import raw_bytes
 from .pieces import Pieces
 from .thread_cpu import name_os_thread
@@ -87,7 +89,8 @@ def _views(buf, writable: bool) -> list[memoryview]:
         if a.nbytes:
             v = memoryview(a).cast("B")
             if writable and v.readonly:
-                raise ValueError("a receive buffer must be writable")
+                raise InvalidArgumentError(f"a receive buffer must be writable, got a read-only {type(a).__name__} "
+                                           f"of {a.nbytes} bytes")
             out.append(v)
     return out
 
@@ -191,8 +194,8 @@ class _Stream:
     def recv(self, tag: int, buf, rendezvous: bool = False) -> _Op:
         try:
             views = _views(buf, writable=True)
-        except ValueError as e:
-            raise ValueError(f"host {self.owner}: receiving from host {self.peer} with tag {tag}: {e}") from None
+        except ValueError as e:  # a read-only buffer (InvalidArgumentError), or one memoryview refuses
+            raise CommunicationError(f"host {self.owner}: receiving from host {self.peer} with tag {tag}: {e}") from None
         op = _Op(tag, views, int(buf.nbytes))
         with self.lock:
             waiting = self.early.get(tag)
@@ -442,10 +445,9 @@ class TcpBackend(_Subgroup, Backend):
 
     def __init__(self, host: int, hosts, store, timeout: float = DEFAULT_TIMEOUT_S, streams: int = 1,
                  address: str = "127.0.0.1", pace_gbps: float | None = None):
-        if isinstance(streams, bool) or not isinstance(streams, int) or not 1 <= streams <= MAX_STREAMS:
-            raise ValueError(f"streams must be an integer in [1, {MAX_STREAMS}], got {streams!r}")
-        if pace_gbps is not None and not pace_gbps > 0:
-            raise ValueError(f"pace_gbps must be a positive number of Gbit/s or None, got {pace_gbps!r}")
+        check_streams(streams)
+        if pace_gbps is not None:
+            positive_number(pace_gbps, "pace_gbps", unit="Gbit/s or None")
         self.pace_gbps = pace_gbps
         self._member_of(host, hosts, store)
         self.rank, self.world, self.streams, self.timeout = host, len(self.hosts), streams, timeout
