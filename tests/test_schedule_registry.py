@@ -143,3 +143,27 @@ def test_a_model_too_small_for_the_chunks_is_named():
     with pytest.raises(InvalidOptionError, match="--schedule zb-v runs 2 stages x 2 chunks = 4 model stages: "
                                                  "2 layers cannot fill 4 stages"):
         train(TrainConfig(cluster="inprocess", schedule="zb-v", stages=2, layers=2, steps=1), log=None)
+
+
+def test_the_validators_error_draws_the_grid_with_the_failing_step_marked():
+    """The message stays one line (the CLI prints it); the error's ``grid`` draws every
+    stage around the failing action(s), marked, as torch.distributed.pipelining's
+    validator does; a deadlock marks every blocked action."""
+    from alpa_comm.pipeline import ScheduleError
+
+    sched = generate("1f1b", 4, 8)
+    stages = [list(s) for s in sched.stages]
+    dropped = stages[2].pop(20)
+    assert str(dropped) == "SEND_B2"
+    with pytest.raises(ScheduleError, match="stage 2: SEND_B2 is missing") as e:
+        validate(Schedule(tuple(map(tuple, stages))))
+    assert "\n" not in str(e.value)
+    rows = e.value.grid.splitlines()
+    assert len(rows) == 5 and rows[0].split("|")[1].split()[:2] == ["...", "15"]  # 4 actions either side
+    assert rows[3].startswith("  stage 2") and ">B2<" in rows[3] and rows[3].count(">") == 1
+    assert e.value.__notes__ == [e.value.grid]
+    crossed = ("stage 0: F0 SEND_F0 RECV_B0 B0 F1 SEND_F1 RECV_B1 B1\n"
+               "stage 1: RECV_F1 F1 B1 SEND_B1 RECV_F0 F0 B0 SEND_B0\n")
+    with pytest.raises(ScheduleError, match="deadlocks") as e:
+        validate(Schedule.from_text(crossed))
+    assert ">RECV_B0<" in e.value.grid.splitlines()[1] and ">RECV_F1<" in e.value.grid.splitlines()[2]

@@ -120,7 +120,11 @@ _PLACEMENT_LINE = re.compile(r"^\s*placement\s*:\s*(\S+)\s*$")
 
 
 class ScheduleError(AlpaCommError, ValueError):
-    """A schedule that is malformed or cannot run; names the stage and action."""
+    """A schedule that is malformed or cannot run; names the stage and action. From the
+    validator it also carries ``grid``: the schedule drawn around the failing action(s),
+    marked (``validate.draw_grid``; shown under the traceback as a note)."""
+
+    grid: "str | None" = None
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
+from .grid import schedule_error
 from .ir import Schedule, ScheduleError
 
 
@@ -281,10 +282,10 @@ def simulate_schedule(schedule: Schedule, costs: Costs = Costs(), signal: bool =
         pc[i] += 1
         if pc[i] < len(schedule.stages[i]):
             heapq.heappush(ready, (t[i], i))
-    blocked = [f"stage {i} at action {pc[i]} ({schedule.stages[i][pc[i]]})"
-               for i in range(S) if pc[i] < len(schedule.stages[i])]
-    if blocked:
-        raise ScheduleError("schedule deadlocks: " + "; ".join(blocked))
+    stuck = [(i, pc[i]) for i in range(S) if pc[i] < len(schedule.stages[i])]
+    if stuck:
+        raise schedule_error(schedule, "schedule deadlocks: " + "; ".join(
+            f"stage {i} at action {k} ({schedule.stages[i][k]})" for i, k in stuck), *stuck)
     end = max(t + [tr.end for tr in transfers] + [0.0])
     transfers.sort(key=lambda tr: (tr.start, tr.src, tr.dst))
     return PipelineResult(end, busy, sorted(events, key=lambda e: (e.start, e.stage)), transfers)

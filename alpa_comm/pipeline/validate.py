@@ -2,6 +2,7 @@
 SEND/RECV pairs), then a dry run that finds deadlocks."""
 from __future__ import annotations
 
+from .grid import schedule_error
 from .ir import Schedule, ScheduleError
 
 
@@ -38,27 +39,30 @@ def validate(schedule: Schedule) -> None:
         seen_comm: dict[tuple, int] = {}
         for idx, a in enumerate(acts):
             if a.chunk >= C:
-                raise ScheduleError(f"{_where(i, idx, a)}: chunk {a.chunk} does not exist ({C} per stage)")
+                raise schedule_error(schedule, f"{_where(i, idx, a)}: chunk {a.chunk} does not exist ({C} per stage)",
+                                     (i, idx))
             if a.peer_chunk and (a.peer is None or a.peer_chunk >= C):
-                raise ScheduleError(f"{_where(i, idx, a)}: " + ("a peer chunk needs an explicit peer stage"
-                                    if a.peer is None else f"peer chunk {a.peer_chunk} does not exist "
-                                    f"({C} per stage)"))
+                raise schedule_error(schedule, f"{_where(i, idx, a)}: " + (
+                    "a peer chunk needs an explicit peer stage" if a.peer is None
+                    else f"peer chunk {a.peer_chunk} does not exist ({C} per stage)"), (i, idx))
             if a.kind.is_comm:
                 peer = schedule.peer(i, a)
                 if not 0 <= peer < S or peer == i:
-                    raise ScheduleError(f"{_where(i, idx, a)}: peer stage {peer} does not exist")
+                    raise schedule_error(schedule, f"{_where(i, idx, a)}: peer stage {peer} does not exist", (i, idx))
                 key = schedule.transfer_key(i, a)  # one per transfer: model stages tell apart two to one peer
                 if (a.kind, key) in seen_comm:
-                    raise ScheduleError(f"{_where(i, idx, a)}: {a} appears twice on this stage "
-                                        f"(first at action {seen_comm[(a.kind, key)]})")
+                    first = seen_comm[(a.kind, key)]
+                    raise schedule_error(schedule, f"{_where(i, idx, a)}: {a} appears twice on this stage "
+                                         f"(first at action {first})", (i, first), (i, idx))
                 seen_comm[(a.kind, key)] = idx
                 comm.append((idx, a, peer))
                 (sends if a.kind.is_send else recvs)[key] = (i, idx)
                 if a.peer is not None:
                     continue
             elif (a.kind, a.mb, a.chunk) in seen:
-                raise ScheduleError(f"{_where(i, idx, a)}: {a} appears twice on this stage "
-                                    f"(first at action {seen[(a.kind, a.mb, a.chunk)]})")
+                first = seen[(a.kind, a.mb, a.chunk)]
+                raise schedule_error(schedule, f"{_where(i, idx, a)}: {a} appears twice on this stage "
+                                     f"(first at action {first})", (i, first), (i, idx))
             seen[(a.kind, a.mb, a.chunk)] = idx
         seen_all.append(seen)
         for c in range(C):
@@ -67,19 +71,20 @@ def validate(schedule: Schedule) -> None:
             for m in range(M):
                 f = seen.get(("F", m, c))
                 if f is None:
-                    raise ScheduleError(f"stage {i}: forward F{m}{tag} is missing")
+                    raise schedule_error(schedule, f"stage {i}: forward F{m}{tag} is missing", (i, None))
                 b, bi, bw = seen.get(("B", m, c)), seen.get(("BI", m, c)), seen.get(("BW", m, c))
                 if b is not None and (bi is not None or bw is not None):
-                    raise ScheduleError(f"stage {i}: microbatch {m}{tag} has both B and BI/BW")
+                    raise schedule_error(schedule, f"stage {i}: microbatch {m}{tag} has both B and BI/BW", (i, b))
                 if b is None and (bi is None or bw is None):
                     missing = "B" if bi is None and bw is None else ("BI" if bi is None else "BW")
-                    raise ScheduleError(f"stage {i}: backward {missing}{m}{tag} is missing")
+                    raise schedule_error(schedule, f"stage {i}: backward {missing}{m}{tag} is missing", (i, None))
                 grad = b if b is not None else bi
                 if grad < f:
-                    raise ScheduleError(f"{_where(i, grad, acts[grad])}: backward of microbatch {m}{tag} "
-                                        "before its forward")
+                    raise schedule_error(schedule, f"{_where(i, grad, acts[grad])}: backward of microbatch {m}{tag} "
+                                         "before its forward", (i, grad), (i, f))
                 if bw is not None and bw < bi:
-                    raise ScheduleError(f"{_where(i, bw, acts[bw])}: BW{m}{tag} before BI{m}{tag}")
+                    raise schedule_error(schedule, f"{_where(i, bw, acts[bw])}: BW{m}{tag} before BI{m}{tag}",
+                                         (i, bw), (i, bi))
                 if explicit_peers:
                     continue
                 # a linear pipeline of model stages: every transfer to a neighbour on another stage
@@ -91,7 +96,8 @@ def validate(schedule: Schedule) -> None:
                         rel, what = ("before", "F") if kind.endswith("F") and kind.startswith("RECV") else \
                             ("after", "F") if kind.endswith("F") else \
                             ("before", "backward") if kind.startswith("RECV") else ("after", "backward")
-                        raise ScheduleError(f"stage {i}: {kind}{m}{tag} is missing (needed {rel} its {what})")
+                        raise schedule_error(schedule, f"stage {i}: {kind}{m}{tag} is missing (needed {rel} its "
+                                             f"{what})", (i, f if what == "F" else grad))
         for idx, a, _ in comm:  # every transfer sits on the right side of its compute action
             anchor = seen.get(("F", a.mb, a.chunk)) if a.kind.endswith("_F") else \
                 (seen.get(("B", a.mb, a.chunk)) if ("B", a.mb, a.chunk) in seen else seen.get(("BI", a.mb, a.chunk)))
@@ -99,17 +105,20 @@ def validate(schedule: Schedule) -> None:
                 continue
             before = a.kind.is_recv
             if (before and idx > anchor) or (not before and idx < anchor):
-                raise ScheduleError(f"{_where(i, idx, a)}: must come {'before' if before else 'after'} {acts[anchor]}")
+                raise schedule_error(schedule, f"{_where(i, idx, a)}: must come {'before' if before else 'after'} "
+                                     f"{acts[anchor]}", (i, idx), (i, anchor))
     if schedule.virtual:
         _check_local_handoffs(schedule, seen_all, M)
     for key, (i, idx) in sends.items():
         if key not in recvs:
             a = schedule.stages[i][idx]
-            raise ScheduleError(f"{_where(i, idx, a)}: no matching RECV_{key[0]}{key[1]} on stage {key[3]}")
+            raise schedule_error(schedule, f"{_where(i, idx, a)}: no matching RECV_{key[0]}{key[1]} on stage {key[3]}",
+                                 (i, idx), (key[3], None))
     for key, (i, idx) in recvs.items():
         if key not in sends:
             a = schedule.stages[i][idx]
-            raise ScheduleError(f"{_where(i, idx, a)}: no matching SEND_{key[0]}{key[1]} on stage {key[2]}")
+            raise schedule_error(schedule, f"{_where(i, idx, a)}: no matching SEND_{key[0]}{key[1]} on stage {key[2]}",
+                                 (i, idx), (key[2], None))
     from .simulate import Costs, simulate_schedule  # noqa: PLC0415 - dry run for deadlocks
 
     simulate_schedule(schedule, Costs())
@@ -125,9 +134,10 @@ def _check_local_handoffs(schedule: Schedule, seen_all: list[dict], M: int) -> N
         seen = seen_all[i]
         for m in range(M):
             if seen[("F", m, d)] < seen[("F", m, c)]:
-                raise ScheduleError(f"stage {i}: F{m}.{d} before F{m}.{c}, whose output it takes")
+                raise schedule_error(schedule, f"stage {i}: F{m}.{d} before F{m}.{c}, whose output it takes",
+                                     (i, seen[("F", m, d)]), (i, seen[("F", m, c)]))
             grad_c = seen.get(("B", m, c), seen.get(("BI", m, c)))
             grad_d = seen.get(("B", m, d), seen.get(("BI", m, d)))
             if grad_c < grad_d:
-                raise ScheduleError(f"stage {i}: the backward of microbatch {m} chunk {c} before chunk {d}'s, "
-                                    "whose input gradient it takes")
+                raise schedule_error(schedule, f"stage {i}: the backward of microbatch {m} chunk {c} before chunk "
+                                     f"{d}'s, whose input gradient it takes", (i, grad_c), (i, grad_d))
