@@ -15,12 +15,13 @@ import numpy as np
 
 from ..resharding.host_job import HostJob
 from ..validation import one_of
-from .backend import DEFAULT_TIMEOUT_S, CommunicationError, GlooBackend
+from .backend import DEFAULT_TIMEOUT_S, CommunicationError, GlooBackend, Transport
 from .executor import HostExecutor, Layout
 
 
-TRANSPORTS = ("gloo", "tcp")
-"""What a pipeline's mailbox may move its transfers over (``HostWorker.join_transport``)."""
+TRANSPORTS = tuple(t.value for t in (Transport.GLOO, Transport.TCP))
+"""What a pipeline's mailbox may move its transfers over (``HostWorker.join_transport``):
+``Transport`` names, as plain ``str`` (command-line choices, ``validation.one_of``)."""
 
 
 def free_port(addr: str) -> int:

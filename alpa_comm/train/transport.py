@@ -293,6 +293,6 @@ def make_mailbox(host: int, backend: Backend, jobs: dict[str, list[HostJob]], ed
     one agreed order of transfers over one that matches in issue order (NCCL)."""
     args = (host, backend, jobs, edge_index, keys, devices_per_host, schedule.num_microbatches, timeout,
             to_buffers, from_buffers)
-    if getattr(backend, "issue_ordered", False):
+    if backend.issue_ordered:
         return OrderedMailbox(*args, zeros=zeros, alloc=alloc, order=ordered_transfers(schedule, stage, set(jobs)))
     return ReshardMailbox(*args, zeros=zeros, alloc=alloc)

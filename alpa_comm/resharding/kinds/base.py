@@ -11,7 +11,7 @@ lives on its ``TransferKind`` subclass, one module each in this package:
 * ``host_flows`` and ``phases``: the bytes it puts on NICs, and how the flow
   simulator plays it;
 * ``run``: how a host executes it, written once against the small set of
-  primitives a ``runtime.executor.HostExecutor`` offers (send, receive, wait,
+  primitives a ``runtime.context.TransferContext`` offers (send, receive, wait,
   read a slice, write a slice). Only NumPy is used here, so planning stays free
   of jax, ray, torch and cupy; the executor supplies the backend.
 
@@ -28,9 +28,10 @@ from ...topology import ClusterSpec
 from .. import cost_model
 from ..resources import intra_link, nic_receive, nic_send
 
-# Annotations name ``HostExecutor`` (``runtime.executor``: the primitives kinds call) and
-# ``Transfer`` (``resharding.plan``) without importing them: the executor and the plan
-# import the kinds, and a kind needs neither module to run.
+# Annotations name ``TransferContext`` (``runtime.context``: one transfer's primitives,
+# what ``post``/``run`` are handed) and ``Transfer`` (``resharding.plan``) without
+# importing them: the runtime and the plan import the kinds, and a kind needs neither
+# module to run (planning stays pure).
 
 Phase = Tuple[float, List[Tuple[float, Tuple[int, ...]]]]  # typing forms: aliases run on Python 3.8
 """(fixed delay in seconds, [(bytes, resource keys the flow crosses), ...])."""
@@ -47,7 +48,7 @@ class Posted(NamedTuple):
     finish: Callable[[], None] | None = None
 
 
-def finish_posted(ex: "HostExecutor", posted: Posted) -> None:
+def finish_posted(ex: "TransferContext", posted: Posted) -> None:
     """Wait for a posted part and finish it (what ``run`` does for a postable host)."""
     ex.wait(posted.handles)
     if posted.finish is not None:
@@ -160,7 +161,7 @@ class TransferKind:
         raise NotImplementedError
 
     # ------------------------------------------------------------- execution
-    def post(self, ex: "HostExecutor", t: "Transfer", tag0: int) -> Optional[Posted]:
+    def post(self, ex: "TransferContext", t: "Transfer", tag0: int) -> Optional[Posted]:
         """This host's part of ``t`` posted at once, where it only sends and receives
         (nothing it forwards waits on an arrival): the executor then posts it from its
         dispatching thread and collects it later, with no thread of its own. None where
@@ -168,7 +169,7 @@ class TransferKind:
         on a thread."""
         return None
 
-    def run(self, ex: "HostExecutor", t: "Transfer", tag0: int) -> None:
+    def run(self, ex: "TransferContext", t: "Transfer", tag0: int) -> None:
         """This host's part of ``t`` (tags ``tag0`` .. ``tag0 + 1023`` are the transfer's)."""
         posted = self.post(ex, t, tag0)
         if posted is None:
@@ -271,7 +272,7 @@ def chunk_bounds(t: "Transfer", nbytes: int, k: int) -> np.ndarray:
 
 
 # ---------------------------------------------------------- receiving hosts
-def receive_buffer(ex: "HostExecutor", t: "Transfer", nbytes: int, data: bool = True):
+def receive_buffer(ex: "TransferContext", t: "Transfer", nbytes: int, data: bool = True):
     """(flat buffer, this host's receiving devices, their flat targets) for a host that
     takes ``t`` in chunks and forwards them (chains, trees).
 
@@ -323,7 +324,7 @@ def run_side_by_side(tasks: Sequence[Callable[[], list]]) -> list:
     return [x for r in results for x in r]
 
 
-def store_received(ex: "HostExecutor", t: "Transfer", flat: np.ndarray, mine: list[int], targets: list,
+def store_received(ex: "TransferContext", t: "Transfer", flat: np.ndarray, mine: list[int], targets: list,
                    data: bool = True) -> None:
     """Finish what ``receive_buffer`` started: unpack a coalesced transfer, and write the
     devices whose region was not contiguous."""

@@ -190,7 +190,7 @@ class DoubleTree(TransferKind):
             fan_out(flat, targets, lo, hi)
             return sends
 
-        if not getattr(ex.backend, "concurrent", True):
+        if not ex.backend.concurrent:
             # One thread at a time on the backend (NCCL: operations run in issue order on
             # one stream): issue in (chunk, tree) order, as the sender does. This couples
             # the trees (a host forwards tree 0's next chunk only after tree 1's last one
