@@ -303,3 +303,28 @@ def test_the_first_call_over_tcp_meets_through_jaxs_own_store_without_torch():
     got = [json.loads(o.lines("RESULT ")[0]) for o in outs if o.lines("RESULT ")]
     assert len(got) == 2, [o.stderr[-2000:] for o in outs]
     assert all(g["ok"] for g in got) and not any(g["torch"] for g in got), got
+
+
+WITHOUT_TORCH = '''
+import sys
+sys.modules["torch"] = None  # as if torch were not installed
+from alpa_comm.errors import MissingExtraError
+from alpa_comm.jax import ProcessGroup
+try:
+    ProcessGroup(0, 1, address="127.0.0.1:1", backend="gloo")
+except MissingExtraError as e:
+    print(e.name, "|", e)
+'''
+
+
+def test_a_gloo_group_without_torch_names_the_extra_in_one_line():
+    """``backend="gloo"`` meets through torch's store: without torch the group says which
+    extra installs it, and nothing else is printed (the background import stays quiet)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", WITHOUT_TORCH], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    name, _, message = done.stdout.strip().partition(" | ")
+    assert name == "torch" and "install the extra 'runtime'" in message, done.stdout
+    assert done.stderr == "", done.stderr

@@ -41,15 +41,17 @@ import threading
 import time
 from datetime import timedelta
 
+from .._extras import require
 from ..errors import AlpaCommError, CommunicationTimeoutError, InvalidOptionError
-from ..runtime.backend import DEFAULT_TIMEOUT_S, Backend, CommunicationError, GlooSubgroupBackend
+from ..runtime.backend import DEFAULT_TIMEOUT_S, Backend, CommunicationError, GlooSubgroupBackend, Transport
 from ..runtime.host_memory import DEFAULT_MAX_FREE_BYTES, BufferPool
 from ..validation import (MAX_STREAMS, check_streams, is_choice, is_int, non_negative_int, non_negative_number,
                           positive_number)
 from .placement import has_device_memory
 
-BACKENDS = ("tcp", "gloo", "nccl")
-DEFAULT_BACKEND = "tcp"
+BACKENDS = tuple(t.value for t in (Transport.TCP, Transport.GLOO, Transport.NCCL))
+"""The transports a ``ProcessGroup`` runs on: ``Transport`` names, as plain ``str``."""
+DEFAULT_BACKEND = Transport.TCP.value
 DEFAULT_STREAM_GBPS = 10.0
 """What one TCP stream between two hosts carries, for ``streams="auto"``: about what a
 Linux TCP stream sustains between hosts; on this kind of machine, over loopback, one
@@ -85,7 +87,7 @@ class _TcpKV:
     """A torch ``TCPStore`` at ``host:port`` (hosted by rank 0)."""
 
     def __init__(self, host: str, port: int, is_master: bool, timeout: float):
-        import torch.distributed as dist  # noqa: PLC0415
+        dist = require("torch.distributed")  # optional: a missing torch names its extra
 
         self.store = dist.TCPStore(host, port, None, is_master, timedelta(seconds=timeout), wait_for_workers=False)
 
@@ -217,13 +219,20 @@ class _SubgroupStore:
 def _import_in_background(module: str) -> None:
     """Start importing ``module`` on a thread: ``torch.distributed`` takes 1-2.5 s to import
     here, which would otherwise be most of the first call's join (the join itself, store
-    and gloo connections, takes milliseconds). A later import waits for this one."""
+    and gloo connections, takes milliseconds). A later import waits for this one. A module
+    that is not installed is left to that import (``_extras.require``), which names the
+    extra to install in one line; this thread prints nothing."""
     import importlib  # noqa: PLC0415
     import sys  # noqa: PLC0415
 
+    def load() -> None:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            pass  # the import where the module is needed raises MissingExtraError naming its extra
+
     if module not in sys.modules:
-        threading.Thread(target=importlib.import_module, args=(module,), daemon=True,
-                         name=f"alpa-comm-import-{module}").start()
+        threading.Thread(target=load, daemon=True, name=f"alpa-comm-import-{module}").start()
 
 
 def streams_for(streams, nic_gbps: float, stream_gbps: float) -> int:
@@ -385,7 +394,7 @@ class ProcessGroup:
             return TcpBackend(self.rank, hosts, _SubgroupStore(self.kv, name, self.timeout), self.timeout,
                               streams=self.streams, address=_reachable_ip(self._towards, self._own_ip),
                               pace_gbps=self.nic_gbps)
-        import torch.distributed as dist  # noqa: PLC0415
+        dist = require("torch.distributed")  # optional: a missing torch names its extra
 
         from ..runtime.worker import free_port  # noqa: PLC0415
 
