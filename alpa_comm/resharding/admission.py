@@ -25,6 +25,7 @@ transfers; ``strategy="auto"`` ranks the kinds it plans by it.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
 from .kinds import transfer_kind
@@ -105,21 +106,74 @@ def admitted_seconds(transfers: Sequence, cluster: "ClusterSpec", limit: float =
     It leaves out dependencies between transfers and head-of-line waits in plan order.
     Where it would exceed ``limit`` (another plan's estimate) it may stop early and return
     ``inf``."""
-    lat, min_rate = cluster.latency_s, cluster.slowest_nic_rate
-    rate = [0.0] * (3 * cluster.num_hosts)  # by resource key (``resources``: 3 x host + side)
-    for h in range(cluster.num_hosts):
-        rate[nic_send(h)], rate[nic_receive(h)], rate[intra_link(h)] = (
-            cluster.send_rate(h), cluster.recv_rate(h), cluster.intra_rate)
-    load = [0.0] * len(rate)  # seconds of all the bytes that cross each resource, at its rate
-    serial = [0.0] * len(rate)  # busy seconds of its long transfers + its latency-bound bytes
-    held: dict[int, list] = {}  # resource -> [sum, max, count] of its long transfers' delays
-    quick: dict[int, list] = {}  # host -> [sum, max, count] of its latency-bound transfers' delays
-    longest = 0.0
-    for t in transfers:
+    tally = _Tally.of(cluster, limit)
+    try:
+        for t in transfers:
+            tally.add(t, cluster)
+    except _OverLimit:
+        return math.inf
+    return tally.estimate()
+
+
+class _OverLimit(Exception):
+    """Raised inside ``_Tally`` once a term that only grows passes ``limit``: the plan
+    cannot come under it, so ``admitted_seconds`` stops and returns ``inf``."""
+
+
+@dataclass
+class _Tally:
+    """What ``admitted_seconds`` adds up over a plan's transfers, by resource key
+    (``resources``: 3 x host + side), so that each rule of the estimate is one method.
+
+    The lists are indexed by resource key, and the hot loops bind them to locals: a
+    plan of tens of thousands of transfers passes through ``add`` once each."""
+
+    limit: float
+    latency_s: float
+    min_rate: float | None
+    rate: list  # bytes/s of each resource
+    load: list  # seconds of all the bytes that cross each resource, at its rate
+    serial: list  # busy seconds of its long transfers + its latency-bound bytes
+    held: dict = field(default_factory=dict)  # resource -> [sum, max, count] of its long transfers' delays
+    quick: dict = field(default_factory=dict)  # host -> [sum, max, count] of its latency-bound transfers' delays
+    longest: float = 0.0  # the longest transfer alone (its delays plus its busy time)
+
+    @classmethod
+    def of(cls, cluster: "ClusterSpec", limit: float) -> "_Tally":
+        rate = [0.0] * (3 * cluster.num_hosts)
+        for h in range(cluster.num_hosts):
+            rate[nic_send(h)], rate[nic_receive(h)], rate[intra_link(h)] = (
+                cluster.send_rate(h), cluster.recv_rate(h), cluster.intra_rate)
+        return cls(limit, cluster.latency_s, cluster.slowest_nic_rate, rate, [0.0] * len(rate), [0.0] * len(rate))
+
+    def add(self, t, cluster: "ClusterSpec") -> None:
+        """Charge one transfer: its bytes everywhere, then its busy time and delays by
+        the rule that admits it (latency-bound, long, or long and ``runs_alone``)."""
         kind = transfer_kind(t.kind)
-        small = latency_bound(t.nbytes, lat, min_rate)
+        small = latency_bound(t.nbytes, self.latency_s, self.min_rate)
+        delay, busy = self._play(kind.phases(t, cluster), small)
+        if delay + busy > self.longest:
+            self.longest = delay + busy
+            if self.longest > self.limit:
+                raise _OverLimit
+        resources = kind.transfer_resources(t, cluster)
+        if small:
+            self._overlap({host_and_side(k)[0] for k in resources}, self.quick, MAX_CONCURRENT, delay)
+            return
+        self._serialize(resources, busy)
+        if runs_alone(t, cluster.host_of, self.min_rate, self.latency_s):  # nothing hides its delays
+            self._serialize(resources, delay)
+            return
+        self._overlap(resources, self.held, MAX_PER_RESOURCE, delay)
+
+    def _play(self, phases, small: bool) -> tuple[float, float]:
+        """(fixed delay, busy time) of a transfer's phases, each phase busy for its
+        bytes on its most loaded resource; every flow's bytes go into ``load`` (and, for
+        a latency-bound transfer, into ``serial``: it is outside the windows, so only its
+        bytes queue there)."""
+        rate, load, serial, limit = self.rate, self.load, self.serial, self.limit
         delay = busy = 0.0
-        for d, flows in kind.phases(t, cluster):
+        for d, flows in phases:
             delay += d
             top = 0.0
             if len(flows) == 1:  # the common case: one flow, its bytes on every link it crosses
@@ -132,39 +186,40 @@ def admitted_seconds(transfers: Sequence, cluster: "ClusterSpec", limit: float =
                     if small:
                         serial[k] += sec
                         if serial[k] > limit:
-                            return math.inf
+                            raise _OverLimit
             elif flows:
-                phase: dict[int, float] = {}  # flows of one phase that share a link share its rate
-                for nbytes, links in flows:
-                    for k in links:
-                        phase[k] = phase.get(k, 0.0) + nbytes / rate[k]
-                for k, sec in phase.items():
-                    load[k] += sec
-                    if small:
-                        serial[k] += sec
-                top = max(phase.values())
+                top = self._shared_phase(flows, small)
             busy += top
-        if delay + busy > longest:
-            longest = delay + busy
-            if longest > limit:
-                return math.inf
-        resources = kind.transfer_resources(t, cluster)
-        if small:
-            keys, into, at_once = {host_and_side(k)[0] for k in resources}, quick, MAX_CONCURRENT
-        else:
-            for k in resources:
-                serial[k] += busy
-                if serial[k] > limit:  # every term only grows: this plan cannot come under the limit
-                    return math.inf
-            keys, into, at_once = resources, held, MAX_PER_RESOURCE
-            if runs_alone(t, cluster.host_of, min_rate, lat):  # nothing hides its delays
-                for k in resources:
-                    serial[k] += delay
-                    if serial[k] > limit:
-                        return math.inf
-                continue
+        return delay, busy
+
+    def _shared_phase(self, flows, small: bool) -> float:
+        """Charge a phase of several flows, where flows that share a link share its rate;
+        its busy time is its most loaded link's."""
+        rate, load, serial = self.rate, self.load, self.serial
+        phase: dict[int, float] = {}
+        for nbytes, links in flows:
+            for k in links:
+                phase[k] = phase.get(k, 0.0) + nbytes / rate[k]
+        for k, sec in phase.items():
+            load[k] += sec
+            if small:
+                serial[k] += sec
+        return max(phase.values())
+
+    def _serialize(self, resources, seconds: float) -> None:
+        """Add ``seconds`` that pass one after another on each of ``resources``."""
+        serial, limit = self.serial, self.limit
+        for k in resources:
+            serial[k] += seconds
+            if serial[k] > limit:  # every term only grows: this plan cannot come under the limit
+                raise _OverLimit
+
+    def _overlap(self, keys, into: dict, at_once: int, delay: float) -> None:
+        """Add a fixed delay that overlaps ``at_once`` at a time on each of ``keys``
+        (resources for long transfers, hosts for latency-bound ones): ``_waves`` reads
+        the [sum, max, count] kept here."""
         if delay <= 0:
-            continue
+            return
         for k in keys:
             acc = into.get(k)
             if acc is None:
@@ -174,19 +229,23 @@ def admitted_seconds(transfers: Sequence, cluster: "ClusterSpec", limit: float =
                 if delay > acc[1]:
                     acc[1] = delay
                 acc[2] += 1
-                if acc[0] > limit * at_once:  # at most its waves' delays (``_waves``)
-                    return math.inf
-    worst = longest
-    for k in range(len(rate)):
-        est = max(load[k], serial[k])
-        if k in held:
-            est += _waves(held[k], MAX_PER_RESOURCE)
-        h = host_and_side(k)[0]
-        if h in quick:
-            est += _waves(quick[h], MAX_CONCURRENT)
-        if est > worst:
-            worst = est
-    return worst
+                if acc[0] > self.limit * at_once:  # at most its waves' delays (``_waves``)
+                    raise _OverLimit
+
+    def estimate(self) -> float:
+        """The most loaded resource (its serial time or all its bytes, plus the waves of
+        delays on it and on its host), at least the longest transfer alone."""
+        worst = self.longest
+        for k in range(len(self.rate)):
+            est = max(self.load[k], self.serial[k])
+            if k in self.held:
+                est += _waves(self.held[k], MAX_PER_RESOURCE)
+            h = host_and_side(k)[0]
+            if h in self.quick:
+                est += _waves(self.quick[h], MAX_CONCURRENT)
+            if est > worst:
+                worst = est
+        return worst
 
 
 def _waves(delays: list, at_once: int) -> float:
