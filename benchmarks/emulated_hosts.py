@@ -84,7 +84,7 @@ def worker(cfg_path: str) -> int:
     from alpa_comm.jax.group import ProcessGroup
     from alpa_comm.resharding.host_job import HostJob
     from alpa_comm.resharding.plan import ReshardingPlan
-    from alpa_comm.runtime.executor import HostExecutor, Layout
+    from alpa_comm.runtime.executor import ExecutorOptions, HostExecutor, Layout
 
     cfg = json.loads(Path(cfg_path).read_text())
     rank, world = int(os.environ["ALPA_COMM_JAX_RANK"]), int(os.environ["ALPA_COMM_JAX_WORLD"])
@@ -149,13 +149,13 @@ def worker(cfg_path: str) -> int:
         src = lay.source_shards(x, job.is_local)
         runs, exact, timings, cpu = [], True, [], []
         retransmits = 0
+        options = ExecutorOptions(timeout, job.min_rate, latency_s=job.latency_s)
         for r in range(cfg["repeat"] + 1):
             dst = lay.empty_destinations(job.is_local, zeros=True)
             backend.barrier(timeout)
             before, cpu0 = tcp_retransmits(), machine_cpu()
             t0 = time.perf_counter()
-            ends = HostExecutor(rank, [lay], [src], [dst], backend, job.host_of, timeout, job.min_rate,
-                                latency_s=job.latency_s).run(job.transfers)
+            ends = HostExecutor(rank, [lay], [src], [dst], backend, job.host_of, options=options).run(job.transfers)
             if r:
                 runs.append(time.perf_counter() - t0)
                 retransmits += tcp_retransmits() - before

@@ -63,7 +63,7 @@ def rank_main(rank, world, uid, plans_json, arrays, timeout, results) -> None:
     from alpa_comm.resharding import HostJob
     from alpa_comm.resharding.plan import ReshardingPlan
     from alpa_comm.runtime.backend import NcclBackend
-    from alpa_comm.runtime.executor import HostExecutor, Layout, view
+    from alpa_comm.runtime.executor import ExecutorOptions, HostExecutor, Layout, view
 
     try:
         cupy.cuda.Device(rank).use()
@@ -76,8 +76,9 @@ def rank_main(rank, world, uid, plans_json, arrays, timeout, results) -> None:
             full = tuple((0, n) for n in x.shape)
             src = {d: cupy.asarray(b) for d, b in layout.source_shards(x, job.is_local).items()}
             dst = layout.empty_destinations(job.is_local, alloc=lambda d, shape, dtype: cupy.zeros(shape, dtype))
+            options = ExecutorOptions(timeout, xp=cupy)
             t0 = time.perf_counter()
-            HostExecutor(rank, layout, src, dst, backend, job.host_of, timeout, xp=cupy).run(job.transfers)
+            HostExecutor(rank, layout, src, dst, backend, job.host_of, options=options).run(job.transfers)
             seconds = time.perf_counter() - t0
             ok = all(isinstance(b, cupy.ndarray) and np.array_equal(cupy.asnumpy(b), view(x, full, layout.dst_boxes[d]))
                      for d, b in dst.items())

@@ -165,12 +165,11 @@ def test_a_failure_while_packing_ends_the_transfer_instead_of_hanging(monkeypatc
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "4"])
 def test_bad_limits_are_refused_by_name(bad):
-    with pytest.raises(InvalidOptionError, match="max_concurrent"):
-        HostExecutor(0, [], [], [], None, lambda d: 0, max_concurrent=bad)
-    with pytest.raises(InvalidOptionError, match="max_inflight_bytes"):
-        HostExecutor(0, [], [], [], None, lambda d: 0, max_inflight_bytes=bad)
-    with pytest.raises(InvalidOptionError, match="max_per_resource"):
-        HostExecutor(0, [], [], [], None, lambda d: 0, max_per_resource=bad)
+    from alpa_comm.runtime.executor import ExecutorOptions
+
+    for limit in ("max_concurrent", "max_inflight_bytes", "max_per_resource"):
+        with pytest.raises(InvalidOptionError, match=limit):
+            HostExecutor(0, [], [], [], None, lambda d: 0, options=ExecutorOptions(**{limit: bad}))
 
 
 def test_a_bucket_lands_in_place_in_a_destination_slab():
@@ -288,19 +287,25 @@ def test_every_backend_declares_its_capabilities_and_names_a_transport():
     assert TcpBackend.rendezvous and TcpBackend.vectored and NcclBackend.issue_ordered and not NcclBackend.concurrent
 
 
-def test_options_as_one_object_or_as_the_old_arguments():
-    """``HostExecutor`` takes its options as one ``ExecutorOptions`` or, as callers wrote it
-    before, as arguments after ``host_of``; not both."""
+def test_options_as_one_object():
+    """``HostExecutor`` takes its options as one ``ExecutorOptions`` (by name; none: every
+    default), and nothing else: no option arguments beside it, no other object."""
+    from alpa_comm.errors import InvalidTypeError
     from alpa_comm.runtime.executor import ExecutorOptions
 
     backend = ThreadBackend(0, _Hub())
-    old = HostExecutor(0, [], [], [], backend, lambda d: 0, 7.0, 1e9, tag_base=3, max_concurrent=4)
-    new = HostExecutor(0, [], [], [], backend, lambda d: 0,
-                       options=ExecutorOptions(timeout=7.0, min_rate=1e9, tag_base=3, max_concurrent=4))
-    assert old.options == new.options and old.timeout == 7.0 and old.max_concurrent == 4
-    assert new.max_inflight_bytes == ExecutorOptions().max_inflight_bytes
-    with pytest.raises(InvalidOptionError, match="not both"):
-        HostExecutor(0, [], [], [], backend, lambda d: 0, 7.0, options=ExecutorOptions())
+    given = ExecutorOptions(7.0, 1e9, tag_base=3, max_concurrent=4)
+    assert given == ExecutorOptions(timeout=7.0, min_rate=1e9, tag_base=3, max_concurrent=4)
+    ex = HostExecutor(0, [], [], [], backend, lambda d: 0, options=given)
+    assert ex.options is given and ex.timeout == 7.0 and ex.max_concurrent == 4
+    default = HostExecutor(0, [], [], [], backend, lambda d: 0)
+    assert default.options == ExecutorOptions() and default.max_inflight_bytes == ExecutorOptions().max_inflight_bytes
+    with pytest.raises(TypeError):
+        HostExecutor(0, [], [], [], backend, lambda d: 0, 7.0)
+    with pytest.raises(TypeError):
+        HostExecutor(0, [], [], [], backend, lambda d: 0, max_concurrent=4)
+    with pytest.raises(InvalidTypeError, match="max_concurrent"):
+        HostExecutor(0, [], [], [], backend, lambda d: 0, options={"max_concurrent": 4})
 
 
 def test_the_dispatcher_and_the_packer_never_wait_on_a_timer(monkeypatch):

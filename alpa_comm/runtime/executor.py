@@ -31,7 +31,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import InvalidOptionError
+from ..errors import InvalidOptionError, InvalidTypeError
 from ..resharding.admission import MAX_INFLIGHT_BYTES, MAX_PER_RESOURCE, latency_bound, window_units
 from ..resharding.kinds import TransferKind, transfer_kind
 from ..resharding.kinds.base import Posted, finish_posted
@@ -81,8 +81,8 @@ class HostExecutor:
 
     ``layout``/``src``/``dst`` describe one array, or are lists with one entry per
     leaf of a tree plan (transfers name their ``leaf``; coalesced ones carry parts).
-    ``options``: an ``ExecutorOptions``; or, as before there was one, its fields as
-    arguments after ``host_of`` (``timeout``, ``min_rate`` and the rest by name).
+    ``options``: an ``ExecutorOptions`` (timeout, NIC rate, tags, limits, ...), by name;
+    None: every option's default.
 
     Buffers are NumPy arrays, or arrays of another module with NumPy's interface (``xp``:
     CuPy for GPU memory, found from the buffers when not given): every buffer the
@@ -97,17 +97,16 @@ class HostExecutor:
     (``runtime/dispatch.py``).
 
     Raises:
-        InvalidOptionError: a limit that is not a positive integer, or ``options``
-            given beside option arguments.
+        InvalidTypeError: ``options`` that is not an ``ExecutorOptions`` (a bad limit is
+            refused where the options are made: ``InvalidOptionError``).
     """
 
-    def __init__(self, host: int, layout, src, dst, backend: Backend, host_of: Callable[[int], int],
-                 *option_args, options: ExecutorOptions | None = None, **option_kwargs):
+    def __init__(self, host: int, layout, src, dst, backend: Backend, host_of: Callable[[int], int], *,
+                 options: ExecutorOptions | None = None):
         if options is None:
-            options = ExecutorOptions(*option_args, **option_kwargs)
-        elif option_args or option_kwargs:
-            raise InvalidOptionError(f"HostExecutor takes options or option arguments, not both: got options and "
-                                     f"{sorted(option_kwargs) or len(option_args)}")
+            options = ExecutorOptions()
+        elif not isinstance(options, ExecutorOptions):
+            raise InvalidTypeError(f"HostExecutor's options must be an ExecutorOptions, got {options!r}")
         self.options = options
         many = isinstance(layout, (list, tuple))
         self.layouts = list(layout) if many else [layout]

@@ -18,8 +18,9 @@ def _limit(value, name: str, default: int) -> int:
 
 @dataclass(frozen=True)
 class ExecutorOptions:
-    """A ``HostExecutor``'s options; fields in the order ``HostExecutor`` once took them as
-    arguments (``ExecutorOptions(timeout, min_rate, tag_base=...)`` reads as that call did).
+    """A ``HostExecutor``'s options (``HostExecutor(..., options=ExecutorOptions(...))``);
+    the first two (the wait bound and the slowest NIC's rate) may be given by position:
+    ``ExecutorOptions(timeout, min_rate, tag_base=...)``.
 
     Raises ``InvalidOptionError`` naming a limit that is not a positive integer."""
 

@@ -195,7 +195,8 @@ class _Stream:
         try:
             views = _views(buf, writable=True)
         except ValueError as e:  # a read-only buffer (InvalidArgumentError), or one memoryview refuses
-            raise CommunicationError(f"host {self.owner}: receiving from host {self.peer} with tag {tag}: {e}") from None
+            raise CommunicationError(f"host {self.owner}: receiving from host {self.peer} with tag {tag}: "
+                                     f"{e}") from None
         op = _Op(tag, views, int(buf.nbytes))
         with self.lock:
             waiting = self.early.get(tag)

@@ -16,7 +16,7 @@ import numpy as np
 from ..resharding.host_job import HostJob
 from ..validation import one_of
 from .backend import DEFAULT_TIMEOUT_S, CommunicationError, GlooBackend, Transport
-from .executor import HostExecutor, Layout
+from .executor import ExecutorOptions, HostExecutor, Layout
 
 
 TRANSPORTS = tuple(t.value for t in (Transport.GLOO, Transport.TCP))
@@ -124,9 +124,10 @@ class HostWorker:
         if barrier:
             self.backend.barrier(timeout)
         start = time.time()
-        timings = HostExecutor(self.host, layouts, src, dst, self.backend, job.host_of, timeout,
-                               job.min_rate, max_concurrent=1 if in_order else None,
-                               latency_s=job.latency_s).run(job.transfers)
+        options = ExecutorOptions(timeout, job.min_rate, max_concurrent=1 if in_order else None,
+                                  latency_s=job.latency_s)
+        timings = HostExecutor(self.host, layouts, src, dst, self.backend, job.host_of,
+                               options=options).run(job.transfers)
         end = time.time()
         for i, leaf_dst in zip(dst_ids, dst):
             if leaf_dst:

@@ -36,7 +36,7 @@ from ..pipeline.edges import edge_name, transfer_edge
 from ..pipeline.transfer_order import transfer_order
 from ..resharding.host_job import HostJob
 from ..runtime.backend import Backend, CommunicationError
-from ..runtime.executor import TAGS_PER_TRANSFER, HostExecutor, Layout
+from ..runtime.executor import TAGS_PER_TRANSFER, ExecutorOptions, HostExecutor, Layout
 from ..runtime.pools import shutdown_now
 from ..runtime.thread_cpu import name_os_thread
 
@@ -94,8 +94,8 @@ class ReshardMailbox:
             src = [srcs[k]] if srcs is not None else [{}]
             tag = tag_slot(self.edge_index[name], k, mb, self.M) * TAG_STRIDE
             # eager messages: a stage may wait for its send before it posts its next receive
-            HostExecutor(self.host, layouts, src, [dst], self.backend, job.host_of, self.timeout,
-                         job.min_rate, tag_base=tag, rendezvous=False).run(job.transfers)
+            options = ExecutorOptions(self.timeout, job.min_rate, tag_base=tag, rendezvous=False)
+            HostExecutor(self.host, layouts, src, [dst], self.backend, job.host_of, options=options).run(job.transfers)
             out.append(dst)
         if srcs is not None:  # the sender's view: from data ready to the last byte out
             self.events.append((name, mb, start, time.time()))
