@@ -8,8 +8,8 @@ import sys
 import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "alpa_comm"
-PURE = ["spec.py", "mesh.py", "placement.py", "topology.py", "dtypes.py", "errors.py", "suites.py",
-        "resharding", "sim", "pipeline"]
+PURE = ["spec.py", "mesh.py", "placement.py", "topology.py", "dtypes.py", "errors.py", "validation.py", "_extras.py",
+        "suites.py", "resharding", "sim", "pipeline"]
 SHELL = {"runtime", "report", "train", "models", "cli", "integrations", "alpa_comm_bench"}
 """The shell: alpa_comm's packages that run, measure or write, and the benchmark package."""
 HEAVY = {"jax", "ray", "torch", "cupy", "matplotlib", "tqdm", "optax"}
