@@ -30,6 +30,7 @@ takes each byte in once.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -101,6 +102,73 @@ def _side_bytes(messages, part_bytes: Sequence[int], side: int) -> dict[int, flo
     return out
 
 
+@dataclass
+class _Regrouping:
+    """The jobs ``RotatedChains.combine`` hands back, built group by group, with what it
+    looks up on the way: a plan's jobs repeat receiver sets, and (bytes, sender,
+    receivers) triples, by the thousand, so both are memoized here."""
+
+    jobs: list  # the jobs given to ``combine``
+    job_leaf: list
+    cluster: object
+    new_jobs: list
+    new_leaf: list
+    new_members: dict
+    load: dict = field(default_factory=dict)  # bytes each source host sends so far
+    chain: Broadcast = field(default_factory=Broadcast)  # the alternative: one chain per slice
+    _groups: dict = field(default_factory=dict)  # receivers -> devices by host
+    _chains: dict = field(default_factory=dict)  # (nbytes, host, receivers) -> chain candidate
+
+    @classmethod
+    def keeping(cls, keep: list[int], jobs, job_leaf, members, cluster) -> "_Regrouping":
+        """Start from the jobs ``keep`` names (other kinds'), renumbered in order."""
+        new_index = {i: k for k, i in enumerate(keep)}
+        return cls(jobs, job_leaf, cluster, [jobs[i] for i in keep], [job_leaf[i] for i in keep],
+                   {new_index[i]: m for i, m in members.items() if i in new_index})
+
+    def hosts_of(self, receivers: tuple) -> dict:
+        g = self._groups.get(receivers)
+        if g is None:
+            g = self._groups[receivers] = group_by_host(receivers, self.cluster)
+        return g
+
+    def chain_candidate(self, nbytes: int, host: int, receivers: tuple) -> Candidate:
+        key = (nbytes, host, receivers)
+        c = self._chains.get(key)
+        if c is None:
+            c = self._chains[key] = self.chain.candidate(nbytes, nbytes, host, self.hosts_of(receivers),
+                                                         self.cluster, None)
+        return c
+
+    def choose_senders(self, idx: list[int]) -> dict[int, int]:
+        """Each slice's sender host: largest slices first, each to the host holding it
+        that sends the fewest bytes so far (LPT; ``load`` carries over between groups)."""
+        senders = {}
+        for i in sorted(idx, key=lambda i: -self.jobs[i].nbytes):
+            host = min((c.host for c in self.jobs[i].candidates), key=lambda h: (self.load.get(h, 0.0), h))
+            senders[i] = host
+            self.load[host] = self.load.get(host, 0.0) + self.jobs[i].nbytes
+        return senders
+
+    def keep(self, idx: list[int]) -> None:
+        self.new_jobs += [self.jobs[i] for i in idx]
+        self.new_leaf += [self.job_leaf[i] for i in idx]
+
+    def as_chains(self, idx: list[int]) -> None:
+        """The slices ``idx`` as one chain each (``broadcast``)."""
+        for i in idx:
+            j = self.jobs[i]
+            cands = tuple(self.chain_candidate(j.nbytes, c.host, j.receivers) for c in j.candidates)
+            self.new_jobs.append(j._replace(kind=self.chain.name, candidates=cands))
+            self.new_leaf.append(self.job_leaf[i])
+
+    def add_group(self, job, parts: list) -> None:
+        """A group job carrying ``parts`` ((job, leaf, sender host) of each slice)."""
+        self.new_members[len(self.new_jobs)] = parts
+        self.new_jobs.append(job)
+        self.new_leaf.append(-1)
+
+
 class RotatedChains(TransferKind):
     name = "rotated_chains"
     receives_into_scratch = True
@@ -149,80 +217,54 @@ class RotatedChains(TransferKind):
     def combine(self, jobs, job_leaf, members, cluster):
         """Group this kind's jobs by their receiving hosts into ring transfers; choose
         each slice's sender host (least bytes so far among the hosts holding it). Where
-        the cost model says one chain per slice is faster, the slices go as chains."""
+        the cost model says one chain per slice is faster, the slices go as chains.
+        Other kinds' jobs are kept, first and in their order."""
+        keep = [i for i, j in enumerate(jobs) if j.kind != self.name]
+        out = _Regrouping.keeping(keep, jobs, job_leaf, members, cluster)
         groups: dict[tuple[int, ...], list[int]] = {}
-        keep: list[int] = []
-        by_host: dict[tuple, dict] = {}  # receivers -> devices by host (jobs repeat receiver sets)
-
-        def hosts_of(receivers: tuple) -> dict:
-            g = by_host.get(receivers)
-            if g is None:
-                g = by_host[receivers] = group_by_host(receivers, cluster)
-            return g
-
         for i, j in enumerate(jobs):
-            if j.kind != self.name:
-                keep.append(i)
-                continue
-            groups.setdefault(tuple(hosts_of(j.receivers)), []).append(i)
-        groups = self._fold_holders(groups, jobs)
-        new_index = {i: k for k, i in enumerate(keep)}
-        new_jobs = [jobs[i] for i in keep]
-        new_leaf = [job_leaf[i] for i in keep]
-        new_members = {new_index[i]: m for i, m in members.items() if i in new_index}
-        load: dict[int, float] = {}
-        chain = Broadcast()  # the alternative: one chain per slice
+            if j.kind == self.name:
+                groups.setdefault(tuple(out.hosts_of(j.receivers)), []).append(i)
+        for ring, idx in self._fold_holders(groups, jobs).items():
+            self._combine_group(out, ring, idx)
+        return out.new_jobs, out.new_leaf, out.new_members
 
-        chain_memo: dict[tuple, Candidate] = {}
+    def _combine_group(self, out: "_Regrouping", ring: tuple[int, ...], idx: list[int]) -> None:
+        """One group's slices (same receiving hosts): too few hosts for a ring, kept as
+        they are; too many for the ring's tags, as chains; otherwise each slice gets its
+        sender host, the slices go in tag-sized parts, and each part as a ring or as
+        chains, whichever the cost model finds faster."""
+        jobs = out.jobs
+        if len(ring) < MIN_RING_HOSTS:
+            out.keep(idx)
+            return
+        if len(ring) > MAX_RING_HOSTS:
+            out.as_chains(idx)
+            return
+        senders = out.choose_senders(idx)
+        idx = sorted(idx, key=lambda i: (senders[i], out.job_leaf[i], jobs[i].task))
+        for part in self._fit_tags(idx, jobs, senders, list(ring)):
+            self._ring_or_chains(out, part, senders, ring)
 
-        def chain_candidate(nbytes: int, host: int, receivers: tuple) -> Candidate:
-            key = (nbytes, host, receivers)
-            c = chain_memo.get(key)
-            if c is None:
-                c = chain_memo[key] = chain.candidate(nbytes, nbytes, host, hosts_of(receivers), cluster, None)
-            return c
-
-        def as_chains(idx: list[int]) -> None:
-            for i in idx:
-                j = jobs[i]
-                cands = tuple(chain_candidate(j.nbytes, c.host, j.receivers) for c in j.candidates)
-                new_jobs.append(j._replace(kind=chain.name, candidates=cands))
-                new_leaf.append(job_leaf[i])
-
-        for ring, idx in groups.items():
-            if len(ring) < MIN_RING_HOSTS:
-                new_jobs += [jobs[i] for i in idx]
-                new_leaf += [job_leaf[i] for i in idx]
-                continue
-            if len(ring) > MAX_RING_HOSTS:
-                as_chains(idx)
-                continue
-            ordered = sorted(idx, key=lambda i: -jobs[i].nbytes)
-            senders = {}
-            for i in ordered:  # LPT over the source hosts holding each slice
-                host = min((c.host for c in jobs[i].candidates), key=lambda h: (load.get(h, 0.0), h))
-                senders[i] = host
-                load[host] = load.get(host, 0.0) + jobs[i].nbytes
-            idx = sorted(idx, key=lambda i: (senders[i], job_leaf[i], jobs[i].task))
-            for part in self._fit_tags(idx, jobs, senders, list(ring)):
-                sizes = [jobs[i].nbytes for i in part]
-                hosts = [senders[i] for i in part]
-                seconds = self.group_seconds(sizes, hosts, list(ring), cluster)
-                # Chains that share hosts run one after another: a ring pays only when it
-                # beats them all in a row (few sending hosts make its scatter the long pole).
-                chains = sum(chain_candidate(n, h, jobs[i].receivers).duration for n, h, i in zip(sizes, hosts, part))
-                if chains <= seconds:
-                    as_chains(part)
-                    continue
-                unique = {jobs[i].receivers for i in part}  # often one receiver set for the whole group
-                receivers = (next(iter(unique)) if len(unique) == 1 else
-                             tuple(sorted({r for rs in unique for r in rs}, key=lambda d: (cluster.host_of(d), d))))
-                cand = Candidate(hosts[0], self.group_resources(hosts, list(ring)), seconds)
-                new_members[len(new_jobs)] = [(jobs[i], job_leaf[i], senders[i]) for i in part]
-                new_jobs.append(jobs[part[0]]._replace(task=-2, receivers=receivers, nbytes=sum(sizes), index=(),
-                                                       candidates=(cand,)))
-                new_leaf.append(-1)
-        return new_jobs, new_leaf, new_members
+    def _ring_or_chains(self, out: "_Regrouping", part: list[int], senders: dict, ring: tuple[int, ...]) -> None:
+        """``part``'s slices as one ring job, unless their chains in a row are as fast."""
+        jobs, cluster = out.jobs, out.cluster
+        sizes = [jobs[i].nbytes for i in part]
+        hosts = [senders[i] for i in part]
+        seconds = self.group_seconds(sizes, hosts, list(ring), cluster)
+        # Chains that share hosts run one after another: a ring pays only when it
+        # beats them all in a row (few sending hosts make its scatter the long pole).
+        chains = sum(out.chain_candidate(n, h, jobs[i].receivers).duration for n, h, i in zip(sizes, hosts, part))
+        if chains <= seconds:
+            out.as_chains(part)
+            return
+        unique = {jobs[i].receivers for i in part}  # often one receiver set for the whole group
+        receivers = (next(iter(unique)) if len(unique) == 1 else
+                     tuple(sorted({r for rs in unique for r in rs}, key=lambda d: (cluster.host_of(d), d))))
+        cand = Candidate(hosts[0], self.group_resources(hosts, list(ring)), seconds)
+        out.add_group(jobs[part[0]]._replace(task=-2, receivers=receivers, nbytes=sum(sizes), index=(),
+                                             candidates=(cand,)),
+                      [(jobs[i], out.job_leaf[i], senders[i]) for i in part])
 
     @staticmethod
     def _fold_holders(groups: dict[tuple, list[int]], jobs) -> dict[tuple, list[int]]:
