@@ -10,6 +10,7 @@ this to reject a wrong plan before any byte moves.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -68,62 +69,93 @@ def verify_plan(plan) -> None:
 
     Any plan: a single-array plan is read as a one-leaf plan, a tree plan leaf by
     leaf; a coalesced transfer delivers each of its parts."""
-    leaves = plan.leaves
-    need = [leaf.resharding.dst.device_boxes(leaf.shape) for leaf in leaves]
-    holds = [{d: [b] for d, b in leaf.resharding.src.device_boxes(leaf.shape).items()} for leaf in leaves]
-    received: list[dict[int, list]] = [{d: [] for d in n} for n in need]
-    by: list[dict[int, list]] = [{d: [] for d in n} for n in need]  # the transfer that delivered each box
-    done: set[int] = set()
+    ledger = _Ledger.of(plan.leaves)
+    for t in plan.transfers:
+        ledger.run(t)
+    ledger.check_many_boxes()
+    if carries_data(plan.strategy):
+        ledger.check_complete()
 
-    def where(t, leaf: int) -> str:
-        path = leaves[leaf].path
+
+@dataclass
+class _Ledger:
+    """What every device holds and has received, leaf by leaf, as ``verify_plan`` plays
+    a plan's transfers in order; each check is one method, raising on the first fault."""
+
+    leaves: tuple
+    need: list  # per leaf: destination device -> the box it must end with
+    holds: list  # per leaf: device -> boxes it holds (its source box, then what it received)
+    received: list  # per leaf: destination device -> boxes received, in order
+    by: list  # per leaf: destination device -> the transfer that delivered each received box
+    done: set = field(default_factory=set)  # ids of the transfers played so far
+
+    @classmethod
+    def of(cls, leaves) -> "_Ledger":
+        need = [leaf.resharding.dst.device_boxes(leaf.shape) for leaf in leaves]
+        holds = [{d: [b] for d, b in leaf.resharding.src.device_boxes(leaf.shape).items()} for leaf in leaves]
+        return cls(leaves, need, holds, [{d: [] for d in n} for n in need], [{d: [] for d in n} for n in need])
+
+    def where(self, t, leaf: int) -> str:
+        path = self.leaves[leaf].path
         return f"transfer {t.id}" + ("" if path == "/" else f" ({path})")
 
-    for t in plan.transfers:
-        missing = [d for d in t.deps if d not in done]
+    def run(self, t) -> None:
+        """Play one transfer: its dependencies done, then each part it delivers."""
+        missing = [d for d in t.deps if d not in self.done]
         if missing:
             raise PlanError(f"transfer {t.id} starts before its dependencies {missing}")
         if t.kind == ALLGATHER:
-            _all_gather(t, received[t.leaf], holds[t.leaf])
-            done.add(t.id)
-            continue
-        deliveries = [(p.leaf, p.sender, p.receivers, p.index) for p in t.parts] or [(t.leaf, t.sender, t.receivers,
-                                                                                       t.index)]
-        for leaf, sender, receivers, index in deliveries:
-            if not any(_inside(index, b) for b in holds[leaf].get(sender, [])):
-                raise PlanError(f"{where(t, leaf)}: sender device {sender} does not hold slice {index}")
-            for r in receivers:
-                if r not in need[leaf]:
-                    raise PlanError(f"{where(t, leaf)}: receiver {r} is not a destination device")
-                if not _inside(index, need[leaf][r]):
-                    raise PlanError(f"{where(t, leaf)}: device {r} receives {index}, outside its box {need[leaf][r]}")
-                got = received[leaf][r]
-                if len(got) < PAIRWISE_BOXES:
-                    for prior in got:
-                        if _overlap(prior, index):
-                            raise PlanError(f"{where(t, leaf)}: device {r} receives {index} twice (already has {prior})")
-                got.append(index)
-                by[leaf][r].append(where(t, leaf))
-                holds[leaf].setdefault(r, []).append(index)
-        done.add(t.id)
-    for leaf, per_device in enumerate(received):  # devices with many boxes: checked on their grid
-        for r, got in per_device.items():
-            if len(got) > PAIRWISE_BOXES:
-                hit = _first_overlap(got)
-                if hit is not None:
-                    i, j = hit
-                    raise PlanError(f"{by[leaf][r][j]}: device {r} receives {got[j]} twice (already has {got[i]})")
-    if not carries_data(plan.strategy):
-        return
-    for leaf, n in enumerate(need):
-        prefix = "" if leaves[leaf].path == "/" else f"{leaves[leaf].path}: "
-        for d, box in n.items():
-            got = [b for b in holds[leaf].get(d, []) if _inside(b, box)]
-            # received boxes are pairwise disjoint (checked above); all-gathered ones are the whole box
-            covered = _volume(box) if box in got else sum(_volume(b) for b in received[leaf][d])
-            if covered != _volume(box):
-                raise PlanError(f"{prefix}destination device {d} ends with {covered} of the {_volume(box)} "
-                                f"elements of {box}")
+            _all_gather(t, self.received[t.leaf], self.holds[t.leaf])
+        else:
+            deliveries = [(p.leaf, p.sender, p.receivers, p.index) for p in t.parts] or [
+                (t.leaf, t.sender, t.receivers, t.index)]
+            for leaf, sender, receivers, index in deliveries:
+                self.deliver(t, leaf, sender, receivers, index)
+        self.done.add(t.id)
+
+    def deliver(self, t, leaf: int, sender: int, receivers, index) -> None:
+        """``sender`` must hold ``index``; each receiver must need it, inside its box, and
+        not have any of it already (pairwise while it has few boxes, see
+        ``check_many_boxes``)."""
+        need, where = self.need[leaf], self.where(t, leaf)
+        if not any(_inside(index, b) for b in self.holds[leaf].get(sender, [])):
+            raise PlanError(f"{where}: sender device {sender} does not hold slice {index}")
+        for r in receivers:
+            if r not in need:
+                raise PlanError(f"{where}: receiver {r} is not a destination device")
+            if not _inside(index, need[r]):
+                raise PlanError(f"{where}: device {r} receives {index}, outside its box {need[r]}")
+            got = self.received[leaf][r]
+            if len(got) < PAIRWISE_BOXES:
+                for prior in got:
+                    if _overlap(prior, index):
+                        raise PlanError(f"{where}: device {r} receives {index} twice (already has {prior})")
+            got.append(index)
+            self.by[leaf][r].append(where)
+            self.holds[leaf].setdefault(r, []).append(index)
+
+    def check_many_boxes(self) -> None:
+        """Devices that received more than ``PAIRWISE_BOXES`` boxes: checked on their grid."""
+        for leaf, per_device in enumerate(self.received):
+            for r, got in per_device.items():
+                if len(got) > PAIRWISE_BOXES:
+                    hit = _first_overlap(got)
+                    if hit is not None:
+                        i, j = hit
+                        raise PlanError(f"{self.by[leaf][r][j]}: device {r} receives {got[j]} twice "
+                                        f"(already has {got[i]})")
+
+    def check_complete(self) -> None:
+        """Every destination device ends with all of its box."""
+        for leaf, n in enumerate(self.need):
+            prefix = "" if self.leaves[leaf].path == "/" else f"{self.leaves[leaf].path}: "
+            for d, box in n.items():
+                got = [b for b in self.holds[leaf].get(d, []) if _inside(b, box)]
+                # received boxes are pairwise disjoint (checked above); all-gathered ones are the whole box
+                covered = _volume(box) if box in got else sum(_volume(b) for b in self.received[leaf][d])
+                if covered != _volume(box):
+                    raise PlanError(f"{prefix}destination device {d} ends with {covered} of the {_volume(box)} "
+                                    f"elements of {box}")
 
 
 def _all_gather(t, received: dict[int, list], holds: dict[int, list]) -> None:
