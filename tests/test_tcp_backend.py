@@ -147,6 +147,17 @@ def test_a_member_that_never_comes_is_named():
         TcpBackend(0, [0], dist.HashStore(), pace_gbps=-1)
 
 
+def test_a_read_only_receive_buffer_is_named_with_its_peer_and_tag():
+    backends = group(2)
+    try:
+        buf = np.zeros(16, np.uint8)
+        buf.flags.writeable = False
+        with pytest.raises(CommunicationError, match=r"host 0: receiving from host 1 with tag 7: .*writable"):
+            backends[0].irecv(buf, 1, 7)
+    finally:
+        close(backends)
+
+
 def test_connections_are_paced_at_twice_the_nic_rate():
     """A host's connections leave paced (TCP's own pacing), not a window at a time: see
     ``PACE_FACTOR``. The cap reads back from every socket; data still arrives whole."""
