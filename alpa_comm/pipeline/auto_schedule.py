@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from ..errors import InvalidOptionError
+from ..validation import non_negative_number, positive_number
 from .generators import SCHEDULE_KINDS, chunks_for, generate
 from .ir import Schedule
 from .memory import memory
@@ -83,11 +84,8 @@ class Ranked:
 
 def check_memory_cap(memory_cap) -> None:
     """A cap is a positive, finite number of whole-stage microbatches (or None: no cap)."""
-    import math  # noqa: PLC0415
-
-    if memory_cap is not None and not (isinstance(memory_cap, (int, float)) and math.isfinite(memory_cap)
-                                       and memory_cap > 0):
-        raise InvalidOptionError(f"memory cap must be a positive number of microbatches per stage, got {memory_cap!r}")
+    if memory_cap is not None:
+        positive_number(memory_cap, "memory cap", unit="microbatches per stage")
 
 
 def rank(cands: Sequence[Candidate], num_stages: int, num_microbatches: int,
@@ -139,10 +137,7 @@ predicted 1.26x DualPipeV, measured 1.01x), so the margin is wider than the firs
 
 def check_trial_margin(margin) -> None:
     """A trial margin is a finite fraction >= 0 (not a bool)."""
-    import math  # noqa: PLC0415
-
-    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not math.isfinite(margin) or margin < 0:
-        raise InvalidOptionError(f"trial margin must be a finite fraction >= 0, got {margin!r}")
+    non_negative_number(margin, "trial margin")
 
 
 def finalists(ranked: Sequence[Ranked], margin: float = TRIAL_MARGIN) -> list[Ranked]:

@@ -27,6 +27,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+from ..errors import InvalidOptionError
 from ..mesh import DeviceMesh
 from ..resharding import plan_resharding
 from ..resharding.plan import ReshardingPlan
@@ -71,8 +72,8 @@ def model_edges(consumes: list[dict[str, int]]) -> list[Edge]:
     for dst, c in enumerate(consumes):
         for key, src in sorted(c.items()):
             if src >= dst:
-                raise ValueError(f"stage {dst} consumes {key!r} from stage {src}: stages may only consume from "
-                                 "earlier stages")
+                raise ScheduleError(f"stage {dst} consumes {key!r} from stage {src}: stages may only consume from "
+                                    "earlier stages")
             keys.setdefault((src, dst), []).append(key)
     out = []
     for (src, dst), ks in sorted(keys.items()):
@@ -161,14 +162,14 @@ def edge_plans(edges: list[Edge], shapes: dict[tuple[int, str], tuple[int, ...]]
     for e in edges:
         src_stage, dst_stage = (e.src, e.dst) if mesh_of is None else (mesh_of[e.src], mesh_of[e.dst])
         if src_stage == dst_stage:
-            raise ValueError(f"edge {e.name} joins two model stages on stage {src_stage}: a local hand-off, "
-                             "not a resharding (leave it out: split_edges)")
+            raise ScheduleError(f"edge {e.name} joins two model stages on stage {src_stage}: a local hand-off, "
+                                "not a resharding (leave it out: split_edges)")
         per_key = []
         for key in e.keys:
             shape = tuple(shapes[(e.src if e.direction == "F" else e.dst, key)])
             if shape[0] % (dp * k):
-                raise ValueError(f"activation {key!r} has {shape[0]} rows per microbatch, not divisible by "
-                                 f"{dp} data-parallel hosts x {k} devices")
+                raise InvalidOptionError(f"activation {key!r} has {shape[0]} rows per microbatch, not divisible by "
+                                         f"{dp} data-parallel hosts x {k} devices")
             nd = len(shape)
             src_layout, dst_layout = (OUT, IN) if e.direction == "F" else (OUT, OUT)
             per_key.append(plan_resharding(shape, dtype, stage_mesh(src_stage, dp, k), spec_text(src_layout, nd),

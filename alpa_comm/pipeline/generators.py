@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import InvalidOptionError
+from ..validation import positive_int
 from .ir import PLACEMENTS, Action, ActionKind, Schedule, model_stage, stage_of
 
 Order = List[Tuple[str, int, int]]
@@ -446,8 +447,7 @@ def _delays(delay_wgrad, num_stages: int) -> list[int]:
 def _check_counts(num_stages, num_microbatches) -> None:
     """Stages and microbatches are positive integers, or the one that is not is named."""
     for name, v in (("stages", num_stages), ("microbatches", num_microbatches)):
-        if not isinstance(v, int) or v <= 0:
-            raise InvalidOptionError(f"number of {name} must be a positive integer, got {v!r}")
+        positive_int(v, f"number of {name}")
 
 
 def _chunks(family: ScheduleKind, chunks) -> int:

@@ -50,6 +50,8 @@ import numpy as np
 from jax.extend import core as jcore
 from jax.tree_util import Partial
 
+from ..errors import InvalidArgumentError
+
 # Call-like primitives whose body is inlined, so the split sees through them. The body's
 # parameter name differs by primitive.
 _INLINED = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
@@ -341,10 +343,10 @@ class _Halves:
         *inputs, cts = args
         leaves, tree = jax.tree_util.tree_flatten(cts)
         if tree != self.ct_tree:
-            raise ValueError(f"output cotangents have structure {tree}, the outputs have {self.ct_tree}")
+            raise InvalidArgumentError(f"output cotangents have structure {tree}, the outputs have {self.ct_tree}")
         for got, want in zip(leaves, self.ct_shapes):
             if tuple(getattr(got, "shape", ())) != want.shape:
-                raise ValueError(f"an output cotangent has shape {tuple(got.shape)}, its output {want.shape}")
+                raise InvalidArgumentError(f"an output cotangent has shape {tuple(got.shape)}, its output {want.shape}")
         env = dict(enumerate(list(inputs) + leaves))
         _run(self.bi_eqns, env)
         outs = self.program.outputs
@@ -356,8 +358,8 @@ class _Halves:
 
     def backward_weight(self, residuals):
         if len(residuals) != len(self.residual_ids):
-            raise ValueError(f"backward_weight takes the {len(self.residual_ids)} residuals backward_input "
-                             f"returned, got {len(residuals)}")
+            raise InvalidArgumentError(f"backward_weight takes the {len(self.residual_ids)} residuals "
+                                       f"backward_input returned, got {len(residuals)}")
         env = dict(zip(self.residual_ids, residuals))
         _run(self.bw_eqns, env)
         flat = _read(self.program.outputs[:self.num_param_cts], env)

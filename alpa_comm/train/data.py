@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import UsageError
+
 
 def stdlib_corpus(max_bytes: int = 2 << 20) -> np.ndarray:
     """Bytes of the standard library's .py files (sorted by path, so runs repeat)."""
@@ -19,7 +21,7 @@ def stdlib_corpus(max_bytes: int = 2 << 20) -> np.ndarray:
         if total >= max_bytes:
             break
     if not out:
-        raise RuntimeError(f"no Python sources found under {root}")
+        raise UsageError(f"no Python sources found under {root}")
     return np.concatenate(out)[:max_bytes]
 
 

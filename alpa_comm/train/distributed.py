@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import InvalidOptionError
+from ..errors import InvalidArgumentError, InvalidOptionError
 from ..pipeline.edges import (Edge, check_transfers, edge_hosts, edge_plans, link_seconds, model_edges,
                               model_stage_meshes, split_edges, stage_hosts)
 from ..pipeline.ir import Schedule, ScheduleError
@@ -35,6 +35,7 @@ from ..resharding.strategies import STRATEGIES
 from ..runtime.cluster import Cluster
 from ..runtime.worker import TRANSPORTS
 from ..topology import ClusterSpec
+from ..validation import positive_int
 from .stage_setup import StageSetup
 from .worker import PipelineWorker
 
@@ -85,7 +86,7 @@ def activation_shapes(model, microbatch_size: int, seq: int) -> tuple[dict[tuple
     shapes = {(i, k): tuple(v.shape) for i, o in outs.items() for k, v in o.items() if k != "loss"}
     dtypes = {str(v.dtype) for o in outs.values() for k, v in o.items() if k != "loss"}
     if len(dtypes) != 1:
-        raise ValueError(f"stage outputs mix dtypes {sorted(dtypes)}")
+        raise InvalidArgumentError(f"stage outputs mix dtypes {sorted(dtypes)}")
     return shapes, dtypes.pop()
 
 
@@ -138,12 +139,11 @@ class DistributedPipeline:
         gloo, or alpa_comm's own TCP streams); the cluster joins it on first use."""
         if strategy not in STRATEGIES:
             raise InvalidOptionError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
-        if dp < 1:
-            raise ValueError(f"dp must be >= 1, got {dp}")
+        positive_int(dp, "dp")
         need = num_stages * dp
         if cluster.spec.num_hosts < need:
-            raise ValueError(f"{num_stages} stages x {dp} data-parallel hosts need {need} hosts; the cluster has "
-                             f"{cluster.spec.num_hosts}")
+            raise InvalidOptionError(f"{num_stages} stages x {dp} data-parallel hosts need {need} hosts; the "
+                                     f"cluster has {cluster.spec.num_hosts}")
         if schedule.num_stages != num_stages and schedule.virtual:
             raise ScheduleError(f"the schedule has {schedule.num_stages} stages x {schedule.num_chunks} chunks, the "
                                 f"pipeline {num_stages} stages: num_stages counts stages (meshes), the model gets one "
@@ -152,7 +152,7 @@ class DistributedPipeline:
             raise ScheduleError(f"the schedule has {schedule.num_stages} stages, the model {num_stages}")
         k = cluster.spec.devices_per_host
         if microbatch_size % (dp * k):
-            raise ValueError(f"microbatch size {microbatch_size} must divide over {dp} hosts x {k} devices")
+            raise InvalidOptionError(f"microbatch size {microbatch_size} must divide over {dp} hosts x {k} devices")
         if transport not in TRANSPORTS:
             raise InvalidOptionError(f"unknown transport {transport!r}; choose one of {', '.join(TRANSPORTS)}")
         self.cluster, self.schedule, self.dp, self.strategy = cluster, schedule, dp, strategy
@@ -206,8 +206,8 @@ class DistributedPipeline:
         """One training step over ``microbatches`` (dicts of NumPy ``tokens``/``targets``)."""
         self.cluster._check_usable()
         if len(microbatches) != self.schedule.num_microbatches:
-            raise ValueError(f"the schedule has {self.schedule.num_microbatches} microbatches, "
-                             f"{len(microbatches)} were given")
+            raise InvalidOptionError(f"the schedule has {self.schedule.num_microbatches} microbatches, "
+                                     f"{len(microbatches)} were given")
         refs = []
         for s in range(self.num_stages):
             for r, h in enumerate(stage_hosts(s, self.dp)):

@@ -15,9 +15,11 @@ from collections import defaultdict
 from statistics import mean, median
 from typing import Sequence
 
+from ..errors import InvalidArgumentError
 from ..pipeline.edges import model_stage_meshes
 from ..pipeline.ir import Schedule
 from ..pipeline.simulate import Costs, simulate_schedule
+from ..validation import positive_int
 
 COMPUTE_KINDS = ("F", "B", "BI", "BW")
 
@@ -146,8 +148,7 @@ def predict(schedule: Schedule, steps: list[list[dict]], edge_seconds: dict[str,
     that a single typical duration per action hides. Drawing every action's duration
     from the measured spread shows that cost; the NIC model adds transfers that
     contend for one host's link (a skip edge and its neighbour edge)."""
-    if draws < 1:
-        raise ValueError(f"draws must be >= 1, got {draws!r}")
+    positive_int(draws, "draws")
     S, C = schedule.num_stages, schedule.num_chunks
     by_stage = action_samples(steps, by_model_stage=True)
     samples: dict[tuple[int, str], list[float]] = defaultdict(list)
@@ -156,9 +157,9 @@ def predict(schedule: Schedule, steps: list[list[dict]], edge_seconds: dict[str,
     measured = 1 + max((v for v, _ in samples), default=0)
     own = measured == schedule.num_virtual_stages  # model stages measured as this schedule cuts the model
     if not own and measured != S:
-        raise ValueError(f"the records hold {measured} model stages; schedule {schedule.name!r} has "
-                         f"{schedule.num_virtual_stages}: they do not come from a run over the same model cut "
-                         f"or from a one-chunk run")
+        raise InvalidArgumentError(f"the records hold {measured} model stages; schedule {schedule.name!r} has "
+                                   f"{schedule.num_virtual_stages}: they do not come from a run over the same model "
+                                   f"cut or from a one-chunk run")
     costs = costs_from(stage_times(steps, S), edge_seconds, S, model_stage_meshes(schedule) if own else None)
     rng = random.Random(seed)
     share = 1.0 if own else 1.0 / C  # from a one-chunk run a chunk is 1/C of the stage measured whole
@@ -172,8 +173,8 @@ def predict(schedule: Schedule, steps: list[list[dict]], edge_seconds: dict[str,
     missing = sorted({(v, a.kind.name) for i, acts in enumerate(schedule.stages) for a in acts if a.is_compute
                       for v in [where(i, a.chunk)] if not measured(v, a.kind.name)})
     if missing:
-        raise ValueError(f"no measured duration for (model stage, kind) {missing[:4]}: the records do not come from "
-                         f"a run of this schedule")
+        raise InvalidArgumentError(f"no measured duration for (model stage, kind) {missing[:4]}: the records do not "
+                                   f"come from a run of this schedule")
 
     def action_time(stage: int, kind: str, mb: int, chunk: int = 0) -> float:
         v = where(stage, chunk)
@@ -197,6 +198,6 @@ def predict_by_step(schedule: Schedule, steps: list[list[dict]], edge_seconds: d
     session 24's 200 Mbit/s run: steps 8.37, 11.96 and 9.37 s, pooled prediction 13.01 s).
     Per step, time-correlated noise stays in the step it happened in."""
     if not steps:
-        raise ValueError("no steps to predict")
+        raise InvalidArgumentError(f"no steps to predict: got {steps!r}")
     return median(predict(schedule, [step], edge_seconds, signal=signal, draws=draws, seed=seed + i)
                   for i, step in enumerate(steps))

@@ -14,11 +14,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import InvalidOptionError
+from ..errors import InvalidArgumentError, InvalidOptionError
 from ..pipeline import Costs, chunks_for, generate, schedule_kind, validate
 from ..pipeline.edges import with_skips
 from ..pipeline.ir import Schedule
 from ..pipeline.weight_delay import auto_backward
+from ..validation import positive_int
 from .data import batches, stdlib_corpus, synthetic
 
 # Relative costs for --delay-wgrad auto before anything is measured: backward twice
@@ -89,9 +90,7 @@ class TrainConfig:
 
         for name in ("stages", "layers", "width", "heads", "seq", "microbatches", "microbatch_size", "dp", "steps",
                      "devices_per_host"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise InvalidOptionError(f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
+            positive_int(getattr(self, name), f"--{name.replace('_', '-')}")
         if self.width % self.heads:
             raise InvalidOptionError(f"--width {self.width} is not divisible by --heads {self.heads}")
         if self.model == "utransformer" and self.layers < 2:
@@ -432,9 +431,9 @@ def calibration_from(runs: list[dict], cfg: TrainConfig) -> Calibration:
     one_chunk = [r for r in runs if r["model_stages"] == cfg.stages]
     split = [r for r in one_chunk if r["split"]]
     if not split:
-        raise ValueError(f"no one-chunk calibration run with the backward split among {len(runs)} run(s) over "
-                         f"{sorted({r['model_stages'] for r in runs})} model stages; {cfg.stages} stages need "
-                         f"one (it gives BI, BW and the edge times)")
+        raise InvalidArgumentError(f"no one-chunk calibration run with the backward split among {len(runs)} run(s) "
+                                   f"over {sorted({r['model_stages'] for r in runs})} model stages; {cfg.stages} "
+                                   f"stages need one (it gives BI, BW and the edge times)")
     records = [step for r in one_chunk for step in r["records"]]
     edge_s = split[0]["edge_s"]
     virtual = {r["placement"]: r for r in runs if r["model_stages"] != cfg.stages}
@@ -469,8 +468,7 @@ def open_cluster(cfg: TrainConfig, log=sys.stderr):
 
 
 def train(cfg: TrainConfig, log=sys.stderr) -> TrainResult:
-    if cfg.steps < 1:
-        raise InvalidOptionError(f"--steps must be >= 1, got {cfg.steps}")
+    positive_int(cfg.steps, "--steps")
     if cfg.cluster == "inprocess":
         return _train_inprocess(cfg, log)
     return _train_distributed(cfg, log)

@@ -23,9 +23,11 @@ import time
 
 import numpy as np
 
+from ..errors import UsageError
 from ..runtime.allreduce import allreduce_mean
 from ..runtime.thread_cpu import difference, thread_cpu_seconds
 from ..runtime.worker import HostWorker
+from ..validation import one_of
 from .stage_setup import StageSetup
 from .transport import ALLREDUCE_TAG_BASE, make_mailbox
 
@@ -39,6 +41,10 @@ def xla_flags(devices_per_host: int, existing: str = "") -> str:
                             "--xla_cpu_multi_thread_eigen=false"])
 
 
+OPTIMIZERS = ("sgd", "adam")
+"""The optax optimizers a stage steps with (``make_optimizer``)."""
+
+
 def make_optimizer(name: str, lr: float):
     """``(optimizer, update)``: the optax transformation and one jitted step
     ``update(params, opt_state, grads) -> (params, opt_state)``; the one-process and
@@ -46,12 +52,7 @@ def make_optimizer(name: str, lr: float):
     import jax  # noqa: PLC0415
     import optax  # noqa: PLC0415
 
-    if name == "sgd":
-        opt = optax.sgd(lr)
-    elif name == "adam":
-        opt = optax.adam(lr)
-    else:
-        raise ValueError(f"unknown optimizer {name!r}; choose sgd or adam")
+    opt = {"sgd": optax.sgd, "adam": optax.adam}[one_of(name, OPTIMIZERS, "optimizer")](lr)
 
     def update(params, opt_state, grads):
         updates, opt_state = opt.update(grads, opt_state, params)
@@ -87,7 +88,7 @@ class PipelineWorker(HostWorker):
         k = self.devices_per_host
         self.devices = jax.local_devices()[:k]
         if len(self.devices) < k:
-            raise RuntimeError(f"host {self.host}: JAX sees {len(jax.local_devices())} local devices, {k} needed")
+            raise UsageError(f"host {self.host}: JAX sees {len(jax.local_devices())} local devices, {k} needed")
         mesh = Mesh(np.array(self.devices), ("d",))
         self.split = NamedSharding(mesh, PartitionSpec("d"))
         self.replicated = NamedSharding(mesh, PartitionSpec())
