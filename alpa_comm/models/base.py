@@ -4,10 +4,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-import jax
-import jax.numpy as jnp
-
+from .._extras import require
 from ..errors import InvalidOptionError
+
+jax = require("jax")  # optional: a missing jax names its extra
+jnp = require("jax.numpy")
 
 
 @dataclass

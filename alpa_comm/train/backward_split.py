@@ -45,12 +45,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import jax
 import numpy as np
-from jax.extend import core as jcore
-from jax.tree_util import Partial
 
+from .._extras import require
 from ..errors import InvalidArgumentError
+
+jax = require("jax")  # optional: a missing jax names its extra
+jcore = require("jax.extend.core")
+Partial = jax.tree_util.Partial
 
 # Call-like primitives whose body is inlined, so the split sees through them. The body's
 # parameter name differs by primitive.

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .._extras import require
 from ..errors import InvalidArgumentError, InvalidOptionError
 from ..pipeline.edges import (Edge, check_transfers, edge_hosts, edge_plans, link_seconds, model_edges,
                               model_stage_meshes, split_edges, stage_hosts)
@@ -56,7 +57,7 @@ class StepResult:
 def abstract_model(name: str, num_stages: int, model_kwargs: dict):
     """The model's stage functions and its parameters' shapes, without allocating the
     parameters (the driver only plans; each worker builds its own stage's weights)."""
-    import jax  # noqa: PLC0415
+    jax = require("jax")  # optional: a missing jax names its extra
 
     from ..models import build_model  # noqa: PLC0415
 
@@ -75,8 +76,7 @@ def abstract_model(name: str, num_stages: int, model_kwargs: dict):
 def activation_shapes(model, microbatch_size: int, seq: int) -> tuple[dict[tuple[int, str], tuple], str]:
     """Shape of every stage output for one microbatch, keyed (stage, name), by abstract evaluation
     (``model.params`` may be arrays or shapes)."""
-    import jax  # noqa: PLC0415
-    import jax.numpy as jnp  # noqa: PLC0415
+    jax, jnp = require("jax"), require("jax.numpy")  # optional: a missing jax names its extra
 
     batch = {k: jax.ShapeDtypeStruct((microbatch_size, seq), jnp.int32) for k in ("tokens", "targets")}
     outs: dict[int, dict] = {}

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import jax
-
+from .._extras import require
 from ..models.base import PipelineModel
 from ..pipeline.edges import local_producers, model_stage_meshes
 from ..pipeline.ir import Action, ActionKind, Schedule, ScheduleError
 from .programs import stage_programs
 from .stage_runner import StageRunner, consumers_of
+
+jax = require("jax")  # optional: a missing jax names its extra
 
 
 @dataclass

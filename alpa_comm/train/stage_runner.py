@@ -22,11 +22,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
-import jax
-import jax.numpy as jnp
-
+from .._extras import require
 from ..pipeline.ir import Action, ActionKind, ScheduleError
 from .backward_split import split_vjp
+
+jax = require("jax")  # optional: a missing jax names its extra
+jnp = require("jax.numpy")
 
 
 class Mailbox(Protocol):

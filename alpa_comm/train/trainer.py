@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .._extras import require
 from ..errors import InvalidArgumentError, InvalidOptionError
 from ..pipeline import Costs, chunks_for, generate, schedule_kind, validate
 from ..pipeline.edges import with_skips
@@ -26,6 +27,9 @@ from .data import batches, stdlib_corpus, synthetic
 # the forward, a transfer half of it (the regime where delaying pays; see docs/schedules.md).
 DEFAULT_COSTS = Costs(1.0, 2.0, 0.5)
 AUTO = "auto"
+TRAINER_MODULES = ("jax", "optax")
+"""What the trainer itself imports beyond the base install (the runtime requires its own,
+ray and torch, where it uses them); ``train`` requires both before any work starts."""
 CALIBRATION = ("eager-1f1b", 3)
 """``--schedule auto`` first runs this family twice, with its backward split (BI and BW
 timed apart) and whole (B timed as the one-chunk whole-backward families run it: an
@@ -468,14 +472,22 @@ def open_cluster(cfg: TrainConfig, log=sys.stderr):
 
 
 def train(cfg: TrainConfig, log=sys.stderr) -> TrainResult:
+    """Train ``cfg``'s model with its schedule, in this process or on a cluster's hosts.
+
+    Raises:
+        MissingExtraError: jax or optax is absent (the extra ``jax`` in-process, ``train``
+            on a cluster), before any work starts.
+    """
     positive_int(cfg.steps, "--steps")
+    for module in TRAINER_MODULES:
+        require(module, extra="jax" if cfg.cluster == "inprocess" else "train")
     if cfg.cluster == "inprocess":
         return _train_inprocess(cfg, log)
     return _train_distributed(cfg, log)
 
 
 def _train_inprocess(cfg: TrainConfig, log) -> TrainResult:
-    import jax.numpy as jnp  # noqa: PLC0415
+    jnp = require("jax.numpy")
 
     from .local_pipeline import run_schedule  # noqa: PLC0415
     from .worker import make_optimizer  # noqa: PLC0415

@@ -23,6 +23,7 @@ import time
 
 import numpy as np
 
+from .._extras import require
 from ..errors import UsageError
 from ..runtime.allreduce import allreduce_mean
 from ..runtime.thread_cpu import difference, thread_cpu_seconds
@@ -49,8 +50,7 @@ def make_optimizer(name: str, lr: float):
     """``(optimizer, update)``: the optax transformation and one jitted step
     ``update(params, opt_state, grads) -> (params, opt_state)``; the one-process and
     the distributed trainer both step with it."""
-    import jax  # noqa: PLC0415
-    import optax  # noqa: PLC0415
+    jax, optax = require("jax"), require("optax")  # optional: a missing one names its extra
 
     opt = {"sgd": optax.sgd, "adam": optax.adam}[one_of(name, OPTIMIZERS, "optimizer")](lr)
 
@@ -75,7 +75,7 @@ class PipelineWorker(HostWorker):
         """Build this host's stage replica: model (rebuilt from its arguments, same
         weights as the driver's), one runner with its programs per model stage of the mesh
         (several with virtual stages), optimizer and mailbox."""
-        import jax  # noqa: PLC0415
+        jax = require("jax")  # a host's first use of jax: a missing one names its extra
         from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: PLC0415
 
         from .local_pipeline import LocalHandoffs  # noqa: PLC0415
