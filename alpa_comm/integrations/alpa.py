@@ -344,17 +344,14 @@ def _patch(obj, attr: str, value) -> None:
 
 
 def _restore() -> None:
+    """Undo every ``_patch`` (attributes only: the adapter patches nothing else), and the
+    worker's patches in this process."""
     worker = sys.modules.get("alpa_comm.integrations.alpa_worker")
     if worker is not None:
         worker.undo_worker_patches()
     for k in [k for k in _state["originals"] if isinstance(k, tuple)]:
         target, name, old = _state["originals"].pop(k)
-        if k[0] == "attr":
-            if old is _MISSING:
-                delattr(target, name)
-            else:
-                setattr(target, name, old)
-        elif old is _MISSING:
-            target.pop(name, None)
+        if old is _MISSING:
+            delattr(target, name)
         else:
-            target[name] = old
+            setattr(target, name, old)
