@@ -26,7 +26,7 @@ from __future__ import annotations
 import heapq
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import List, Sequence, Tuple
 
 from ..validation import one_of
@@ -166,65 +166,90 @@ def _nondelay_schedule(jobs: Sequence[Job], free_jobs: Sequence[int], rank: dict
     ``rng`` shuffles the order in which simultaneously freed resources are
     served (the randomization of the paper's algorithm).
     """
-    classes: dict[tuple, list[int]] = {}
-    for j in sorted(free_jobs, key=lambda j: rank[j]):
-        classes.setdefault(_signature(jobs[j]), []).append(j)
-    members = list(classes.values())
-    pos = [0] * len(members)
-    options = []  # (class, candidate, resources, duration), best class first
-    for ci, ms in enumerate(members):
-        for c, cand in enumerate(jobs[ms[0]].candidates):
-            options.append((ci, c, cand.resources, cand.duration))
-    users: dict[int, list[int]] = {}
-    for o, (_, _, res, _) in enumerate(options):
-        for r in res:
-            users.setdefault(r, []).append(o)
-    busy: set[int] = set()
-    events: list[tuple[float, int, tuple[int, ...]]] = []
-    seq: Assignment = []
-    sizes = [len(ms) for ms in members]
-    ptr: dict[int, int] = {}
-    push = heapq.heappush
-    now = 0.0
-    for ci, c, res, dur in options:  # time 0: everything is free
-        if pos[ci] < sizes[ci] and busy.isdisjoint(res):
-            seq.append((members[ci][pos[ci]], c))
-            pos[ci] += 1
-            busy.update(res)
-            push(events, (dur, len(seq), res))
-    while events:
+    sim = _NonDelay.of(jobs, free_jobs, rank)
+    for ci, c, res, dur in sim.options:  # time 0: everything is free
+        if sim.pos[ci] < sim.sizes[ci] and sim.busy.isdisjoint(res):
+            sim.start(ci, c, res, dur)
+    while sim.events:
+        now, freed = sim.release()
+        if rng is not None:
+            rng.shuffle(freed)
+        for r in freed:
+            if r not in sim.busy:
+                sim.serve(r, now)
+    return sim.seq
+
+
+@dataclass
+class _NonDelay:
+    """The state of one ``_nondelay_schedule`` simulation: job classes and their
+    options, which resources are busy until when, and where each resource's round
+    robin stands."""
+
+    members: list  # classes of identical jobs (``_signature``), best rank first, each best rank first
+    options: list  # (class, candidate, resources, duration), best class first
+    users: dict  # resource -> the options that use it
+    pos: list  # per class: its next unplaced member
+    sizes: list  # per class: its number of members
+    busy: set = field(default_factory=set)  # resources a started job holds now
+    events: list = field(default_factory=list)  # heap of (end, start number, resources)
+    seq: list = field(default_factory=list)  # the assignment so far, in start order
+    ptr: dict = field(default_factory=dict)  # resource -> where its round robin resumes
+
+    @classmethod
+    def of(cls, jobs: Sequence[Job], free_jobs: Sequence[int], rank: dict[int, float]) -> "_NonDelay":
+        classes: dict[tuple, list[int]] = {}
+        for j in sorted(free_jobs, key=lambda j: rank[j]):
+            classes.setdefault(_signature(jobs[j]), []).append(j)
+        members = list(classes.values())
+        options = [(ci, c, cand.resources, cand.duration)
+                   for ci, ms in enumerate(members) for c, cand in enumerate(jobs[ms[0]].candidates)]
+        users: dict[int, list[int]] = {}
+        for o, (_, _, res, _) in enumerate(options):
+            for r in res:
+                users.setdefault(r, []).append(o)
+        return cls(members, options, users, [0] * len(members), [len(ms) for ms in members])
+
+    def start(self, ci: int, c: int, res: tuple, end: float) -> None:
+        """Start class ``ci``'s next member on candidate ``c``, holding ``res`` until ``end``."""
+        self.seq.append((self.members[ci][self.pos[ci]], c))
+        self.pos[ci] += 1
+        self.busy.update(res)
+        heapq.heappush(self.events, (end, len(self.seq), res))
+
+    def release(self) -> tuple[float, list[int]]:
+        """(now, resources freed): every job that ends at the earliest end time ends."""
+        events, busy = self.events, self.busy
         now = events[0][0]
         freed: list[int] = []
         while events and events[0][0] <= now:
             res = heapq.heappop(events)[2]
             busy.difference_update(res)
             freed.extend(res)
-        if rng is not None:
-            rng.shuffle(freed)
-        for r in freed:
-            if r in busy:
+        return now, freed
+
+    def serve(self, r: int, now: float) -> None:
+        """Start the first waiting partner of free resource ``r`` whose resources are all
+        free, scanning round robin from where ``r`` last stopped; compact ``r``'s list
+        once most of its partners have no members left."""
+        options, pos, sizes, busy = self.options, self.pos, self.sizes, self.busy
+        lst = self.users[r]
+        n = len(lst)
+        p = self.ptr.get(r, 0)
+        dead = 0
+        for step in range(n):
+            k = (p + step) % n
+            ci, c, res, dur = options[lst[k]]
+            if pos[ci] == sizes[ci]:
+                dead += 1
                 continue
-            lst = users[r]
-            n = len(lst)
-            p = ptr.get(r, 0)
-            dead = 0
-            for step in range(n):
-                k = (p + step) % n
-                ci, c, res, dur = options[lst[k]]
-                if pos[ci] == sizes[ci]:
-                    dead += 1
-                    continue
-                if busy.isdisjoint(res):
-                    seq.append((members[ci][pos[ci]], c))
-                    pos[ci] += 1
-                    busy.update(res)
-                    push(events, (now + dur, len(seq), res))
-                    ptr[r] = k + 1  # round robin: next time start after this partner
-                    break
-            if dead * 2 > n:  # mostly exhausted: compact
-                users[r] = [o for o in lst if pos[options[o][0]] < sizes[options[o][0]]]
-                ptr[r] = 0
-    return seq
+            if busy.isdisjoint(res):
+                self.start(ci, c, res, now + dur)
+                self.ptr[r] = k + 1  # round robin: next time start after this partner
+                break
+        if dead * 2 > n:  # mostly exhausted: compact
+            self.users[r] = [o for o in lst if pos[options[o][0]] < sizes[options[o][0]]]
+            self.ptr[r] = 0
 
 
 def randomized_greedy(jobs: Sequence[Job], seed: int = 0, tries: int | None = None) -> Assignment:
@@ -274,56 +299,94 @@ def depth_first_search(jobs: Sequence[Job], budget_s: float = DEFAULT_DFS_BUDGET
         best_free = evaluate(jobs, [p for p in best_seq if p[0] not in set(dep)])[2]
     else:
         best_free = best
-    keys = sorted({r for j in free_jobs for c in jobs[j].candidates for r in c.resources})
-    rid = {r: i for i, r in enumerate(keys)}
-    cands = {j: [(c, [rid[r] for r in cand.resources], cand.duration)
-                 for c, cand in sorted(enumerate(jobs[j].candidates), key=lambda x: x[1].duration)]
-             for j in free_jobs}
-    # Resources every candidate of a job uses: a lower bound on remaining load there.
-    mandatory = {j: (set.intersection(*(set(r) for _, r, _ in cands[j])), min(d for _, _, d in cands[j]))
-                 for j in free_jobs}
-    remaining = [0.0] * len(keys)
-    for j in free_jobs:
-        for r in mandatory[j][0]:
-            remaining[r] += mandatory[j][1]
-    # Identical jobs are interchangeable: only the first unplaced one of a class may go next.
-    sig = {j: tuple((jobs[j].candidates[c].host, tuple(jobs[j].candidates[c].resources),
-                     jobs[j].candidates[c].duration) for c in range(len(jobs[j].candidates)))
-           for j in free_jobs}
-    classes: dict[tuple, list[int]] = {}
-    for j in sorted(free_jobs, key=lambda j: -_min_duration(jobs[j])):
-        classes.setdefault(sig[j], []).append(j)
-    class_list = list(classes.values())
-    placed_count = [0] * len(class_list)
-    res_free = [0.0] * len(keys)
-    deadline = time.monotonic() + budget_s
-    state = {"best": best_free, "seq": None, "nodes": 0, "timed_out": False}
-    path: list[tuple[int, int]] = []
+    search = _Search.of(jobs, free_jobs, best_free, budget_s)
+    search.visit(0.0, frozenset(), -1)
+    if search.seq is not None:
+        return search.seq + tail, not search.timed_out
+    return best_seq, not search.timed_out
 
-    def bound(makespan: float) -> float:
+
+_EPS = 1e-15
+"""A placement must beat the incumbent by more than this to be explored."""
+
+
+@dataclass
+class _Search:
+    """The state of ``depth_first_search`` over the free jobs' order and sender choice:
+    resource ids, each job's candidates on them, the lower bounds it prunes by, the
+    incumbent, and the path being explored (placed and undone in place)."""
+
+    cands: dict  # job -> [(candidate index, resource ids, duration)], shortest first
+    mandatory: dict  # job -> (resource ids every candidate of it uses, its shortest duration)
+    remaining: list  # per resource id: the mandatory load of the jobs not placed yet
+    classes: list  # identical (interchangeable) jobs, longest first
+    placed: list  # per class: how many of its members the path has placed
+    res_free: list  # per resource id: when the path's last job there ends
+    deadline: float  # ``time.monotonic()`` past which the search stops
+    best: float  # the incumbent's makespan
+    to_place: int  # the number of free jobs
+    seq: list | None = None  # the best complete path found, if it beat the incumbent
+    path: list = field(default_factory=list)
+    nodes: int = 0
+    timed_out: bool = False
+
+    @classmethod
+    def of(cls, jobs: Sequence[Job], free_jobs: list[int], best: float, budget_s: float) -> "_Search":
+        keys = sorted({r for j in free_jobs for c in jobs[j].candidates for r in c.resources})
+        rid = {r: i for i, r in enumerate(keys)}
+        cands = {j: [(c, [rid[r] for r in cand.resources], cand.duration)
+                     for c, cand in sorted(enumerate(jobs[j].candidates), key=lambda x: x[1].duration)]
+                 for j in free_jobs}
+        # Resources every candidate of a job uses: a lower bound on remaining load there.
+        mandatory = {j: (set.intersection(*(set(r) for _, r, _ in cands[j])), min(d for _, _, d in cands[j]))
+                     for j in free_jobs}
+        remaining = [0.0] * len(keys)
+        for j in free_jobs:
+            for r in mandatory[j][0]:
+                remaining[r] += mandatory[j][1]
+        # Identical jobs are interchangeable: only the first unplaced one of a class may go next.
+        sig = {j: tuple((jobs[j].candidates[c].host, tuple(jobs[j].candidates[c].resources),
+                         jobs[j].candidates[c].duration) for c in range(len(jobs[j].candidates)))
+               for j in free_jobs}
+        classes: dict[tuple, list[int]] = {}
+        for j in sorted(free_jobs, key=lambda j: -_min_duration(jobs[j])):
+            classes.setdefault(sig[j], []).append(j)
+        return cls(cands, mandatory, remaining, list(classes.values()), [0] * len(classes), [0.0] * len(keys),
+                   time.monotonic() + budget_s, best, len(free_jobs))
+
+    def bound(self, makespan: float) -> float:
+        """A lower bound on any completion of the path: the makespan so far, and on every
+        resource when it frees up plus the mandatory load still to come there."""
         b = makespan
-        for r in range(len(keys)):
-            v = res_free[r] + remaining[r]
+        for v0, v1 in zip(self.res_free, self.remaining):
+            v = v0 + v1
             if v > b:
                 b = v
         return b
 
-    def rec(makespan: float, last_res: frozenset, last_class: int) -> None:
-        state["nodes"] += 1
-        if state["nodes"] & 255 == 0 and time.monotonic() > deadline:
-            state["timed_out"] = True
-        if state["timed_out"]:
+    def visit(self, makespan: float, last_res: frozenset, last_class: int) -> None:
+        """Extend the path by every placement that can still beat the incumbent.
+
+        One recursive step kept whole: placing a candidate, recursing and undoing it
+        read best side by side, and a helper per placement would double the recursion
+        depth of a search over hundreds of jobs."""
+        self.nodes += 1
+        if self.nodes & 255 == 0 and time.monotonic() > self.deadline:
+            self.timed_out = True
+        if self.timed_out:
             return
-        if len(path) == len(free_jobs):
-            if makespan < state["best"] - 1e-15:
-                state["best"], state["seq"] = makespan, list(path)
+        path, res_free, remaining, placed = self.path, self.res_free, self.remaining, self.placed
+        if len(path) == self.to_place:
+            if makespan < self.best - _EPS:
+                self.best, self.seq = makespan, list(path)
             return
-        for ci, members in enumerate(class_list):
-            k = placed_count[ci]
+        for ci, members in enumerate(self.classes):
+            k = placed[ci]
             if k == len(members):
                 continue
             j = members[k]
-            for c, res, dur in cands[j]:
+            must, least = self.mandatory[j]
+            for c, res, dur in self.cands[j]:
                 # Partial-order reduction: adjacent placements on disjoint resources
                 # commute; explore them in class order only.
                 if ci < last_class and last_res.isdisjoint(res):
@@ -331,30 +394,25 @@ def depth_first_search(jobs: Sequence[Job], budget_s: float = DEFAULT_DFS_BUDGET
                 s = max((res_free[r] for r in res), default=0.0)
                 e = s + dur
                 new_ms = max(makespan, e)
-                if new_ms >= state["best"] - 1e-15:
+                if new_ms >= self.best - _EPS:
                     continue
                 saved = [res_free[r] for r in res]
                 for r in res:
                     res_free[r] = e
-                for r in mandatory[j][0]:
-                    remaining[r] -= mandatory[j][1]
-                if bound(new_ms) < state["best"] - 1e-15:
-                    placed_count[ci] += 1
+                for r in must:
+                    remaining[r] -= least
+                if self.bound(new_ms) < self.best - _EPS:
+                    placed[ci] += 1
                     path.append((j, c))
-                    rec(new_ms, frozenset(res), ci)
+                    self.visit(new_ms, frozenset(res), ci)
                     path.pop()
-                    placed_count[ci] -= 1
-                for r in mandatory[j][0]:
-                    remaining[r] += mandatory[j][1]
+                    placed[ci] -= 1
+                for r in must:
+                    remaining[r] += least
                 for r, v in zip(res, saved):
                     res_free[r] = v
-                if state["timed_out"]:
+                if self.timed_out:
                     return
-
-    rec(0.0, frozenset(), -1)
-    if state["seq"] is not None:
-        return state["seq"] + tail, not state["timed_out"]
-    return best_seq, not state["timed_out"]
 
 
 def _by_greedy(jobs, seed, budget):
