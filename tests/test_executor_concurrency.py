@@ -346,3 +346,70 @@ def test_shutdown_now_cancels_what_has_not_started():
     assert all(f.cancelled() for f in queued) and not running.cancelled()
     release.set()
     assert running.result(timeout=10) is True
+
+
+# ------------------------------------------------ hand-made plans on hosts as threads
+def _host_of(d: int) -> int:
+    return d // 2  # devices 0, 1 on host 0; 2, 3 on host 1
+
+
+def _quarters_layout():
+    """16 float32 elements, a quarter a source device; device 0 receives the third
+    quarter, devices 2 and 3 the first and second."""
+    from alpa_comm.runtime.layouts import Layout
+
+    src = {d: ((4 * d, 4 * d + 4),) for d in range(4)}
+    dst = {0: ((8, 12),), 2: ((0, 4),), 3: ((4, 8),)}
+    return Layout(np.dtype(np.float32), src, dst, dst)
+
+
+def _send(tid, sender, receiver, lo, deps=(), kind="send_recv"):
+    from alpa_comm.resharding.plan import Transfer
+
+    return Transfer(tid, tid, kind, sender, (receiver,), ((lo, lo + 4),), 16, 1, 0.0, 0.0, deps)
+
+
+def _run_hand_made(transfers, within_s=10.0, **options):
+    """Run ``transfers`` (every host's, in plan order) with hosts 0 and 1 as threads; the
+    hosts' errors by host, and their destination buffers. A host still running after
+    ``within_s`` fails the test (it hung) instead of hanging it."""
+    from alpa_comm.runtime.backend import ThreadHub
+    from alpa_comm.runtime.executor import ExecutorOptions
+
+    host_of = _host_of
+    lay = _quarters_layout()
+    x = np.arange(16, dtype=np.float32)
+    hub, errors = ThreadHub(2), {}
+    dst = lay.empty_destinations(lambda d: True, zeros=True)
+
+    def work(h):
+        mine = lambda d: host_of(d) == h  # noqa: E731
+        src = lay.source_shards(x, mine)
+        ex = HostExecutor(h, lay, src, {d: b for d, b in dst.items() if mine(d)}, ThreadBackend(h, hub),
+                          host_of, options=ExecutorOptions(**options))
+        try:
+            ex.run(transfers)
+        except BaseException as e:  # noqa: BLE001 - reported to the test
+            errors[h] = e
+            hub.dead.add(h)
+
+    threads = [threading.Thread(target=work, args=(h,), daemon=True) for h in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(within_s)
+    hung = [h for h, t in zip((0, 1), threads) if t.is_alive()]
+    assert not hung, f"hosts {hung} still running after {within_s} s"
+    return errors, dst, x
+
+
+def test_a_full_window_collects_what_a_threaded_transfer_waits_for():
+    """Host 0 receives ``d`` (posted, not yet collected), then sends ``a``, which reads
+    what ``d`` delivered (``deps``), so ``a`` runs on a transfer thread waiting for ``d``
+    to end; then ``b`` needs room in the NIC window ``a`` holds. Waiting for ``a`` there
+    would wait for ``d``, which only the dispatching thread can collect: it collects
+    ``d`` first, and everything ends, bit-exact."""
+    d, a, b = _send(0, 2, 0, 8), _send(1, 0, 2, 0, deps=(0,)), _send(2, 1, 3, 4)
+    errors, dst, x = _run_hand_made([d, a, b], timeout=2.0, max_per_resource=1)
+    assert not errors, errors
+    assert np.array_equal(dst[0], x[8:12]) and np.array_equal(dst[2], x[0:4]) and np.array_equal(dst[3], x[4:8])

@@ -13,7 +13,11 @@ Lock invariant: ``_cond`` guards the state every thread shares, ``_count`` and
 the transfers that ended), ``_failure`` and ``_timings``. They are read and changed
 only while holding it, and every change that can let a waiter go on (a transfer ended,
 a failure) notifies all waiters; no thread sleeps on a timer. ``_posted``,
-``_posted_ids``, ``_windows`` and ``_futures`` belong to the dispatching thread alone.
+``_windows`` and ``_futures`` belong to the dispatching thread alone.
+
+A posted transfer ends only when the dispatching thread collects it, so that thread
+never blocks on anything else while something it posted is uncollected (a transfer
+thread may be waiting for it): it collects the oldest posted transfer instead.
 """
 from __future__ import annotations
 
@@ -63,7 +67,6 @@ class Dispatcher:
         self._failure: list[BaseException] = []
         self._timings: list[TransferTiming] = []
         self._posted: deque = deque()  # _PostedTransfer, oldest first
-        self._posted_ids: set[int] = set()
         self._windows: dict[int, deque] = {}  # resource key -> (transfer id, stream units) here, oldest first
         self._futures: list = []  # what was handed to the transfer threads
         self._pool: ThreadPoolExecutor | None = None
@@ -117,7 +120,6 @@ class Dispatcher:
         """Wait for the oldest posted transfer and finish it."""
         self._launch()
         p = self._posted.popleft()
-        self._posted_ids.discard(p.ctx.t.id)
         t = p.ctx.t
         try:
             self.ex.finish(p.ctx, p.part)
@@ -158,12 +160,17 @@ class Dispatcher:
                     self._collect_oldest()
 
     def _wait_posted_or_ended(self, tid: int) -> bool:
-        """True once ``tid`` ended (or anything failed); False where it is still posted
-        from this thread, so collecting the oldest posted transfer brings it nearer."""
+        """True once ``tid`` ended (or anything failed); False while anything posted from
+        this thread is uncollected, so the caller collects the oldest posted transfer
+        first: ``tid`` may be that one or a later one, or a transfer on a thread that
+        reads (``deps``) what a posted one delivers, which ends only once this thread
+        collects it (waiting for ``tid`` then would wait forever). With nothing posted,
+        ``tid`` runs on a thread of its own (and what it reads is on threads or ended):
+        it ends without this thread."""
         with self._cond:
             if self._done(tid) or self._failure:
                 return True
-        if tid in self._posted_ids:
+        if self._posted:
             return False
         self._launch()
         self._wait_ended(tid)
@@ -213,7 +220,6 @@ class Dispatcher:
             if self.ordered:
                 self.ex.backend.transfer_posted()
             self._posted.append(_PostedTransfer(ctx, part, need, t0))
-            self._posted_ids.add(t.id)
             return True
         if self.ordered:  # on this thread; its waits launch what is posted before it
             while self._posted and not self._failed() and self._unfinished_dep(t):
