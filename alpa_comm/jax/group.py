@@ -367,6 +367,9 @@ class ProcessGroup:
                 continue
             try:
                 out.append(self.kv.get(f"{base}/{r}", self.timeout))
+            except TimeoutError as e:  # the store's own timeout names a key, not who did not come
+                raise CommunicationTimeoutError(f"host {self.rank}: host {r} did not take part in {topic!r} "
+                                                f"(round {n}) within {self.timeout:g} s: {e}") from e
             except CommunicationError:
                 raise
             except Exception as e:  # noqa: BLE001 - say who did not come
