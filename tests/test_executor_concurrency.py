@@ -369,10 +369,11 @@ def _send(tid, sender, receiver, lo, deps=(), kind="send_recv"):
     return Transfer(tid, tid, kind, sender, (receiver,), ((lo, lo + 4),), 16, 1, 0.0, 0.0, deps)
 
 
-def _run_hand_made(transfers, within_s=10.0, **options):
+def _run_hand_made(transfers, within_s=10.0, after=None, **options):
     """Run ``transfers`` (every host's, in plan order) with hosts 0 and 1 as threads; the
     hosts' errors by host, and their destination buffers. A host still running after
-    ``within_s`` fails the test (it hung) instead of hanging it."""
+    ``within_s`` fails the test (it hung) instead of hanging it. ``after(host, executor)``
+    runs on the host's thread once its run ended (its kept pools are that thread's)."""
     from alpa_comm.runtime.backend import ThreadHub
     from alpa_comm.runtime.executor import ExecutorOptions
 
@@ -392,6 +393,8 @@ def _run_hand_made(transfers, within_s=10.0, **options):
         except BaseException as e:  # noqa: BLE001 - reported to the test
             errors[h] = e
             hub.dead.add(h)
+        if after is not None:
+            after(h, ex)
 
     threads = [threading.Thread(target=work, args=(h,), daemon=True) for h in (0, 1)]
     for t in threads:
@@ -413,3 +416,54 @@ def test_a_full_window_collects_what_a_threaded_transfer_waits_for():
     errors, dst, x = _run_hand_made([d, a, b], timeout=2.0, max_per_resource=1)
     assert not errors, errors
     assert np.array_equal(dst[0], x[8:12]) and np.array_equal(dst[2], x[0:4]) and np.array_equal(dst[3], x[4:8])
+
+
+def test_unknown_kinds_on_the_dispatching_thread_fail_naming_the_host():
+    """Two transfers of a kind no kind has the name of: admission asks nothing of the
+    kind, and the run fails the documented way (``CommunicationError`` naming the host
+    and the kind)."""
+    errors, _, _ = _run_hand_made([_send(0, 0, 2, 0, kind="teleport"), _send(1, 1, 3, 4, kind="teleport")],
+                                  timeout=2.0)
+    assert set(errors) == {0, 1}
+    for h, e in errors.items():
+        assert isinstance(e, CommunicationError) and f"host {h}: unknown transfer kind 'teleport'" in str(e), e
+
+
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
+def test_a_failure_on_the_dispatching_thread_wakes_the_transfer_threads(monkeypatch, error):
+    """Host 0 receives ``d`` (posted, uncollected), runs ``a`` (which reads what ``d``
+    delivers) on a transfer thread, then fails admitting ``x`` on its dispatching thread.
+    The failure is the run's: it is raised, ``a``'s thread stops waiting for ``d`` and
+    ends, and the next run on that thread gets fresh transfer threads."""
+    from alpa_comm.runtime import dispatch
+    from alpa_comm.runtime.pools import transfer_threads
+
+    original = HostExecutor.buffer_bytes
+    used = {}
+
+    def breaks_at_x(self, t, packs):
+        if self.host == 0 and t.id == 2:
+            raise error("cannot size x")
+        return original(self, t, packs)
+
+    def recorded(limit):
+        used[threading.current_thread().name] = pool = transfer_threads(limit)
+        return pool
+
+    monkeypatch.setattr(HostExecutor, "buffer_bytes", breaks_at_x)
+    monkeypatch.setattr(dispatch, "transfer_threads", recorded)
+    checks = {}
+
+    def after(h, ex):
+        if h == 0:
+            old = used[threading.current_thread().name]
+            checks["fresh"] = transfer_threads(2) is not old
+            ending = threading.Thread(target=old.shutdown, daemon=True)  # waits for its threads
+            ending.start()
+            ending.join(5)
+            checks["ended"] = not ending.is_alive()
+
+    d, a, x = _send(0, 2, 0, 8), _send(1, 0, 2, 0, deps=(0,)), _send(2, 1, 3, 4)
+    errors, _, _ = _run_hand_made([d, a, x], after=after, timeout=2.0, max_concurrent=2)
+    assert isinstance(errors.get(0), error) and "cannot size x" in str(errors[0]), errors
+    assert checks == {"fresh": True, "ended": True}

@@ -236,6 +236,10 @@ class Dispatcher:
 
     # ------------------------------------------------ the run
     def run(self) -> list[TransferTiming]:
+        """Admit, post and collect every transfer; their timings, or the first failure
+        raised. What this thread itself raises (admission's arithmetic, a backend call,
+        a KeyboardInterrupt) is the run's failure too: the transfer threads waiting for
+        a transfer that will not end wake and stop, and their pool is dropped."""
         ahead = PackAhead(self.ex, self.transfers)  # gloo writes a send on the posting thread: pack on another
         try:
             self.ex.gather_all(self.transfers)
@@ -248,6 +252,9 @@ class Dispatcher:
             with self._cond:
                 while self._count and not self._failure:
                     self._cond.wait()
+        except BaseException as e:  # noqa: BLE001 - recorded so that every waiter wakes, then raised
+            self._fail(e)
+            raise
         finally:
             ahead.close()
             self._after_failure()

@@ -468,7 +468,10 @@ class HostExecutor:
         """How much of a NIC's window ``t`` takes: one stream, or every stream where its
         messages are large enough to be striped over all of them (``STRIPE_MIN_BYTES``),
         so a few large transfers hold the NIC in the plan's order as one would; the whole
-        window for a pipelined double tree (``admission.window_units``)."""
+        window for a pipelined double tree (``admission.window_units``); one for a kind
+        no kind has the name of (named when it runs: ``context``)."""
+        if self._kind_of(t) is None:
+            return 1
         units = self.streams if t.nbytes >= STRIPE_MIN_BYTES * max(1, t.chunks) else 1
         return window_units(t, units, self.max_per_resource, self.host_of, self.options.min_rate,
                             self.options.latency_s)
