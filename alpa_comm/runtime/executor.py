@@ -457,11 +457,20 @@ class HostExecutor:
         matter (``ORDERED_LATENCIES``); none for a kind that cannot say, and none where this
         host only receives (it sends nothing, so it sets no order on any wire: its receives
         are posted as soon as they are admitted, since a late receive costs an eager
-        transport a copy of the message and a rendezvous one its sender's time)."""
+        transport a copy of the message and a rendezvous one its sender's time).
+
+        Ordering is only an aid, so a kind that cannot say (no kind has its name: named
+        when it runs, ``context``; or its ``resources`` are not written:
+        ``NotImplementedError``) is admitted outside the windows rather than failing the
+        run. Anything else it raises is a fault of the kind or the plan (a device no host
+        holds), and is raised: the run's failure, not an order silently dropped."""
         kind = self._kind_of(t)
         if kind is None or latency_bound(t.nbytes, self.options.latency_s, self.options.min_rate):
-            return ()  # an unknown kind is named when it runs (``context``)
-        keys = tuple(kind.transfer_resources(t, _HostMap(self.host_of)))
+            return ()
+        try:
+            keys = tuple(kind.transfer_resources(t, _HostMap(self.host_of)))
+        except NotImplementedError:
+            return ()
         return keys if nic_send(self.host) in keys else ()
 
     def stream_units(self, t: Transfer) -> int:
