@@ -106,3 +106,32 @@ def test_a_silent_peer_times_out_naming_it():
     with pytest.raises(CommunicationError, match="host 0: receiving from host 1 timed out after 0.3 s"):
         ThreadBackend(0, hub).recv(buf, 1, tag=5, timeout=0.3)
     assert time.monotonic() - t0 < 2
+
+
+def test_closing_the_mailbox_cancels_an_abandoned_steps_queued_jobs():
+    """A step that failed is abandoned (its receives forgotten); closing the mailbox then
+    still cancels the jobs of that step that never started, as it does a live step's."""
+    import threading
+
+    from alpa_comm.train.transport import ReshardMailbox
+
+    box = ReshardMailbox(0, None, {"F:0->1": []}, {"F:0->1": 0}, {"F:0->1": []}, 4, 2, 5.0,
+                         lambda a: a, lambda n, k, b: b)
+    release, started = threading.Event(), threading.Semaphore(0)
+
+    def busy(name, mb, srcs):  # every worker busy until released
+        started.release()
+        return release.wait(10)
+
+    box._run = busy
+    try:
+        for mb in range(6):  # four workers: two jobs stay queued
+            box.post("F", 0, 1, mb)
+        assert all(started.acquire(timeout=10) for _ in range(4))
+        jobs = list(box.pending.values())
+        box.abandon()
+        box.close()
+        assert sum(f.cancelled() for f in jobs) == 2, [f._state for f in jobs]
+    finally:
+        release.set()
+    assert all(f.cancelled() or f.result(timeout=10) for f in jobs)

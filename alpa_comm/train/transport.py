@@ -23,6 +23,7 @@ buffers and back is the worker's business (``to_buffers``/``from_buffers``).
 """
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -80,10 +81,26 @@ class ReshardMailbox:
                                        initializer=name_os_thread, initargs=("mailbox",))
         self.pending: dict[tuple, Future] = {}
         self.sends: list[Future] = []
+        # every job handed to the pool and not yet ended, whichever step it belongs to (an
+        # abandoned step's are forgotten by ``pending`` and ``sends``): ``close`` cancels them
+        self._submitted: set[Future] = set()
+        self._submitted_lock = threading.Lock()  # the done-callbacks run on the pool's threads
         self.events: list[tuple[str, int, float, float]] = []  # sends: (edge name, mb, start, end)
         self.unpack_s = 0.0
 
     # ------------------------------------------------------------- transfers
+    def _submit(self, fn: Callable, *args) -> Future:
+        """``pool.submit``, remembered until it ends (``close`` cancels what has not started)."""
+        fut = self.pool.submit(fn, *args)
+        with self._submitted_lock:
+            self._submitted.add(fut)
+        fut.add_done_callback(self._forget)  # at once where it already ended
+        return fut
+
+    def _forget(self, fut: Future) -> None:
+        with self._submitted_lock:
+            self._submitted.discard(fut)
+
     def _run(self, name: str, mb: int, srcs: list[dict] | None) -> list[dict]:
         """This host's part of every key's plan of edge ``name`` for microbatch ``mb``."""
         out = []
@@ -122,13 +139,13 @@ class ReshardMailbox:
             raise CommunicationError(f"host {self.host}: no plan for edge {name}")
         key = (name, mb)
         if key not in self.pending:
-            self.pending[key] = self.pool.submit(self._run, name, mb, None)
+            self.pending[key] = self._submit(self._run, name, mb, None)
 
     def send(self, direction: str, src: int, dst: int, mb: int, arrays: dict) -> None:
         name = edge_name(direction, src, dst)
         if name not in self.jobs:
             raise CommunicationError(f"host {self.host}: no plan for edge {name}")
-        self.sends.append(self.pool.submit(self._send_task, name, mb, arrays))
+        self.sends.append(self._submit(self._send_task, name, mb, arrays))
 
     def recv(self, direction: str, src: int, dst: int, mb: int, block: bool = True) -> dict | None:
         name = edge_name(direction, src, dst)
@@ -172,7 +189,11 @@ class ReshardMailbox:
         self.sends.clear()
 
     def close(self) -> None:
-        shutdown_now(self.pool, [*self.pending.values(), *self.sends])  # Python 3.8: no cancel_futures
+        """Cancel every job not yet started, this step's and any abandoned step's, and end
+        the pool's threads once what runs has ended (Python 3.8: no ``cancel_futures``)."""
+        with self._submitted_lock:
+            submitted = list(self._submitted)
+        shutdown_now(self.pool, submitted)
 
 
 class OrderedMailbox(ReshardMailbox):
@@ -192,7 +213,7 @@ class OrderedMailbox(ReshardMailbox):
         if self._step is None:
             step = _OrderedStep({(n, mb): Future() for n, mb, role in self.order if role == "send"},
                                 {(n, mb): Future() for n, mb, role in self.order if role == "recv"})
-            step.future = self.pool.submit(self._run_in_order, step)
+            step.future = self._submit(self._run_in_order, step)
             self._step = step
         return self._step
 
