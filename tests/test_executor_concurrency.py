@@ -467,3 +467,20 @@ def test_a_failure_on_the_dispatching_thread_wakes_the_transfer_threads(monkeypa
     errors, _, _ = _run_hand_made([d, a, x], after=after, timeout=2.0, max_concurrent=2)
     assert isinstance(errors.get(0), error) and "cannot size x" in str(errors[0]), errors
     assert checks == {"fresh": True, "ended": True}
+
+
+def test_the_executors_read_and_write_primitives_take_the_leaf_always():
+    """A default leaf would read leaf 0 for a caller that forgot it; kinds go through
+    their ``TransferContext``, whose default is the transfer's own leaf."""
+    import inspect
+
+    from alpa_comm.runtime.context import TransferContext
+
+    for name in ("slice_bytes", "read_destination", "write", "flat_target"):
+        leaf = inspect.signature(getattr(HostExecutor, name)).parameters["leaf"]
+        assert leaf.default is inspect.Parameter.empty, name
+    layout = _quarters_layout()
+    ex = HostExecutor(0, [layout, layout], [{0: np.zeros(4, np.float32)}, {0: np.arange(4, dtype=np.float32)}],
+                      [{}, {}], ThreadBackend(0, _Hub()), _host_of)
+    ctx = TransferContext(ex, _send(0, 0, 2, 0)._replace(leaf=1), None, 0, 1.0)
+    assert np.array_equal(ctx.slice_bytes(0, ((0, 4),)).view(np.float32), np.arange(4))

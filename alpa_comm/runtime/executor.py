@@ -147,6 +147,9 @@ class HostExecutor:
         return self._kinds[name]
 
     # ------------------------------------------------ primitives for the kinds
+    # ``leaf`` is always given: a tree plan's transfers each name their own, and a default
+    # would read leaf 0 for a caller that forgot it. Kinds call these through their
+    # ``TransferContext``, whose default is the transfer's own leaf.
     def isend(self, buf: np.ndarray, host: int, tag: int):
         if self.rendezvous:  # see runtime.tcp: a large one waits for its receive
             return self.backend.isend(buf, host, tag, rendezvous=True)
@@ -157,19 +160,19 @@ class HostExecutor:
             return self.backend.irecv(buf, host, tag, rendezvous=True)
         return self.backend.irecv(buf, host, tag)
 
-    def slice_bytes(self, device: int, index: Box, leaf: int = 0) -> np.ndarray:
+    def slice_bytes(self, device: int, index: Box, leaf: int) -> np.ndarray:
         """The bytes of ``index`` of ``leaf`` held by source ``device``, flat and contiguous."""
         data = view(self.srcs[leaf][device], self.layouts[leaf].src_boxes[device], index)
         if self.xp is np and data.flags.c_contiguous:
             return data.reshape(-1).view(np.uint8)
         return self.xp.ascontiguousarray(data).reshape(-1).view(np.uint8)
 
-    def read_destination(self, device: int, index: Box, leaf: int = 0) -> np.ndarray:
+    def read_destination(self, device: int, index: Box, leaf: int) -> np.ndarray:
         """The bytes of ``index`` of ``leaf`` already written into destination ``device``, flat."""
         data = view(self.dsts[leaf][device], self.layouts[leaf].dst_boxes[device], index)
         return self.xp.ascontiguousarray(data).reshape(-1).view(np.uint8)
 
-    def write(self, device: int, index: Box, flat: np.ndarray, leaf: int = 0) -> None:
+    def write(self, device: int, index: Box, flat: np.ndarray, leaf: int) -> None:
         """Write flat bytes holding ``index`` of ``leaf`` into destination ``device``."""
         lay = self.layouts[leaf]
         target = view(self.dsts[leaf][device], lay.dst_boxes[device], index)
@@ -351,7 +354,7 @@ class HostExecutor:
         """The receiving devices of ``t`` on this host."""
         return [r for r in t.receivers if self.host_of(r) == self.host]
 
-    def flat_target(self, device: int, index: Box, leaf: int = 0) -> np.ndarray | None:
+    def flat_target(self, device: int, index: Box, leaf: int) -> np.ndarray | None:
         """The bytes of ``index`` of ``leaf`` inside ``device``'s buffer as a flat writable
         view, or None when that region is not contiguous."""
         target = view(self.dsts[leaf][device], self.layouts[leaf].dst_boxes[device], index)
