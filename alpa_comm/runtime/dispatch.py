@@ -178,7 +178,12 @@ class Dispatcher:
 
     def _await_room(self, need: int) -> None:
         """Room within ``limit`` transfers and ``max_inflight_bytes``: one is admitted
-        whenever nothing else is in flight."""
+        whenever nothing else is in flight.
+
+        With nothing posted, what is in flight runs on transfer threads, and this thread
+        waits for one to end. Nothing is left to launch then: only an ``issue_ordered``
+        backend launches, and there every transfer in flight is a posted one (one that
+        runs alone has ended before the next is admitted), so the wait is not reached."""
         budget = self.ex.max_inflight_bytes
         while True:
             with self._cond:
@@ -186,7 +191,6 @@ class Dispatcher:
                 if self._failure or not full:
                     return
                 if not self._posted:
-                    self._launch()
                     self._cond.wait()
                     continue
             self._collect_oldest()
