@@ -91,6 +91,35 @@ def test_train_inprocess_runs_every_registered_schedule(kind, capsys):
     assert f"2 stages x dp 1, {kind}" in out and "loss 5.5452 -> 5.5452 over 1 steps" in out
 
 
+SMALL_MODEL = ["--width", "8", "--heads", "2", "--seq", "4", "--microbatch-size", "2", "--steps", "1",
+               "--data", "synthetic"]
+"""A small model whose layers and microbatches are left to their defaults."""
+
+
+@pytest.mark.parametrize("stages", [3, 4])
+@pytest.mark.parametrize("kind", SCHEDULE_NAMES)
+def test_a_schedule_named_alone_runs_with_the_default_layers_and_microbatches(kind, stages, capsys):
+    """``--schedule S`` without ``--layers``/``--microbatches`` runs every family: the
+    defaults rise to a layer per model stage and to the family's fewest microbatches
+    (DualPipeV: 2S), where those exceed 4."""
+    assert main(["train", "--cluster", "inprocess", "--schedule", kind, "--stages", str(stages)] + SMALL_MODEL) == 0
+    assert f"{stages} stages x dp 1, {kind}" in capsys.readouterr().out
+
+
+def test_values_given_are_checked_not_raised(capsys):
+    """Only the defaults adapt: a count the user gives is kept, and refused by name
+    where the schedule cannot run it."""
+    from alpa_comm.train.trainer import TrainConfig
+
+    cfg = TrainConfig(cluster="inprocess", schedule="1f1b", stages=4, layers=6, microbatches=5)
+    assert (cfg.layers, cfg.microbatches) == (6, 5)
+    assert (TrainConfig(schedule="zb-v", stages=4).layers, TrainConfig(schedule="dualpipev", stages=4).microbatches) \
+        == (8, 8)
+    assert main(["train", "--cluster", "inprocess", "--schedule", "dualpipev", "--microbatches", "4"]
+                + SMALL_MODEL) == 2
+    assert "dualpipev needs at least 8 microbatches on 4 stages, got 4" in capsys.readouterr().err
+
+
 def test_train_on_a_cluster_runs_a_virtual_schedule_on_the_model_cut_per_chunk(monkeypatch):
     """On host workers (``--cluster local`` etc.) the named family is what the pipeline
     runs: its stages, chunks and placement, with the skips of the model cut into one stage

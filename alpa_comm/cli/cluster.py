@@ -77,12 +77,15 @@ def _register_train(sub) -> None:
                    help="gpt, utransformer, or package.module:function returning a PipelineModel (a model of "
                         "your own; see docs/train.md)")
     p.add_argument("--stages", type=count(1, 64), default=4, help="pipeline stages, one host each (default 4)")
-    p.add_argument("--layers", type=count(1, 1024), default=4,
-                   help="transformer layers (U-Transformer: 2L, L = layers/2)")
+    p.add_argument("--layers", type=count(1, 1024), default=None,
+                   help="transformer layers (U-Transformer: 2L, L = layers/2; default 4, or one per model stage "
+                        "where the schedule runs more: stages x chunks)")
     p.add_argument("--width", type=count(1, 1 << 16), default=64, help="model width d (default 64)")
     p.add_argument("--heads", type=count(1, 1024), default=4, help="attention heads, dividing --width (default 4)")
     p.add_argument("--seq", type=count(1, MAX_SEQ), default=32, help="sequence length in bytes (default 32)")
-    p.add_argument("--microbatches", type=count(1, 4096), default=4, help="microbatches per step (default 4)")
+    p.add_argument("--microbatches", type=count(1, 4096), default=None,
+                   help="microbatches per step (default 4, or the fewest above it the schedule runs: dualpipev 2 x "
+                        "stages, interleaved-1f1b a multiple of the stages)")
     p.add_argument("--microbatch-size", type=count(1, 1 << 20), default=4,
                    help="rows per microbatch (all dp replicas together)")
     add_schedule_args(p, "delay weight gradients: N or one N per stage (implies --split-backward), or 'auto': "

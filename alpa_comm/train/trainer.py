@@ -55,15 +55,19 @@ class Calibration:
     runs: list = field(default_factory=list)  # calibrate's runs (``on_run``'s dicts): the trial reuses their times
 
 
+DEFAULT_LAYERS = 4
+DEFAULT_MICROBATCHES = 4
+
+
 @dataclass
 class TrainConfig:
     model: str = "gpt"
     stages: int = 4
-    layers: int = 4
+    layers: int | None = None  # None: DEFAULT_LAYERS, or one per model stage where the schedule runs more
     width: int = 64
     heads: int = 4
     seq: int = 32
-    microbatches: int = 4
+    microbatches: int | None = None  # None: DEFAULT_MICROBATCHES, or the fewest the schedule runs if more
     microbatch_size: int = 4
     schedule: str = "eager-1f1b"  # any of pipeline.SCHEDULE_NAMES, or "auto": the fastest that fits ``memory_cap``
     model_chunks: int | None = None  # chunks per stage for a family whose chunks are the caller's (default 2)
@@ -92,6 +96,9 @@ class TrainConfig:
         before any process starts (not NaN losses or a crash after training)."""
         import math  # noqa: PLC0415
 
+        positive_int(self.stages, "--stages")
+        self._check_schedule()
+        self._fill_schedule_defaults()
         for name in ("stages", "layers", "width", "heads", "seq", "microbatches", "microbatch_size", "dp", "steps",
                      "devices_per_host"):
             positive_int(getattr(self, name), f"--{name.replace('_', '-')}")
@@ -113,7 +120,6 @@ class TrainConfig:
         from ..pipeline.auto_schedule import check_memory_cap, check_trial_margin  # noqa: PLC0415
 
         check_memory_cap(self.memory_cap)
-        self._check_schedule()
         for name in ("memory_cap", "trial_margin"):
             if getattr(self, name) is not None and self.schedule != AUTO:
                 raise InvalidOptionError(f"--{name.replace('_', '-')} applies to --schedule auto, not "
@@ -146,6 +152,20 @@ class TrainConfig:
                 raise InvalidOptionError("--schedule auto chooses the chunks itself: leave out --model-chunks")
             return
         check_options(self.schedule, self.delay_wgrad, self.model_chunks)
+
+    def _fill_schedule_defaults(self) -> None:
+        """``layers`` and ``microbatches`` left as None take the defaults, raised to what
+        the chosen schedule needs: a layer per model stage (a virtual schedule on S stages
+        runs S x chunks of them) and the fewest microbatches the family runs (DualPipeV: 2S;
+        interleaved 1F1B: a multiple of S), so
+        ``--schedule NAME`` alone runs every family; values given are only checked."""
+        if self.layers is None:
+            self.layers = max(DEFAULT_LAYERS, self.model_stages)
+        if self.microbatches is None:
+            self.microbatches = DEFAULT_MICROBATCHES
+            family = None if self.schedule == AUTO else schedule_kind(self.schedule)
+            while family is not None and not family.runs_at(self.stages, self.microbatches):
+                self.microbatches += 1  # at most S more: the fewest it runs, then a multiple of S
 
     @property
     def chunks(self) -> int | None:
