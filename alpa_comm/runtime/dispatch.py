@@ -13,11 +13,11 @@ Lock invariant: ``_cond`` guards the state every thread shares, ``_count`` and
 the transfers that ended), ``_failure`` and ``_timings``. They are read and changed
 only while holding it, and every change that can let a waiter go on (a transfer ended,
 a failure) notifies all waiters; no thread sleeps on a timer. ``_posted``,
-``_windows`` and ``_futures`` belong to the dispatching thread alone.
+``_posted_ids``, ``_windows`` and ``_futures`` belong to the dispatching thread alone.
 
 A posted transfer ends only when the dispatching thread collects it, so that thread
-never blocks on anything else while something it posted is uncollected (a transfer
-thread may be waiting for it): it collects the oldest posted transfer instead.
+never blocks on a transfer that waits, itself or through what it reads, for something
+it posted and has not collected: it collects the oldest posted transfer instead.
 """
 from __future__ import annotations
 
@@ -67,6 +67,8 @@ class Dispatcher:
         self._failure: list[BaseException] = []
         self._timings: list[TransferTiming] = []
         self._posted: deque = deque()  # _PostedTransfer, oldest first
+        self._posted_ids: set[int] = set()  # the ids in _posted
+        self._by_id = {t.id: t for t in transfers}
         self._windows: dict[int, deque] = {}  # resource key -> (transfer id, stream units) here, oldest first
         self._futures: list = []  # what was handed to the transfer threads
         self._pool: ThreadPoolExecutor | None = None
@@ -121,6 +123,7 @@ class Dispatcher:
         self._launch()
         p = self._posted.popleft()
         t = p.ctx.t
+        self._posted_ids.discard(t.id)
         try:
             self.ex.finish(p.ctx, p.part)
             self.ex.ended(t)
@@ -160,21 +163,36 @@ class Dispatcher:
                     self._collect_oldest()
 
     def _wait_posted_or_ended(self, tid: int) -> bool:
-        """True once ``tid`` ended (or anything failed); False while anything posted from
-        this thread is uncollected, so the caller collects the oldest posted transfer
-        first: ``tid`` may be that one or a later one, or a transfer on a thread that
-        reads (``deps``) what a posted one delivers, which ends only once this thread
-        collects it (waiting for ``tid`` then would wait forever). With nothing posted,
-        ``tid`` runs on a thread of its own (and what it reads is on threads or ended):
-        it ends without this thread."""
+        """True once ``tid`` ended (or anything failed); False while ``tid`` waits for
+        something posted from this thread and not yet collected, so the caller collects
+        the oldest posted transfer first: ``tid`` may be posted itself, or run on a thread
+        and read (``deps``, directly or through other threaded transfers) what a posted
+        one delivers, which ends only once this thread collects it (waiting for ``tid``
+        then would wait forever). Otherwise ``tid`` ends without this thread, which waits
+        for it and keeps its posted transfers in flight meanwhile."""
         with self._cond:
             if self._done(tid) or self._failure:
                 return True
-        if self._posted:
+        if self._waits_on_posted(tid):
             return False
         self._launch()
         self._wait_ended(tid)
         return True
+
+    def _waits_on_posted(self, tid: int) -> bool:
+        """Whether unfinished ``tid`` is posted and uncollected, or reads (through the
+        chain of its unfinished ``deps`` in this run) a transfer that is."""
+        seen, todo = set(), [tid]
+        while todo:
+            i = todo.pop()
+            if i in self._posted_ids:
+                return True
+            if i in seen:
+                continue
+            seen.add(i)
+            with self._cond:
+                todo += [d for d in self._by_id[i].deps if not self._done(d)] if i in self._by_id else []
+        return False
 
     def _await_room(self, need: int) -> None:
         """Room within ``limit`` transfers and ``max_inflight_bytes``: one is admitted
@@ -224,6 +242,7 @@ class Dispatcher:
             if self.ordered:
                 self.ex.backend.transfer_posted()
             self._posted.append(_PostedTransfer(ctx, part, need, t0))
+            self._posted_ids.add(t.id)
             return True
         if self.ordered:  # on this thread; its waits launch what is posted before it
             while self._posted and not self._failed() and self._unfinished_dep(t):
