@@ -1,5 +1,5 @@
 """The packages' modules import each other without circles (type-only imports count:
-they are how a circle starts), except the ones listed here with why they remain; the
+they are how a circle starts, and so do `importlib.import_module("alpa_comm....")` calls), except the ones listed here with why they remain; the
 library never imports the benchmark package."""
 import ast
 import subprocess
@@ -9,11 +9,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "alpa_comm"
 BENCH = PACKAGE.parent / "alpa_comm_bench"
 
-KNOWN = {
-    # the Alpa adapter and the code it installs in Alpa's workers share the adapter's
-    # registration; untangling them is the Alpa issue's work
-    frozenset({"alpa_comm.integrations.alpa", "alpa_comm.integrations.alpa_worker"}),
-}
+KNOWN: set = set()
 """Circles that remain, each as the set of its modules."""
 
 
@@ -40,6 +36,9 @@ def imports_of(path: Path) -> set[str]:
             candidates = [target] + [f"{target}.{a.name}" for a in node.names]
         elif isinstance(node, ast.Import):
             candidates = [a.name for a in node.names]
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "import_module"
+              and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            candidates = [node.args[0].value]  # importlib.import_module("alpa_comm..."): an import all the same
         else:
             continue
         out |= {c for c in candidates if c.startswith("alpa_comm")}

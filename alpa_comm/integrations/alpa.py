@@ -41,13 +41,13 @@ import sys
 
 from ..errors import AlpaCommError, InvalidOptionError
 from .alpa_translate import inputs_from_task_spec, plan_to_strategy, schedule_to_clocks
+from .alpa_planning import PLANNING_NIC_GBPS
 from .alpa_weight_delay import split_backward_stages
 
 SUPPORTED_ALPA_VERSION = "0.2.3"
 OPTION = "comm_optimization"
 VALUES = ("off", "alpa_comm", "alpa_comm_eager")
 EAGER_SCHEDULE_NAME = "eager_1f1b"
-PLANNING_NIC_GBPS = 10.0  # only relative speeds matter to the load balancer
 
 
 class AlpaIntegrationError(AlpaCommError, RuntimeError):

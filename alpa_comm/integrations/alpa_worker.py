@@ -24,7 +24,7 @@ import os
 
 from ..resharding import cost_model
 from ..topology import PAPER_TESTBED
-from .alpa import PLANNING_NIC_GBPS
+from .alpa_planning import PLANNING_NIC_GBPS
 
 WORKER_MARK = "ALPA_COMM_WORKER_PATCHED"
 _state: dict = {"broadcast": None}
