@@ -25,7 +25,7 @@ def draw_grid(schedule: Schedule, marks, window: int = GRID_WINDOW) -> str:
     widths = [max([len(str(lo + j))] + [len(c[j]) for c in cells]) for j in range(hi - lo)]
     labels = [("> " if (i, None) in marks else "  ") + f"stage {i}" for i in range(len(rows))]
     left, right = ("... " if lo else ""), (" ..." if hi < longest else "")
-    width = max(len(x) for x in labels)
+    width = max((len(x) for x in labels), default=0)
 
     def line(label: str, texts) -> str:
         return f"{label.ljust(width)} | {left}" + " ".join(t.rjust(w) for t, w in zip(texts, widths)) + right

@@ -158,7 +158,9 @@ class TrainConfig:
         the chosen schedule needs: a layer per model stage (a virtual schedule on S stages
         runs S x chunks of them) and the fewest microbatches the family runs (DualPipeV: 2S;
         interleaved 1F1B: a multiple of S), so
-        ``--schedule NAME`` alone runs every family; values given are only checked."""
+        ``--schedule NAME`` alone runs every family; values given are only checked. They
+        are filled in at construction: ``dataclasses.replace(cfg, schedule=...)`` keeps
+        them, so pass ``layers=None, microbatches=None`` with it to derive them again."""
         if self.layers is None:
             self.layers = max(DEFAULT_LAYERS, self.model_stages)
         if self.microbatches is None:
