@@ -15,16 +15,18 @@ from alpa_comm import ClusterSpec
 @st.composite
 def small_instances(draw):
     """Up to 7 jobs; each has 1-2 candidate sender hosts among 3 and 1-2 receiver hosts among 3."""
-    n = draw(st.integers(1, 7))
-    jobs = []
-    for _ in range(n):
-        receivers = draw(st.lists(st.integers(3, 5), min_size=1, max_size=2, unique=True))
-        senders = draw(st.lists(st.integers(0, 2), min_size=1, max_size=2, unique=True))
-        base = draw(st.integers(1, 5))
-        cands = tuple(Candidate(s, (tx(s),) + tuple(rx(r) for r in receivers), float(base + draw(st.integers(0, 1))))
-                      for s in sorted(senders))
-        jobs.append(Job(0, "broadcast", tuple(receivers), base, (), cands))
-    return jobs
+    return [draw_job(draw, senders=(1, 2), base=(1, 5), spread=1) for _ in range(draw(st.integers(1, 7)))]
+
+
+def draw_job(draw, senders: tuple[int, int], base: tuple[int, int], spread: int) -> Job:
+    """One broadcast job from ``senders`` (min, max count) of hosts 0-2 to one or two of
+    hosts 3-5, its duration in ``base`` and each candidate's up to ``spread`` longer."""
+    receivers = draw(st.lists(st.integers(3, 5), min_size=1, max_size=2, unique=True))
+    hosts = draw(st.lists(st.integers(0, 2), min_size=senders[0], max_size=senders[1], unique=True))
+    length = draw(st.integers(*base))
+    cands = tuple(Candidate(s, (tx(s),) + tuple(rx(r) for r in receivers), float(length + draw(st.integers(0, spread))))
+                  for s in sorted(hosts))
+    return Job(0, "broadcast", tuple(receivers), length, (), cands)
 
 
 def brute_force(jobs):
@@ -84,15 +86,7 @@ def searched_instances(draw):
     """10-13 jobs, each sendable from two or three of 3 hosts to one or two of 3 receiving
     hosts at durations that differ by candidate: large enough that a few hundred nodes
     do not always finish the search."""
-    jobs = []
-    for _ in range(draw(st.integers(10, 13))):
-        receivers = draw(st.lists(st.integers(3, 5), min_size=1, max_size=2, unique=True))
-        senders = draw(st.lists(st.integers(0, 2), min_size=2, max_size=3, unique=True))
-        base = draw(st.integers(2, 9))
-        cands = tuple(Candidate(s, (tx(s),) + tuple(rx(r) for r in receivers), float(base + draw(st.integers(0, 2))))
-                      for s in sorted(senders))
-        jobs.append(Job(0, "broadcast", tuple(receivers), base, (), cands))
-    return jobs
+    return [draw_job(draw, senders=(2, 3), base=(2, 9), spread=2) for _ in range(draw(st.integers(10, 13)))]
 
 
 @settings(max_examples=40, deadline=None)
