@@ -1,7 +1,12 @@
 """``broadcast``: a chunk-pipelined chain through the receiving hosts (paper: t + (A-1)t/K).
 
 Each host forwards chunk k to the next host while it takes chunk k+1, so with
-enough chunks a broadcast to A hosts costs about what one copy costs.
+enough chunks a broadcast to A hosts costs about what one copy costs. Its chunks are
+posted back to back on each stream, so the message latency is paid once a hop (by the
+first chunk) and every later chunk only ``cost_model.pipelined_gap``; the chunk count
+weighs that gap against the chain's fill (``cost_model.auto_chunks``). The last host
+copies each chunk on to its other devices as it arrives (one device after another), so
+those copies too are a hop of the chain, not a tail after it.
 """
 from __future__ import annotations
 
@@ -11,6 +16,16 @@ from .. import cost_model
 from ..resources import intra_link, nic_receive, nic_send
 from .base import (Posted, TransferKind, chain_rates, chunk_bounds, fan_out, finish_posted,
                    groups_in_order, receive_buffer, receiving_hosts, store_received)
+
+
+def broadcast_rates(sender_host, groups, cluster) -> list[float]:
+    """Hop rates of the chain (``chain_rates``), the last host's intra-host hop taken as
+    its copies to its other devices one after another (d - 1 copies of each chunk)."""
+    rates = chain_rates(sender_host, groups, cluster)
+    last = list(groups)[-1] if groups else None
+    if last is not None and len(groups[last]) > 1:
+        rates[-1] = rates[-1] / (len(groups[last]) - 1)
+    return rates
 
 
 class Broadcast(TransferKind):
@@ -27,13 +42,16 @@ class Broadcast(TransferKind):
     def chunks_for(self, nbytes, num_elements, rates, cluster, chunks) -> tuple[int, int]:
         """(bytes on the wire, chunks): the asked count, else the cost model's best; never
         more than ``cost_model.MAX_AUTO_CHUNKS`` (the tags a transfer has for chunks)."""
-        k = chunks if chunks is not None else cost_model.auto_chunks(nbytes, rates, cluster.latency_s)
+        lat = cluster.latency_s
+        k = chunks if chunks is not None else cost_model.auto_chunks(nbytes, rates, lat,
+                                                                      gap=cost_model.pipelined_gap(lat))
         return nbytes, max(1, min(k, num_elements, cost_model.MAX_AUTO_CHUNKS))
 
     def duration(self, nbytes, num_elements, sender_host, groups, cluster, chunks):
-        rates = chain_rates(sender_host, groups, cluster)
+        rates = broadcast_rates(sender_host, groups, cluster)
         n, k = self.chunks_for(nbytes, num_elements, rates, cluster, chunks)
-        return cost_model.chain_time(n, rates, k, cluster.latency_s), k
+        lat = cluster.latency_s
+        return cost_model.chain_time(n, rates, k, lat, cost_model.pipelined_gap(lat)), k
 
     def closed_form(self, t, hosts, devices, chunks=1):
         return t + (hosts - 1) * t / chunks
@@ -42,7 +60,7 @@ class Broadcast(TransferKind):
         """Hop rates of the device chain and the resource keys its one flow holds."""
         groups = groups_in_order(t.receivers, cluster.host_of)
         s = cluster.host_of(t.sender)
-        rates = chain_rates(s, groups, cluster)
+        rates = broadcast_rates(s, groups, cluster)
         links = [nic_send(s)]
         hosts = list(groups)
         for h in hosts:
@@ -58,7 +76,8 @@ class Broadcast(TransferKind):
         # hops run at the chain's rate); fill and per-chunk latencies are a fixed delay.
         rates, links = self.chain(t, cluster)
         n = t.nbytes
-        fill = cost_model.chain_time(n, rates, t.chunks, cluster.latency_s) - n / min(rates)
+        lat = cluster.latency_s
+        fill = cost_model.chain_time(n, rates, t.chunks, lat, cost_model.pipelined_gap(lat)) - n / min(rates)
         return [(fill, [(n, links)])]
 
     def _chain(self, ex, t):
@@ -84,6 +103,8 @@ class Broadcast(TransferKind):
             return Posted([ex.isend(piece, chain[1], tag0 + c) for c, piece in enumerate(pieces)])
         if p + 1 < len(chain):
             return None
+        if k > 1 and not signal and not t.parts and len(ex.local_receivers(t)) > 1:
+            return None  # copies on to its other devices chunk by chunk, on a thread (``run``)
         flat, mine, targets = receive_buffer(ex, t, nbytes, data=not signal)
 
         def finish():
