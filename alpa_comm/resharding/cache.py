@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import operator
 import threading
 from collections import OrderedDict
 from typing import Protocol
@@ -39,16 +40,59 @@ ALIASES_PER_PLAN = 4
 """Ways of writing the same inputs (text, objects) remembered per cached plan."""
 
 
-def raw_key(*parts) -> tuple | None:
+class HashedKey(tuple):
+    """A key tuple that hashes once: a tree's keys hold a thousand leaves, and a lookup
+    that hashes them again per dictionary operation pays for every leaf each time.
+    Equal to, and written (``repr``, so ``entry_name``) as, the plain tuple."""
+
+    def __new__(cls, parts):
+        key = super().__new__(cls, parts)
+        key._hash = tuple.__hash__(key)
+        return key
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other) -> bool:
+        if self is other:
+            return True
+        if isinstance(other, HashedKey) and self._hash != other._hash:
+            return False
+        return tuple.__eq__(self, other)
+
+    def __ne__(self, other) -> bool:
+        return not self == other
+
+
+class IdentityKey:
+    """Inputs that are the very objects of an earlier call (``same``, compared with
+    ``is``) with the rest equal (``equal``): a weight sync that passes the same leaves
+    every step is recognised by identity, without hashing or comparing each leaf's
+    fields. The key holds its objects, so their ids stay theirs while it is cached.
+    Only made for immutable inputs (leaves whose ``raw_key`` hashes)."""
+
+    __slots__ = ("same", "equal", "_hash")
+
+    def __init__(self, same: tuple, equal: tuple):
+        self.same, self.equal = same, equal
+        self._hash = hash((tuple(map(id, same)), equal))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other) -> bool:
+        return (isinstance(other, IdentityKey) and self._hash == other._hash and len(self.same) == len(other.same)
+                and all(map(operator.is_, self.same, other.same)) and self.equal == other.equal)
+
+
+def raw_key(*parts) -> HashedKey | None:
     """A key of planning inputs exactly as the caller gave them (lists made tuples), or
     None where one cannot be hashed. Equal inputs plan alike, so equal raw keys may share
     a plan; different spellings of one resharding get their own alias of the same plan."""
-    key = tuple(tuple(p) if isinstance(p, list) else p for p in parts)
     try:
-        hash(key)
+        return HashedKey(tuple(p) if isinstance(p, list) else p for p in parts)
     except TypeError:
         return None
-    return key
 
 
 def move_key(move: Resharding) -> tuple:
@@ -88,7 +132,7 @@ class PlanCache:
         self.max_plans = max_plans
         self.store = store
         self._plans: OrderedDict[tuple, object] = OrderedDict()
-        self._aliases: OrderedDict[tuple, tuple] = OrderedDict()  # inputs as given -> parsed key
+        self._aliases: OrderedDict = OrderedDict()  # inputs as given (HashedKey, IdentityKey) -> parsed key
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
@@ -112,7 +156,7 @@ class PlanCache:
             self._remember(key, plan)
         return dataclasses.replace(plan, cache_hit=True)
 
-    def get_alias(self, raw: tuple | None):
+    def get_alias(self, raw: HashedKey | IdentityKey | None):
         """The plan cached for inputs given exactly as ``raw`` (``raw_key``), marked as a
         hit, or None (never seen, or its plan has left the cache)."""
         if raw is None:  # ``raw_key`` gives None for inputs it cannot hash
@@ -127,9 +171,16 @@ class PlanCache:
             self.hits += 1
             return dataclasses.replace(plan, cache_hit=True)
 
-    def alias(self, raw: tuple | None, key: tuple) -> None:
-        """Remember that inputs given as ``raw`` plan to ``key``."""
+    def alias_target(self, raw: HashedKey | IdentityKey | None) -> tuple | None:
+        """The parsed key ``raw`` is an alias of, or None."""
         if raw is None:
+            return None
+        with self._lock:
+            return self._aliases.get(raw)
+
+    def alias(self, raw: HashedKey | IdentityKey | None, key: tuple) -> None:
+        """Remember that inputs given as ``raw`` plan to ``key``."""
+        if raw is None or key is None:
             return
         with self._lock:
             self._aliases[raw] = key

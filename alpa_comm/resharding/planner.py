@@ -45,6 +45,11 @@ def smallest_cluster(src_mesh, dst_mesh, **kw) -> ClusterSpec:
     return ClusterSpec(num_hosts=kw.pop("num_hosts", None) or hosts, devices_per_host=dph, **kw)
 
 
+TaskGroups = Sequence[tuple[Sequence[UnitTask], int]]
+"""Unit tasks as (tasks, how many times they occur): a model's layers repeat the same
+leaf layouts, so a tree's bounds pass over each distinct leaf's tasks once."""
+
+
 def lower_bound(tasks: Sequence[UnitTask], cluster: ClusterSpec, payload: int | None = None) -> float:
     """Physical limit of a resharding on ``cluster`` whatever the strategy.
 
@@ -54,36 +59,44 @@ def lower_bound(tasks: Sequence[UnitTask], cluster: ClusterSpec, payload: int | 
       source hosts' NICs together must push all of them.
     ``payload`` replaces each slice's size (the signal strategy moves 1 byte).
     """
+    return grouped_lower_bound(((tasks, 1),), cluster, payload)
+
+
+def grouped_lower_bound(groups: TaskGroups, cluster: ClusterSpec, payload: int | None = None) -> float:
+    """``lower_bound`` of every task of ``groups``, each group counted as often as it
+    occurs (byte sums are integers, so the result equals the pass over every copy)."""
     rx_need: dict[int, float] = {}
     out_bytes = 0.0
     senders: set[int] = set()
     longest = 0.0
     hosts_of: dict[tuple, frozenset] = {}
     lacking_of: dict[tuple, tuple] = {}
-    for t in tasks:
-        n = t.nbytes if payload is None else payload
-        key = (t.src_devices, t.dst_devices)
-        lack = lacking_of.get(key)
-        if lack is None:
-            src_hosts = hosts_of.get(t.src_devices)
-            if src_hosts is None:
-                src_hosts = hosts_of[t.src_devices] = frozenset(cluster.host_of(d) for d in t.src_devices)
-            dst_hosts = hosts_of.get(t.dst_devices)
-            if dst_hosts is None:
-                dst_hosts = hosts_of[t.dst_devices] = frozenset(cluster.host_of(d) for d in t.dst_devices)
-            lacking = tuple(sorted(dst_hosts - src_hosts))
-            rate = (min(max(cluster.send_rate(h) for h in src_hosts), min(cluster.recv_rate(h) for h in lacking))
-                    if lacking else 0.0)
-            lack = lacking_of[key] = (lacking, src_hosts, rate)
-        lacking, src_hosts, rate = lack
-        if not lacking:
-            continue
-        for h in lacking:
-            rx_need[h] = rx_need.get(h, 0.0) + n
-        out_bytes += n
-        senders |= src_hosts
-        if n / rate > longest:
-            longest = n / rate
+    for tasks, times in groups:
+        for t in tasks:
+            n = t.nbytes if payload is None else payload
+            key = (t.src_devices, t.dst_devices)
+            lack = lacking_of.get(key)
+            if lack is None:
+                src_hosts = hosts_of.get(t.src_devices)
+                if src_hosts is None:
+                    src_hosts = hosts_of[t.src_devices] = frozenset(cluster.host_of(d) for d in t.src_devices)
+                dst_hosts = hosts_of.get(t.dst_devices)
+                if dst_hosts is None:
+                    dst_hosts = hosts_of[t.dst_devices] = frozenset(cluster.host_of(d) for d in t.dst_devices)
+                lacking = tuple(sorted(dst_hosts - src_hosts))
+                rate = (min(max(cluster.send_rate(h) for h in src_hosts), min(cluster.recv_rate(h) for h in lacking))
+                        if lacking else 0.0)
+                lack = lacking_of[key] = (lacking, src_hosts, rate)
+            lacking, src_hosts, rate = lack
+            if not lacking:
+                continue
+            if n / rate > longest:
+                longest = n / rate
+            n *= times
+            for h in lacking:
+                rx_need[h] = rx_need.get(h, 0.0) + n
+            out_bytes += n
+            senders |= src_hosts
     if not rx_need:
         return 0.0
     rx_bound = max(b / cluster.recv_rate(h) for h, b in rx_need.items())
@@ -190,18 +203,23 @@ AUTO_MAX_JOBS = 250_000
 all-to-replicated: millions of messages, slow to plan and never the fastest there)."""
 
 
-def auto_order(tasks: Sequence[UnitTask], cluster: ClusterSpec) -> list[tuple[str, int]]:
+def auto_order(tasks: Sequence[UnitTask], cluster: ClusterSpec, groups: TaskGroups | None = None
+               ) -> list[tuple[str, int]]:
     """(kind, jobs it would make) of every kind ``auto`` may use here, cheapest to plan
     first: kinds that merge jobs into few transfers, then by job count, then listing
-    order. Kinds that plan as a chain would for these tasks (``auto_min_hosts``) are left out."""
+    order. Kinds that plan as a chain would for these tasks (``auto_min_hosts``) are left out.
+    ``groups`` (``TaskGroups``) stands for ``tasks`` where given."""
     shapes: dict[int, tuple[int, int]] = {}  # id(dst devices) -> (hosts, devices); tasks share tuples
-    counts = {s: 0 for s in auto_candidates()}
-    for t in tasks:
-        hd = shapes.get(id(t.dst_devices))
-        if hd is None:
-            hd = shapes[id(t.dst_devices)] = (len({cluster.host_of(d) for d in t.dst_devices}), len(t.dst_devices))
-        for s in counts:
-            counts[s] += transfer_kind(s).jobs_per_task(*hd)
+    per_shape: dict[tuple[int, int], int] = {}  # (hosts, devices) -> tasks of that shape
+    for group, times in (groups if groups is not None else ((tasks, 1),)):
+        for t in group:
+            hd = shapes.get(id(t.dst_devices))
+            if hd is None:
+                hd = shapes[id(t.dst_devices)] = (len({cluster.host_of(d) for d in t.dst_devices}),
+                                                  len(t.dst_devices))
+            per_shape[hd] = per_shape.get(hd, 0) + times
+    counts = {s: sum(transfer_kind(s).jobs_per_task(*hd) * n for hd, n in per_shape.items())
+              for s in auto_candidates()}
     widest = max((hd[0] for hd in shapes.values()), default=0)
     rank = {s: i for i, s in enumerate(counts)}
     return sorted(((s, n) for s, n in counts.items() if transfer_kind(s).auto_min_hosts <= max(1, widest)),
@@ -221,7 +239,7 @@ def plan_for(strategy: str, plan_with: Callable[[str], Plan], bounds: "LowerBoun
     if strategy != AUTO:
         return plan_with(strategy)
     best, best_key = None, None
-    for s, jobs in auto_order(bounds.tasks, bounds.cluster):
+    for s, jobs in auto_order(bounds.tasks, bounds.cluster, bounds.groups):
         if best is not None and jobs > AUTO_MAX_JOBS:
             continue
         plan = plan_with(s)
@@ -305,9 +323,20 @@ class LowerBounds:
     adds what latency forces: max(bandwidth bound, ``latency_rounds`` x latency), which
     is what a transfer of a few KiB should be compared with."""
 
-    def __init__(self, tasks: Sequence[UnitTask], cluster: ClusterSpec):
-        self.tasks, self.cluster, self._memo = tasks, cluster, {}
+    def __init__(self, tasks: Sequence[UnitTask] | None, cluster: ClusterSpec, groups: TaskGroups | None = None):
+        """``groups`` (``TaskGroups``): the tasks as distinct lists with how often each
+        occurs (a tree whose leaves repeat layouts), passed over once each; ``tasks``
+        may then be None (``self.tasks`` lists every copy, group by group, on demand)."""
+        self.cluster, self._memo = cluster, {}
+        self._tasks = tasks
+        self.groups = groups if groups is not None else ((tasks, 1),)
         self._rounds: int | None = None
+
+    @property
+    def tasks(self) -> Sequence[UnitTask]:
+        if self._tasks is None:
+            self._tasks = [t for tasks, times in self.groups for _ in range(times) for t in tasks]
+        return self._tasks
 
     def __call__(self, strategy: str) -> float:
         return self.bandwidth(strategy)
@@ -315,12 +344,12 @@ class LowerBounds:
     def bandwidth(self, strategy: str) -> float:
         payload = lower_bound_payload(strategy)
         if payload not in self._memo:
-            self._memo[payload] = lower_bound(self.tasks, self.cluster, payload)
+            self._memo[payload] = grouped_lower_bound(self.groups, self.cluster, payload)
         return self._memo[payload]
 
     def latency_aware(self, strategy: str) -> float:
         if self._rounds is None:
-            self._rounds = latency_rounds(self.tasks, self.cluster)
+            self._rounds = latency_rounds([t for tasks, _ in self.groups for t in tasks], self.cluster)
         return max(self.bandwidth(strategy), self._rounds * self.cluster.latency_s)
 
 

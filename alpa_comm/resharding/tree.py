@@ -29,7 +29,7 @@ from ..topology import ClusterSpec
 from ..validation import is_choice
 from . import loadbalance as balancing
 from .admission import MAX_INFLIGHT_BYTES
-from .cache import PlanCache, cache_for, cluster_key, move_key, raw_key
+from .cache import HashedKey, IdentityKey, PlanCache, cache_for, cluster_key, move_key, raw_key
 from .coalesce import (AUTO_BUCKET_MAX, AUTO_BUCKET_MIN, auto_bucket_bytes, bucket_option, bucket_within, pack_jobs,
                        stream_bytes_within)
 from .kinds import PER_TASK_STRATEGIES
@@ -152,31 +152,60 @@ def plan_resharding_tree(tree, *, cluster: ClusterSpec, strategy: str = "broadca
     bucket = bucket_within(bucket_option(bucket_bytes, cluster), max_inflight_bytes)
     flat = tree_flatten(tree)
     store = cache_for(cache)
-    raw = (raw_key("tree", tuple(flat), cluster, strategy, loadbalance, bucket, chunks, seed, dfs_budget_s, stream)
-           if store is not None else None)
+    options = (cluster, strategy, loadbalance, bucket, chunks, seed, dfs_budget_s, stream)
+    same = None
+    if store is not None:  # the very leaves of an earlier call: recognised by identity
+        same = IdentityKey(tuple(move for _, move in flat), ("tree", tuple(path for path, _ in flat)) + options)
+        hit = store.get_alias(same)
+        if hit is not None:
+            return hit
+    raw = raw_key("tree", tuple(flat), *options) if store is not None else None
+    if raw is None:
+        same = None  # leaves that do not hash may be mutable: never served by identity
     hit = store.get_alias(raw) if store is not None else None
     if hit is not None:  # the same call as before: no leaf parsed or resolved
+        store.alias(same, store.alias_target(raw))
         return hit
     leaves = tuple(_leaf(path, move, cluster) for path, move in flat)
     if not leaves:
         raise InvalidOptionError("the tree has no leaves")
-    key = ("tree", tuple((leaf.path, move_key(leaf.resharding)) for leaf in leaves), cluster_key(cluster), strategy,
-           loadbalance, bucket, chunks, seed, dfs_budget_s, stream)
+    moves = tuple(move_key(leaf.resharding) for leaf in leaves)
+    key = HashedKey(("tree", tuple((leaf.path, m) for leaf, m in zip(leaves, moves)), cluster_key(cluster), strategy,
+                     loadbalance, bucket, chunks, seed, dfs_budget_s, stream))
     if store is not None:
         hit = store.get(key)
         if hit is not None:
             store.alias(raw, key)
+            store.alias(same, key)
             return hit
     with gc_paused():
-        per_leaf = tuple(tuple(decompose(leaf.shape, itemsize(leaf.dtype), leaf.src_mesh, leaf.src_spec,
-                                         leaf.dst_mesh, leaf.dst_spec)) for leaf in leaves)
-        bounds = LowerBounds([t for tasks in per_leaf for t in tasks], cluster)
+        per_leaf, layouts = _decompose_leaves(leaves, moves)
+        bounds = LowerBounds(None, cluster, [(per_leaf[first], len(same)) for first, same in layouts.items()])
         plan = plan_for(strategy, lambda s: _plan_tree(leaves, per_leaf, bounds, cluster, s, loadbalance, bucket,
-                                                       chunks, seed, dfs_budget_s, stream), bounds)
+                                                       chunks, seed, dfs_budget_s, stream, layouts), bounds)
     if store is not None:
         store.put(key, plan)
         store.alias(raw, key)
+        store.alias(same, key)
     return plan
+
+
+def _decompose_leaves(leaves: tuple[Leaf, ...], moves: tuple[tuple, ...]
+                      ) -> tuple[tuple[tuple[UnitTask, ...], ...], dict[int, list[int]]]:
+    """Each leaf's unit tasks, and the leaves by layout: the first leaf of each distinct
+    move (``move_key``) -> every leaf with that move. A model's layers repeat a few
+    layouts, and leaves with one move have equal unit tasks (ids are per leaf), so each
+    layout is decomposed once and its tasks shared."""
+    first_of: dict[tuple, int] = {}
+    layouts: dict[int, list[int]] = {}
+    per_leaf = []
+    for i, (leaf, m) in enumerate(zip(leaves, moves)):
+        first = first_of.setdefault(m, i)
+        layouts.setdefault(first, []).append(i)
+        per_leaf.append(per_leaf[first] if first != i else
+                        tuple(decompose(leaf.shape, itemsize(leaf.dtype), leaf.src_mesh, leaf.src_spec, leaf.dst_mesh,
+                                        leaf.dst_spec)))
+    return tuple(per_leaf), layouts
 
 
 def _leaf(path: str, move, cluster: ClusterSpec) -> Leaf:
@@ -188,16 +217,23 @@ def _leaf(path: str, move, cluster: ClusterSpec) -> Leaf:
 
 def _plan_tree(leaves: tuple[Leaf, ...], per_leaf: tuple[tuple[UnitTask, ...], ...], bounds: LowerBounds,
                cluster, strategy, loadbalance, bucket, chunks, seed, dfs_budget_s,
-               stream: int = MAX_INFLIGHT_BYTES) -> TreePlan:
-    """One strategy's plan of the leaves, whose unit tasks ``per_leaf`` are already known."""
+               stream: int = MAX_INFLIGHT_BYTES, layouts: dict[int, list[int]] | None = None) -> TreePlan:
+    """One strategy's plan of the leaves, whose unit tasks ``per_leaf`` are already known;
+    ``layouts`` (``_decompose_leaves``): leaves with one move share their jobs, made once
+    (jobs depend only on the task, the strategy, the cluster and ``chunks``)."""
+    memos: dict[int, JobMemo] = {}  # one per element size: a memo's candidates take equal bytes for equal elements
+    first_of = {i: first for first, same in (layouts or {}).items() for i in same}
+    made: dict[int, list[Job]] = {}
     jobs: list[Job] = []
     job_leaf: list[int] = []
     for i, tasks in enumerate(per_leaf):
-        memo = JobMemo(cluster)
-        for t in tasks:
-            for j in jobs_for_task(t, strategy, cluster, chunks, memo):
-                jobs.append(j)
-                job_leaf.append(i)
+        first = first_of.get(i, i)
+        mine = made.get(first)
+        if mine is None:
+            memo = memos.setdefault(itemsize(leaves[i].dtype), JobMemo(cluster))
+            mine = made[first] = [j for t in tasks for j in jobs_for_task(t, strategy, cluster, chunks, memo)]
+        jobs += mine
+        job_leaf += [i] * len(mine)
     members: dict[int, list[tuple[Job, int, int | None]]] = {}
     if bucket:
         jobs, job_leaf, members = pack_jobs(jobs, job_leaf, bucket, cluster, chunks, stream)
