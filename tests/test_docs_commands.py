@@ -46,6 +46,7 @@ CI_SIZED = [  # (pattern of the argv, options appended)
     (re.compile(r"benchmarks/split_backward\.py"), ["--repeat", "2", "--width", "32"]),
     (re.compile(r"benchmarks/planner_speed\.py"), ["--repeat", "1"]),
     (re.compile(r"benchmarks/compute_on_zeros\.py"), ["--repeat", "1", "--width", "32"]),
+    (re.compile(r"benchmarks/user_script\.py"), ["--max-total-mib", "2", "--repeat", "1"]),  # the sweep: minutes
     (re.compile(r"alpa_comm\.cli train\b"),  # auto's calibration and trial rounds at the default size: a minute
      ["--stages", "2", "--width", "16", "--seq", "8", "--microbatches", "4", "--steps", "2"]),
 ]

@@ -58,6 +58,11 @@ Linux TCP stream sustains between hosts; on this kind of machine, over loopback,
 gloo stream moved 27-31 Gbit/s, two 36-42 and four up to 49, and four streams of the TCP
 transport about 30-35 (``alpa-comm bench --mode processes --suite same-layout --streams
 N`` measures both transports' raw rate on N streams)."""
+DEFAULT_NIC_GBPS = 40.0
+"""What a group told no NIC rate (``nic_gbps=None``) plans for and sizes its streams by:
+a fast link (a loopback link carried 36-42 Gbit/s over two streams; cluster NICs carry
+100-400). Such a group paces nothing: a guess must never hold a faster link back (paced
+at twice a 10 Gbit/s guess, a 200 x 256 KiB tree on loopback took 1.8x its time)."""
 BUFFERS = ("host", "device")
 _default: dict = {}
 
@@ -271,14 +276,16 @@ def _reachable_ip(towards: str | None, own: str | None = None) -> str:
 class ProcessGroup:
     """This process's membership (``rank`` of ``world_size``) of a resharding group.
 
-    ``nic_gbps``/``latency_s``: the network the planner plans for (the TCP transport also
-    paces each connection at no more than twice ``nic_gbps``: ``runtime.tcp.PACE_FACTOR``);
+    ``nic_gbps``/``latency_s``: the network the planner plans for; a rate given is also
+    the TCP transport's pace (each connection at no more than twice ``nic_gbps``:
+    ``runtime.tcp.PACE_FACTOR``, so a shaped link's queue is never flooded); None (the
+    default) plans for ``DEFAULT_NIC_GBPS`` and paces nothing;
     ``streams``: TCP connections per pair of processes (``"auto"``: one per ``stream_gbps``
     of the NIC, at most 8); ``recycle_bytes``: unused result memory kept for the next call (0: none);
     ``buffers``/``backend``: see the module's docstring; ``timeout``: every wait's bound."""
 
     def __init__(self, rank: int, world_size: int, address: str | None = None, backend: str = DEFAULT_BACKEND,
-                 timeout: float = DEFAULT_TIMEOUT_S, nic_gbps: float = 10.0, latency_s: float = 20e-6,
+                 timeout: float = DEFAULT_TIMEOUT_S, nic_gbps: float | None = None, latency_s: float = 20e-6,
                  buffers: str | None = None, streams: int | str = "auto", stream_gbps: float = DEFAULT_STREAM_GBPS,
                  recycle_bytes: int = DEFAULT_MAX_FREE_BYTES, _kv=None, _name: str = "group"):
         if not is_choice(backend, BACKENDS):
@@ -291,7 +298,10 @@ class ProcessGroup:
         self.backend_name, self.buffers = backend, buffers
         _check_rank(rank, world_size)
         positive_number(timeout, "timeout", unit="seconds")
-        positive_number(nic_gbps, "nic_gbps", unit="Gbit/s")
+        if nic_gbps is not None:
+            positive_number(nic_gbps, "nic_gbps", unit="Gbit/s or None")
+        self.pace_gbps = nic_gbps  # a rate the user gave paces the TCP transport; a guess paces nothing
+        nic_gbps = DEFAULT_NIC_GBPS if nic_gbps is None else nic_gbps
         non_negative_number(latency_s, "latency_s", unit="seconds")
         non_negative_int(recycle_bytes, "recycle_bytes")
         self.rank, self.world_size, self.timeout, self.nic_gbps = rank, world_size, float(timeout), nic_gbps
@@ -396,7 +406,7 @@ class ProcessGroup:
 
             return TcpBackend(self.rank, hosts, _SubgroupStore(self.kv, name, self.timeout), self.timeout,
                               streams=self.streams, address=_reachable_ip(self._towards, self._own_ip),
-                              pace_gbps=self.nic_gbps)
+                              pace_gbps=self.pace_gbps)
         dist = require("torch.distributed")  # optional: a missing torch names its extra
 
         from ..runtime.worker import free_port  # noqa: PLC0415
