@@ -211,9 +211,9 @@ def table(rows: list[dict]) -> str:
     return fmt(["scenario", "leaves", "unit tasks", "GB", "transfers", "strategy", "cold plan (s)",
                 "cached (ms)", "cached, equal tree anew (ms)", "planner peak (MiB)", "simulated (ms)",
                 "bound (ms)", "x bound", "simulator run (s)", "marks: cold / cached / sim"],
-               [[r["scenario"], r["leaves"], f"{r['unit_tasks']:,}", f"{r["model_gb"]:.1f}", r["transfers"],
+               [[r["scenario"], r["leaves"], f"{r['unit_tasks']:,}", f"{r['model_gb']:.1f}", r["transfers"],
                  r["strategy"], f"{r['cold_s']:.2f}", f"{r['cached_ms']:.3f}", f"{r['cached_equal_ms']:.3f}",
-                 f"{r['peak_mib']:.0f}", f"{r["simulated_s"] * 1e3:.2f}", f"{r["bound_s"] * 1e3:.2f}", f"{r['x_bound']:.4f}",
+                 f"{r['peak_mib']:.0f}", f"{r['simulated_s'] * 1e3:.2f}", f"{r['bound_s'] * 1e3:.2f}", f"{r['x_bound']:.4f}",
                  f"{r['sim_runtime_s']:.2f}", " / ".join(yes(v) for v in marks(r).values())] for r in rows])
 
 
