@@ -285,7 +285,7 @@ class ProcessGroup:
     ``buffers``/``backend``: see the module's docstring; ``timeout``: every wait's bound."""
 
     def __init__(self, rank: int, world_size: int, address: str | None = None, backend: str = DEFAULT_BACKEND,
-                 timeout: float = DEFAULT_TIMEOUT_S, nic_gbps: float | None = None, latency_s: float = 20e-6,
+                 timeout: float = DEFAULT_TIMEOUT_S, nic_gbps: float | None = None, latency_s: float = 50e-6,
                  buffers: str | None = None, streams: int | str = "auto", stream_gbps: float = DEFAULT_STREAM_GBPS,
                  recycle_bytes: int = DEFAULT_MAX_FREE_BYTES, _kv=None, _name: str = "group"):
         if not is_choice(backend, BACKENDS):
@@ -307,7 +307,10 @@ class ProcessGroup:
         self.rank, self.world_size, self.timeout, self.nic_gbps = rank, world_size, float(timeout), nic_gbps
         self.streams = streams_for(streams, nic_gbps, stream_gbps)
         self.pool = BufferPool(recycle_bytes)  # destination memory recycled across calls
-        self.latency_s = float(latency_s)  # what one message costs beyond its bytes: sets chunk and bucket sizes
+        # what one message costs beyond its bytes (sets chunk and bucket sizes); the default is
+        # about what the TCP transport's threads add to a message, measured with
+        # benchmarks/user_script.py (20 us cut few-leaf trees into too small buckets)
+        self.latency_s = float(latency_s)
         self.address, self.name = address, _name
         self._subgroups: dict[tuple[int, ...], Backend] = {}
         self._stores: list = []
