@@ -319,7 +319,8 @@ def main(argv=None) -> int:
     real = real_runs(args.real_nic, args.repeat, say) if args.real or args.real_only else []
     out.mkdir(parents=True, exist_ok=True)
     command = "python benchmarks/frontier_sync.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    cluster = rows[0]["cluster"] if rows else ""
+    cluster = ("each scenario's hosts (training + replicas) x 8 devices, " + rows[0]["cluster"].split(", ", 1)[1]
+               if rows else "")
     (out / "results.json").write_text(json.dumps({"command": command.strip(), "cluster": cluster, "rows": rows,
                                                   "real_rows": real, "marks": {"cold_s": COLD_MARK_S,
                                                   "cached_ms": CACHED_MARK_MS, "x_bound": SIM_MARK}}, indent=1))
