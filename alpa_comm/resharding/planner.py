@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable, Sequence, TypeVar
+from typing import Callable, Sequence, Tuple, TypeVar
 
 from ..dtypes import itemsize
 from ..errors import InvalidOptionError, InvalidTypeError
@@ -45,7 +45,7 @@ def smallest_cluster(src_mesh, dst_mesh, **kw) -> ClusterSpec:
     return ClusterSpec(num_hosts=kw.pop("num_hosts", None) or hosts, devices_per_host=dph, **kw)
 
 
-TaskGroups = Sequence[tuple[Sequence[UnitTask], int]]
+TaskGroups = Sequence[Tuple[Sequence[UnitTask], int]]
 """Unit tasks as (tasks, how many times they occur): a model's layers repeat the same
 leaf layouts, so a tree's bounds pass over each distinct leaf's tasks once."""
 
