@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from itertools import repeat
+from operator import attrgetter, itemgetter
 from typing import Callable, Sequence, Tuple, TypeVar
 
 from ..dtypes import itemsize
@@ -29,6 +31,9 @@ from .strategies import (ALLGATHER, ALPA, AUTO, LOCAL_COPY, STRATEGIES, Job, Job
 from .unit_tasks import UnitTask, decompose
 
 Plan = TypeVar("Plan")
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
+_TASK, _INDEX, _RECEIVERS, _NBYTES, _SENDER = (attrgetter("task"), attrgetter("index"), attrgetter("receivers"),
+                                               attrgetter("nbytes"), attrgetter("sender"))
 
 
 def smallest_cluster(src_mesh, dst_mesh, **kw) -> ClusterSpec:
@@ -476,23 +481,36 @@ def build_transfers(jobs: Sequence[Job], job_leaf: Sequence[int], members: dict,
 
     def pick(task: UnitTask, host: int, nbytes: int) -> int:
         devs = task.src_devices
-        local = local_of.get((devs, host))
+        key = (id(devs), host)  # the tasks (and their device tuples) live through planning
+        local = local_of.get(key)
         if local is None:
-            local = local_of[(devs, host)] = [d for d in devs if host_of(d) == host]
+            local = local_of[key] = [d for d in devs if host_of(d) == host]
         sender = local[0] if len(local) == 1 else min(local, key=lambda d: (device_load.get(d, 0), d))
         device_load[sender] = device_load.get(sender, 0) + nbytes
         return sender
 
     out: list[Transfer] = []
     starts = sched.starts
+    local_get = local_of.get
     for j, c in sorted(sched.sequence, key=lambda p: (starts[p[0]], p[0])):
         job, cand = jobs[j], jobs[j].candidates[c]
         job_to_transfer[j] = len(out)
         deps = tuple(job_to_transfer[d] for d in job.deps) if job.deps else ()
         if j in members:
-            parts = tuple(Part(leaf, m.task, m.index,
-                               pick(tasks_per_leaf[leaf][m.task], cand.host if host is None else host, m.nbytes),
-                               m.receivers, m.nbytes) for m, leaf, host in members[j])
+            ms = members[j]
+            senders = []
+            for m, leaf, host in ms:  # ``pick``, inline: a ring carries hundreds of thousands of parts
+                h = cand.host if host is None else host
+                devs = tasks_per_leaf[leaf][m.task].src_devices
+                local = local_get((id(devs), h))
+                if local is None:
+                    local = local_of[(id(devs), h)] = [d for d in devs if host_of(d) == h]
+                d = local[0] if len(local) == 1 else min(local, key=lambda d: (device_load.get(d, 0), d))
+                device_load[d] = device_load.get(d, 0) + m.nbytes
+                senders.append(d)
+            mj = list(map(_FIRST, ms))
+            parts = tuple(map(tuple.__new__, repeat(Part), zip(map(_SECOND, ms), map(_TASK, mj), map(_INDEX, mj),
+                                                               senders, map(_RECEIVERS, mj), map(_NBYTES, mj))))
             out.append(Transfer(len(out), -2, job.kind, parts[0].sender, job.receivers, (), job.nbytes,
                                 cand.chunks, starts[j], cand.duration, deps, 0, parts))
             continue
@@ -542,7 +560,7 @@ def host_operations(transfers: Sequence[Transfer], cluster: ClusterSpec) -> dict
         hosts = {cluster.host_of(r) for r in t.receivers}
         if t.sender is not None:
             hosts.add(cluster.host_of(t.sender))
-        hosts.update(cluster.host_of(p.sender) for p in t.parts)  # a merged transfer's own senders
+        hosts.update(map(cluster.host_of, set(map(_SENDER, t.parts))))  # a merged transfer's own senders
         for h in sorted(hosts):
             ops.setdefault(h, []).append(t.id)
     return {h: tuple(v) for h, v in sorted(ops.items())}

@@ -166,7 +166,7 @@ def plan_resharding_tree(tree, *, cluster: ClusterSpec, strategy: str = "broadca
     if hit is not None:  # the same call as before: no leaf parsed or resolved
         store.alias(same, store.alias_target(raw))
         return hit
-    leaves = tuple(_leaf(path, move, cluster) for path, move in flat)
+    leaves = _leaves(flat, cluster)
     if not leaves:
         raise InvalidOptionError("the tree has no leaves")
     moves = tuple(move_key(leaf.resharding) for leaf in leaves)
@@ -206,6 +206,26 @@ def _decompose_leaves(leaves: tuple[Leaf, ...], moves: tuple[tuple, ...]
                         tuple(decompose(leaf.shape, itemsize(leaf.dtype), leaf.src_mesh, leaf.src_spec, leaf.dst_mesh,
                                         leaf.dst_spec)))
     return tuple(per_leaf), layouts
+
+
+def _leaves(flat: list[tuple[str, Any]], cluster: ClusterSpec) -> tuple[Leaf, ...]:
+    """Each (path, move) as a ``Leaf``; equal moves (a model's layers repeat a few) are
+    resolved once."""
+    resolved: dict = {}
+    out = []
+    for path, move in flat:
+        try:
+            r = resolved.get(move)
+        except TypeError:  # a move that does not hash: resolved on its own
+            out.append(_leaf(path, move, cluster))
+            continue
+        if r is None:
+            leaf = _leaf(path, move, cluster)
+            resolved[move] = leaf.resharding
+            out.append(leaf)
+        else:
+            out.append(Leaf(path, r))
+    return tuple(out)
 
 
 def _leaf(path: str, move, cluster: ClusterSpec) -> Leaf:

@@ -31,14 +31,23 @@ takes each byte in once.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Sequence
 
 import numpy as np
 
+from ...topology import ClusterSpec
 from .. import cost_model
 from ..resources import nic_receive, nic_send
 from .base import Candidate, TransferKind, group_by_host, receiving_hosts, ring_links
 from .broadcast import Broadcast
+
+_NBYTES, _SENDER, _TASK = attrgetter("nbytes"), attrgetter("sender"), attrgetter("task")
+_CANDIDATES, _RECEIVERS, _KIND = attrgetter("candidates"), attrgetter("receivers"), attrgetter("kind")
+_LAYOUTS: dict = {}
+_LAYOUTS_KEPT = 16
+"""``_layout``'s memo: (parts, receivers, host_of, layout) by the ids of the first two
+(the entry holds them, so the ids are not reused while it is kept)."""
 
 MAX_SCATTER_MESSAGES = 512
 MAX_RING_HOSTS = 512
@@ -47,9 +56,71 @@ MIN_RING_HOSTS = 2
 (``combine``)."""
 
 
+_VECTOR_MIN = 64
+"""From this many parts on, ``entry_hosts``, ``scatter_messages`` and ``runs`` pass over
+them with NumPy (a ring of a weight sync carries hundreds of thousands of slices); below
+it, plain Python is faster. Both give the same answer."""
+
+
+def _entry_positions(part_bytes: Sequence[int], a: int) -> np.ndarray | None:
+    """The ring position (0 .. a-1) each part enters at, as ``entry_hosts`` defines it, or
+    None where the byte counts are too large for exact int64 arithmetic."""
+    sizes = np.asarray(part_bytes, dtype=np.int64)
+    total = int(sizes.sum())
+    if not total:
+        return np.zeros(len(sizes), dtype=np.int64)
+    if total * a >= 1 << 62:
+        return None
+    acc = np.cumsum(sizes) - sizes
+    return np.minimum(a - 1, acc * a // total)
+
+
+_PLANS: dict = {}
+
+
+def _scatter_plan(part_bytes: Sequence[int], sender_hosts: Sequence[int], ring: Sequence[int]):
+    """(scatter messages, bytes of each, runs) of a ring's parts, with one pass of NumPy
+    over them (None where the parts are few or too large for int64); the last few are
+    kept by the ids of the lists given (the entry holds them)."""
+    if len(part_bytes) < _VECTOR_MIN:
+        return None
+    key = (id(part_bytes), id(sender_hosts), tuple(ring))
+    hit = _PLANS.get(key)
+    if hit is not None and hit[0] is part_bytes and hit[1] is sender_hosts:
+        return hit[2]
+    sizes = np.asarray(part_bytes, dtype=np.int64)
+    n, a = len(sizes), len(ring)
+    total = int(sizes.sum())
+    if total * a >= 1 << 62:
+        return None
+    prefix = np.concatenate([[0], np.cumsum(sizes)])
+    k = np.minimum(a - 1, prefix[:-1] * a // total) if total else np.zeros(n, dtype=np.int64)
+    entries = np.asarray(ring, dtype=np.int64)[k]
+    senders = np.asarray(sender_hosts, dtype=np.int64)
+    change = np.ones(n, dtype=bool)
+    change[1:] = (senders[1:] != senders[:-1]) | (entries[1:] != entries[:-1])
+    first = np.flatnonzero(change)
+    end = np.append(first[1:], n)
+    messages = list(zip(senders[first].tolist(), entries[first].tolist(), first.tolist(), end.tolist()))
+    nbytes = (prefix[end] - prefix[first]).tolist()
+    lo = np.searchsorted(k, np.arange(a), "left")  # entry positions never decrease: runs are contiguous
+    hi = np.searchsorted(k, np.arange(a), "right")
+    starts, ends = prefix[lo].tolist(), prefix[hi].tolist()
+    blocks = {h: ((s, e) if b > l else (0, 0)) for h, s, e, l, b in zip(ring, starts, ends, lo.tolist(), hi.tolist())}
+    plan = (messages, nbytes, blocks)
+    if len(_PLANS) >= _LAYOUTS_KEPT:
+        _PLANS.pop(next(iter(_PLANS)))
+    _PLANS[key] = (part_bytes, sender_hosts, plan)
+    return plan
+
+
 def entry_hosts(part_bytes: Sequence[int], ring: Sequence[int]) -> list[int]:
     """The ring host each part enters at: parts in order, split into ``len(ring)``
     contiguous runs of about equal bytes (so every host's run is one flat block)."""
+    if len(part_bytes) >= _VECTOR_MIN:
+        k = _entry_positions(part_bytes, len(ring))
+        if k is not None:
+            return np.asarray(ring, dtype=np.int64)[k].tolist()
     total, a, acc, out = sum(part_bytes), len(ring), 0, []
     for n in part_bytes:
         out.append(ring[min(a - 1, acc * a // total) if total else 0])
@@ -61,6 +132,9 @@ def scatter_messages(part_bytes: Sequence[int], sender_hosts: Sequence[int], rin
                      ) -> list[tuple[int, int, int, int]]:
     """(sender host, entry host, first part, end part) of every scatter message:
     consecutive parts with the same sender and entry host travel together."""
+    plan = _scatter_plan(part_bytes, sender_hosts, ring)
+    if plan is not None:
+        return list(plan[0])
     out: list[list[int]] = []
     for j, (s, e) in enumerate(zip(sender_hosts, entry_hosts(part_bytes, ring))):
         if out and out[-1][0] == s and out[-1][1] == e:
@@ -72,6 +146,10 @@ def scatter_messages(part_bytes: Sequence[int], sender_hosts: Sequence[int], rin
 
 def runs(part_bytes: Sequence[int], ring: Sequence[int]) -> dict[int, tuple[int, int]]:
     """Byte range [start, end) of each ring host's run in the transfer's flat buffer."""
+    if len(part_bytes) >= _VECTOR_MIN:
+        plan = _scatter_plan(part_bytes, [0] * len(part_bytes), ring)  # runs do not depend on senders
+        if plan is not None:
+            return dict(plan[2])
     entries = entry_hosts(part_bytes, ring)
     out = {h: (0, 0) for h in ring}
     pos = 0
@@ -97,9 +175,16 @@ def scatter_latency(messages: Sequence[tuple[int, int, int, int]], lat: float) -
 def _side_bytes(messages, part_bytes: Sequence[int], side: int) -> dict[int, float]:
     """Bytes each sending (side 0) or entry (side 1) host moves in the scatter."""
     out: dict[int, float] = {}
+    prefix = _prefix(part_bytes) if len(messages) > 1 and len(part_bytes) >= _VECTOR_MIN else None
     for m in messages:
-        out[m[side]] = out.get(m[side], 0.0) + sum(part_bytes[m[2]:m[3]])
+        n = prefix[m[3]] - prefix[m[2]] if prefix is not None else sum(part_bytes[m[2]:m[3]])
+        out[m[side]] = out.get(m[side], 0.0) + n
     return out
+
+
+def _prefix(part_bytes: Sequence[int]) -> list[int]:
+    """Byte offsets of the parts in their flat buffer (and its end)."""
+    return np.concatenate([[0], np.cumsum(np.asarray(part_bytes, dtype=np.int64))]).tolist()
 
 
 @dataclass
@@ -118,6 +203,7 @@ class _Regrouping:
     chain: Broadcast = field(default_factory=Broadcast)  # the alternative: one chain per slice
     _groups: dict = field(default_factory=dict)  # receivers -> devices by host
     _chains: dict = field(default_factory=dict)  # (nbytes, host, receivers) -> chain candidate
+    _seconds: dict = field(default_factory=dict)  # (id(job), host) -> its chain's duration
 
     @classmethod
     def keeping(cls, keep: list[int], jobs, job_leaf, members, cluster) -> "_Regrouping":
@@ -140,15 +226,87 @@ class _Regrouping:
                                                          self.cluster, None)
         return c
 
+    def chain_seconds_each(self, jobs: list, hosts: list) -> list[float]:
+        """``chain_candidate(job.nbytes, host, job.receivers).duration`` of each (job, host)
+        pair, each distinct pair computed once (the jobs of leaves with one layout are the
+        same objects)."""
+        if len(jobs) < 64:
+            memo = self.chain_seconds_of(jobs, hosts)
+            return list(map(memo.__getitem__, zip(map(id, jobs), hosts)))
+        ids = np.fromiter(map(id, jobs), dtype=np.uint64, count=len(jobs))
+        _, first, cls = np.unique(ids, return_index=True, return_inverse=True)
+        h = np.asarray(hosts, dtype=np.int64)
+        span = int(h.max()) + 1
+        pairs, at, inverse = np.unique(cls.reshape(-1).astype(np.int64) * span + h, return_index=True,
+                                       return_inverse=True)
+        seconds = np.array([self.chain_candidate(jobs[i].nbytes, hosts[i], jobs[i].receivers).duration
+                            for i in at.tolist()], dtype=np.float64)
+        return seconds[inverse.reshape(-1)].tolist()
+
+    def chain_seconds_of(self, jobs: list, hosts: list) -> dict:
+        """(id(job), host) -> ``chain_candidate(job.nbytes, host, job.receivers).duration``
+        for every pair of ``jobs`` and ``hosts``, each computed once (the jobs of leaves
+        with one layout are the same objects)."""
+        memo = self._seconds
+        new = set(zip(map(id, jobs), hosts)) - memo.keys()
+        if new:
+            by_id = dict(zip(map(id, jobs), jobs))
+            for key in new:
+                job = by_id[key[0]]
+                memo[key] = self.chain_candidate(job.nbytes, key[1], job.receivers).duration
+        return memo
+
     def choose_senders(self, idx: list[int]) -> dict[int, int]:
         """Each slice's sender host: largest slices first, each to the host holding it
         that sends the fewest bytes so far (LPT; ``load`` carries over between groups)."""
-        senders = {}
-        for i in sorted(idx, key=lambda i: -self.jobs[i].nbytes):
-            host = min((c.host for c in self.jobs[i].candidates), key=lambda h: (self.load.get(h, 0.0), h))
-            senders[i] = host
-            self.load[host] = self.load.get(host, 0.0) + self.jobs[i].nbytes
-        return senders
+        jobs, load = self.jobs, self.load
+        mine = list(map(jobs.__getitem__, idx))
+        cands = list(map(_CANDIDATES, mine))
+        if all(len(c) == 1 for c in set(dict(zip(map(id, cands), cands)).values())):  # no choice to make
+            hosts = [c[0].host for c in cands]
+            for h, n in zip(hosts, map(_NBYTES, mine)):  # integer byte counts: any order sums alike
+                load[h] = load.get(h, 0.0) + n
+            return dict(zip(idx, hosts))
+        sizes = np.fromiter(map(_NBYTES, mine), dtype=np.int64, count=len(mine))
+        order_arr = np.argsort(-sizes, kind="stable")  # largest first, ties in ``idx`` order
+        order = order_arr.tolist()
+        many = np.fromiter(map(len, cands), dtype=np.int64, count=len(cands))[order_arr] > 1
+        multi_at = np.flatnonzero(many).tolist()  # positions in ``order`` of the slices with a choice
+        if len(multi_at) * 64 > len(order):  # choices everywhere: one pass in plain Python
+            senders = {}
+            for k in order:
+                cs = cands[k]
+                host = cs[0].host if len(cs) == 1 else min((c.host for c in cs), key=lambda h: (load.get(h, 0.0), h))
+                senders[idx[k]] = host
+                load[host] = load.get(host, 0.0) + mine[k].nbytes
+            return senders
+        # A few choices among many fixed senders: the fixed ones between two choices are
+        # added up at once (integer byte counts: any order sums alike).
+        hosts = [c[0].host for c in cands]
+        done = 0
+        for p in multi_at:
+            k = order[p]
+            self._add_load(order[done:p], hosts, mine)
+            host = min((c.host for c in cands[k]), key=lambda h: (load.get(h, 0.0), h))
+            hosts[k] = host
+            load[host] = load.get(host, 0.0) + mine[k].nbytes
+            done = p + 1
+        self._add_load(order[done:], hosts, mine)
+        return dict(zip(idx, hosts))
+
+    def _add_load(self, ks: list[int], hosts: list[int], mine: list) -> None:
+        load = self.load
+        if len(ks) < 64:
+            for k in ks:
+                load[hosts[k]] = load.get(hosts[k], 0.0) + mine[k].nbytes
+            return
+        h = np.fromiter(map(hosts.__getitem__, ks), dtype=np.int64, count=len(ks))
+        n = np.fromiter(map(_NBYTES, map(mine.__getitem__, ks)), dtype=np.int64, count=len(ks))
+        uniq, inverse = np.unique(h, return_inverse=True)
+        sums = np.zeros(len(uniq), dtype=np.int64)
+        np.add.at(sums, inverse.reshape(-1), n)
+        for host, b in zip(uniq.tolist(), sums.tolist()):
+            load[host] = load.get(host, 0.0) + b
 
     def keep(self, idx: list[int]) -> None:
         self.new_jobs += [self.jobs[i] for i in idx]
@@ -198,6 +356,9 @@ class RotatedChains(TransferKind):
         """Scatter (the busiest NIC side) plus A-1 ring steps, each as long as the
         largest run over the slowest ring link."""
         lat = cluster.latency_s
+        plan = _scatter_plan(part_bytes, sender_hosts, ring)
+        if plan is not None:
+            return RotatedChains._planned_seconds(plan, ring, cluster)
         messages = [m for m in scatter_messages(part_bytes, sender_hosts, ring) if m[0] != m[1]]
         scatter = scatter_latency(messages, lat) + max(
             [b / cluster.send_rate(h) for h, b in _side_bytes(messages, part_bytes, 0).items()]
@@ -206,6 +367,29 @@ class RotatedChains(TransferKind):
         if a == 1:
             return scatter
         largest = max(e - s for s, e in runs(part_bytes, ring).values())
+        slowest = min(cluster.link_rate(h, ring[(i + 1) % a]) for i, h in enumerate(ring))
+        return scatter + (a - 1) * cost_model.p2p_time(largest, slowest, lat)
+
+    @staticmethod
+    def _planned_seconds(plan, ring: Sequence[int], cluster) -> float:
+        """``group_seconds`` from a ``_scatter_plan``: the same sums, from its prefix sums."""
+        lat = cluster.latency_s
+        messages, nbytes, blocks = plan
+        sent: dict[int, float] = {}
+        taken: dict[int, float] = {}
+        crossing = []
+        for m, n in zip(messages, nbytes):
+            if m[0] != m[1]:
+                crossing.append(m)
+                sent[m[0]] = sent.get(m[0], 0.0) + n
+                taken[m[1]] = taken.get(m[1], 0.0) + n
+        scatter = scatter_latency(crossing, lat) + max(
+            [b / cluster.send_rate(h) for h, b in sent.items()]
+            + [b / cluster.recv_rate(h) for h, b in taken.items()] + [0.0])
+        a = len(ring)
+        if a == 1:
+            return scatter
+        largest = max(e - s for s, e in blocks.values())
         slowest = min(cluster.link_rate(h, ring[(i + 1) % a]) for i, h in enumerate(ring))
         return scatter + (a - 1) * cost_model.p2p_time(largest, slowest, lat)
 
@@ -219,12 +403,26 @@ class RotatedChains(TransferKind):
         each slice's sender host (least bytes so far among the hosts holding it). Where
         the cost model says one chain per slice is faster, the slices go as chains.
         Other kinds' jobs are kept, first and in their order."""
-        keep = [i for i, j in enumerate(jobs) if j.kind != self.name]
+        mask = np.fromiter(map(self.name.__eq__, map(_KIND, jobs)), dtype=bool, count=len(jobs))
+        keep = np.flatnonzero(~mask).tolist()
         out = _Regrouping.keeping(keep, jobs, job_leaf, members, cluster)
         groups: dict[tuple[int, ...], list[int]] = {}
-        for i, j in enumerate(jobs):
-            if j.kind == self.name:
-                groups.setdefault(tuple(out.hosts_of(j.receivers)), []).append(i)
+        mine = np.flatnonzero(mask)
+        if len(mine):
+            recvs = list(map(_RECEIVERS, map(jobs.__getitem__, mine.tolist())))
+            ids = np.fromiter(map(id, recvs), dtype=np.uint64, count=len(recvs))
+            uniq, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+            ring_ids: dict[tuple, int] = {}  # rings by first appearance (receivers with one ring share it)
+            rid = np.array([ring_ids.setdefault(tuple(out.hosts_of(recvs[f])), len(ring_ids))
+                            for f in np.sort(first).tolist()], dtype=np.int64)
+            rank = np.empty(len(uniq), dtype=np.int64)  # receivers -> their ring, numbered in first appearance
+            rank[np.argsort(first, kind="stable")] = rid
+            per_job = rank[inverse.reshape(-1)]
+            order = np.argsort(per_job, kind="stable")
+            bounds = np.searchsorted(per_job[order], np.arange(len(ring_ids) + 1)).tolist()
+            members_of = mine[order].tolist()
+            for ring, r in ring_ids.items():
+                groups[ring] = members_of[bounds[r]:bounds[r + 1]]
         for ring, idx in self._fold_holders(groups, jobs).items():
             self._combine_group(out, ring, idx)
         return out.new_jobs, out.new_leaf, out.new_members
@@ -242,29 +440,33 @@ class RotatedChains(TransferKind):
             out.as_chains(idx)
             return
         senders = out.choose_senders(idx)
-        idx = sorted(idx, key=lambda i: (senders[i], out.job_leaf[i], jobs[i].task))
+        order = np.lexsort((np.arange(len(idx)), list(map(_TASK, map(jobs.__getitem__, idx))),
+                            list(map(out.job_leaf.__getitem__, idx)), list(map(senders.__getitem__, idx))))
+        idx = [idx[k] for k in order.tolist()]  # by (sender, leaf, task), stable
         for part in self._fit_tags(idx, jobs, senders, list(ring)):
             self._ring_or_chains(out, part, senders, ring)
 
     def _ring_or_chains(self, out: "_Regrouping", part: list[int], senders: dict, ring: tuple[int, ...]) -> None:
         """``part``'s slices as one ring job, unless their chains in a row are as fast."""
         jobs, cluster = out.jobs, out.cluster
-        sizes = [jobs[i].nbytes for i in part]
-        hosts = [senders[i] for i in part]
+        mine = list(map(jobs.__getitem__, part))
+        sizes = list(map(_NBYTES, mine))
+        hosts = list(map(senders.__getitem__, part))
         seconds = self.group_seconds(sizes, hosts, list(ring), cluster)
         # Chains that share hosts run one after another: a ring pays only when it
         # beats them all in a row (few sending hosts make its scatter the long pole).
-        chains = sum(out.chain_candidate(n, h, jobs[i].receivers).duration for n, h, i in zip(sizes, hosts, part))
+        chains = sum(out.chain_seconds_each(mine, hosts))
         if chains <= seconds:
             out.as_chains(part)
             return
-        unique = {jobs[i].receivers for i in part}  # often one receiver set for the whole group
+        recvs = list(map(_RECEIVERS, mine))
+        unique = set(dict(zip(map(id, recvs), recvs)).values())  # often one receiver set for the group
         receivers = (next(iter(unique)) if len(unique) == 1 else
                      tuple(sorted({r for rs in unique for r in rs}, key=lambda d: (cluster.host_of(d), d))))
         cand = Candidate(hosts[0], self.group_resources(hosts, list(ring)), seconds)
         out.add_group(jobs[part[0]]._replace(task=-2, receivers=receivers, nbytes=sum(sizes), index=(),
                                              candidates=(cand,)),
-                      [(jobs[i], out.job_leaf[i], senders[i]) for i in part])
+                      list(zip(mine, map(out.job_leaf.__getitem__, part), hosts)))
 
     @staticmethod
     def _fold_holders(groups: dict[tuple, list[int]], jobs) -> dict[tuple, list[int]]:
@@ -280,10 +482,15 @@ class RotatedChains(TransferKind):
         out: dict[tuple, list[int]] = {}
         for ring, idx in groups.items():
             members = frozenset(ring)
-            for i in idx:
-                holder = min((c.host for c in jobs[i].candidates if c.host in wanted and c.host not in members),
-                             default=None)
-                key = ring if holder is None else tuple(sorted(members | {holder}))
+            cands = list(map(_CANDIDATES, map(jobs.__getitem__, idx)))
+            key_of: dict[int, tuple] = {}  # by candidates (jobs of one layout share theirs)
+            for c_id, cs in dict(zip(map(id, cands), cands)).items():
+                holder = min((c.host for c in cs if c.host in wanted and c.host not in members), default=None)
+                key_of[c_id] = ring if holder is None else tuple(sorted(members | {holder}))
+            if len(set(key_of.values())) == 1:
+                out.setdefault(next(iter(key_of.values())), []).extend(idx)
+                continue
+            for i, key in zip(idx, map(key_of.__getitem__, map(id, cands))):
                 out.setdefault(key, []).append(i)
         return out
 
@@ -305,15 +512,41 @@ class RotatedChains(TransferKind):
     # ----------------------------------------------------------- simulation
     @staticmethod
     def _layout(t, host_of):
+        """(ring, part sizes, part sender hosts) of ``t``; the last few transfers' are kept
+        (the estimate, the simulator and the executor each read them more than once, and a
+        ring carries hundreds of thousands of parts)."""
+        key = (id(t.parts), id(t.receivers))
+        hit = _LAYOUTS.get(key)
+        if hit is not None and hit[0] is t.parts and hit[1] is t.receivers and hit[2] == host_of:
+            return hit[3]
         ring = receiving_hosts(t, host_of)
-        sizes = [p.nbytes for p in t.parts] if t.parts else [t.nbytes]
-        senders = [host_of(p.sender) for p in t.parts] if t.parts else [host_of(t.sender)]
-        return ring, sizes, senders
+        if not t.parts:
+            return ring, [t.nbytes], [host_of(t.sender)]
+        sizes = list(map(_NBYTES, t.parts))
+        devices = list(map(_SENDER, t.parts))
+        cluster = getattr(host_of, "__self__", None)
+        if len(devices) >= _VECTOR_MIN and isinstance(cluster, ClusterSpec) and \
+                getattr(host_of, "__func__", None) is ClusterSpec.host_of:
+            senders = (np.asarray(devices, dtype=np.int64) // cluster.devices_per_host).tolist()
+        else:
+            senders = list(map(host_of, devices))
+        layout = (ring, sizes, senders)
+        if len(_LAYOUTS) >= _LAYOUTS_KEPT:
+            _LAYOUTS.pop(next(iter(_LAYOUTS)))
+        _LAYOUTS[key] = (t.parts, t.receivers, host_of, layout)
+        return layout
 
     def host_flows(self, t, cluster):
         ring, sizes, senders = self._layout(t, cluster.host_of)
-        flows = [(s, e, sum(sizes[a:b])) for s, e, a, b in scatter_messages(sizes, senders, ring) if s != e]
-        total, blocks = sum(sizes), runs(sizes, ring)
+        plan = _scatter_plan(sizes, senders, ring)
+        if plan is not None:
+            flows = [(m[0], m[1], n) for m, n in zip(plan[0], plan[1]) if m[0] != m[1]]
+            blocks = plan[2]
+        else:
+            prefix = _prefix(sizes)
+            flows = [(s, e, prefix[b] - prefix[a]) for s, e, a, b in scatter_messages(sizes, senders, ring) if s != e]
+            blocks = runs(sizes, ring)
+        total = sum(sizes)
         a = len(ring)
         for i, h in enumerate(ring if a > 1 else []):
             nxt = ring[(i + 1) % a]
@@ -323,14 +556,23 @@ class RotatedChains(TransferKind):
     def phases(self, t, cluster):
         ring, sizes, senders = self._layout(t, cluster.host_of)
         lat = cluster.latency_s
-        messages = [m for m in scatter_messages(sizes, senders, ring) if m[0] != m[1]]
-        scatter = [(sum(sizes[a:b]), (nic_send(s), nic_receive(e))) for s, e, a, b in messages]
+        plan = _scatter_plan(sizes, senders, ring)
+        if plan is not None:
+            crossing = [(m, n) for m, n in zip(plan[0], plan[1]) if m[0] != m[1]]
+            messages = [m for m, _ in crossing]
+            scatter = [(n, (nic_send(m[0]), nic_receive(m[1]))) for m, n in crossing]
+            blocks = plan[2]
+        else:
+            messages = [m for m in scatter_messages(sizes, senders, ring) if m[0] != m[1]]
+            prefix = _prefix(sizes)
+            scatter = [(prefix[b] - prefix[a], (nic_send(s), nic_receive(e))) for s, e, a, b in messages]
+            blocks = runs(sizes, ring)
         out = [(scatter_latency(messages, lat), scatter)]
         a = len(ring)
         if a > 1:
             # A-1 store-and-forward steps, each as long as the largest run: one flow of
             # (A-1) x largest run over every ring link (exact when the runs are equal).
-            largest = max(e - s for s, e in runs(sizes, ring).values())
+            largest = max(e - s for s, e in blocks.values())
             groups = {h: [d for d in t.receivers if cluster.host_of(d) == h] for h in ring}
             out.append(((a - 1) * lat, [((a - 1) * largest, ring_links(groups))]))
         return out
