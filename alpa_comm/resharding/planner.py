@@ -479,35 +479,30 @@ def build_transfers(jobs: Sequence[Job], job_leaf: Sequence[int], members: dict,
     local_of: dict[tuple, list[int]] = {}
     host_of = cluster.host_of
 
-    def pick(task: UnitTask, host: int, nbytes: int) -> int:
-        devs = task.src_devices
-        key = (id(devs), host)  # the tasks (and their device tuples) live through planning
-        local = local_of.get(key)
-        if local is None:
-            local = local_of[key] = [d for d in devs if host_of(d) == host]
-        sender = local[0] if len(local) == 1 else min(local, key=lambda d: (device_load.get(d, 0), d))
-        device_load[sender] = device_load.get(sender, 0) + nbytes
-        return sender
+    def pick_senders(items) -> list[int]:
+        """The sending device of each (source devices, host, bytes): the least-loaded one
+        of those devices on that host (one pass: a ring carries hundreds of thousands)."""
+        local_get, out = local_of.get, []
+        for devs, host, nbytes in items:
+            key = (id(devs), host)  # the tasks (and their device tuples) live through planning
+            local = local_get(key)
+            if local is None:
+                local = local_of[key] = [d for d in devs if host_of(d) == host]
+            d = local[0] if len(local) == 1 else min(local, key=lambda d: (device_load.get(d, 0), d))
+            device_load[d] = device_load.get(d, 0) + nbytes
+            out.append(d)
+        return out
 
     out: list[Transfer] = []
     starts = sched.starts
-    local_get = local_of.get
     for j, c in sorted(sched.sequence, key=lambda p: (starts[p[0]], p[0])):
         job, cand = jobs[j], jobs[j].candidates[c]
         job_to_transfer[j] = len(out)
         deps = tuple(job_to_transfer[d] for d in job.deps) if job.deps else ()
         if j in members:
             ms = members[j]
-            senders = []
-            for m, leaf, host in ms:  # ``pick``, inline: a ring carries hundreds of thousands of parts
-                h = cand.host if host is None else host
-                devs = tasks_per_leaf[leaf][m.task].src_devices
-                local = local_get((id(devs), h))
-                if local is None:
-                    local = local_of[(id(devs), h)] = [d for d in devs if host_of(d) == h]
-                d = local[0] if len(local) == 1 else min(local, key=lambda d: (device_load.get(d, 0), d))
-                device_load[d] = device_load.get(d, 0) + m.nbytes
-                senders.append(d)
+            senders = pick_senders((tasks_per_leaf[leaf][m.task].src_devices, cand.host if host is None else host,
+                                    m.nbytes) for m, leaf, host in ms)
             mj = list(map(_FIRST, ms))
             parts = tuple(map(tuple.__new__, repeat(Part), zip(map(_SECOND, ms), map(_TASK, mj), map(_INDEX, mj),
                                                                senders, map(_RECEIVERS, mj), map(_NBYTES, mj))))
@@ -515,7 +510,8 @@ def build_transfers(jobs: Sequence[Job], job_leaf: Sequence[int], members: dict,
                                 cand.chunks, starts[j], cand.duration, deps, 0, parts))
             continue
         leaf = job_leaf[j]
-        sender = None if job.kind == ALLGATHER else pick(tasks_per_leaf[leaf][job.task], cand.host, job.nbytes)
+        sender = (None if job.kind == ALLGATHER else
+                  pick_senders([(tasks_per_leaf[leaf][job.task].src_devices, cand.host, job.nbytes)])[0])
         out.append(Transfer(len(out), job.task, job.kind, sender, job.receivers, job.index, job.nbytes, cand.chunks,
                             starts[j], cand.duration, deps, leaf))
     return rotate_shared_chains(out, cluster)

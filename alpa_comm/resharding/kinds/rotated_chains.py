@@ -88,13 +88,28 @@ def _scatter_plan(part_bytes: Sequence[int], sender_hosts: Sequence[int], ring: 
     hit = _PLANS.get(key)
     if hit is not None and hit[0] is part_bytes and hit[1] is sender_hosts:
         return hit[2]
-    sizes = np.asarray(part_bytes, dtype=np.int64)
-    n, a = len(sizes), len(ring)
-    total = int(sizes.sum())
-    if total * a >= 1 << 62:
+    plan = _scatter_plan_afresh(part_bytes, sender_hosts, ring)
+    if plan is None:
         return None
-    prefix = np.concatenate([[0], np.cumsum(sizes)])
-    k = np.minimum(a - 1, prefix[:-1] * a // total) if total else np.zeros(n, dtype=np.int64)
+    if len(_PLANS) >= _LAYOUTS_KEPT:
+        _PLANS.pop(next(iter(_PLANS)))
+    _PLANS[key] = (part_bytes, sender_hosts, plan)
+    return plan
+
+
+def _scatter_plan_afresh(part_bytes: Sequence[int], sender_hosts: Sequence[int] | None, ring: Sequence[int]):
+    """``_scatter_plan``'s work, kept nowhere (``sender_hosts`` None: the runs only)."""
+    k = _entry_positions(part_bytes, len(ring))
+    if k is None:
+        return None
+    n, a = len(k), len(ring)
+    prefix = np.concatenate([[0], np.cumsum(np.asarray(part_bytes, dtype=np.int64))])
+    lo = np.searchsorted(k, np.arange(a), "left")  # entry positions never decrease: runs are contiguous
+    hi = np.searchsorted(k, np.arange(a), "right")
+    starts, ends = prefix[lo].tolist(), prefix[hi].tolist()
+    blocks = {h: ((s, e) if b > l else (0, 0)) for h, s, e, l, b in zip(ring, starts, ends, lo.tolist(), hi.tolist())}
+    if sender_hosts is None:
+        return None, None, blocks
     entries = np.asarray(ring, dtype=np.int64)[k]
     senders = np.asarray(sender_hosts, dtype=np.int64)
     change = np.ones(n, dtype=bool)
@@ -102,16 +117,18 @@ def _scatter_plan(part_bytes: Sequence[int], sender_hosts: Sequence[int], ring: 
     first = np.flatnonzero(change)
     end = np.append(first[1:], n)
     messages = list(zip(senders[first].tolist(), entries[first].tolist(), first.tolist(), end.tolist()))
-    nbytes = (prefix[end] - prefix[first]).tolist()
-    lo = np.searchsorted(k, np.arange(a), "left")  # entry positions never decrease: runs are contiguous
-    hi = np.searchsorted(k, np.arange(a), "right")
-    starts, ends = prefix[lo].tolist(), prefix[hi].tolist()
-    blocks = {h: ((s, e) if b > l else (0, 0)) for h, s, e, l, b in zip(ring, starts, ends, lo.tolist(), hi.tolist())}
-    plan = (messages, nbytes, blocks)
-    if len(_PLANS) >= _LAYOUTS_KEPT:
-        _PLANS.pop(next(iter(_PLANS)))
-    _PLANS[key] = (part_bytes, sender_hosts, plan)
-    return plan
+    return messages, (prefix[end] - prefix[first]).tolist(), blocks
+
+
+def _ring_steps_seconds(blocks: dict, ring: Sequence[int], cluster) -> float:
+    """The A-1 ring steps after the scatter, each as long as the largest run (``blocks``:
+    host -> byte range) over the slowest ring link."""
+    a = len(ring)
+    if a == 1:
+        return 0.0
+    largest = max(e - s for s, e in blocks.values())
+    slowest = min(cluster.link_rate(h, ring[(i + 1) % a]) for i, h in enumerate(ring))
+    return (a - 1) * cost_model.p2p_time(largest, slowest, cluster.latency_s)
 
 
 def entry_hosts(part_bytes: Sequence[int], ring: Sequence[int]) -> list[int]:
@@ -147,7 +164,7 @@ def scatter_messages(part_bytes: Sequence[int], sender_hosts: Sequence[int], rin
 def runs(part_bytes: Sequence[int], ring: Sequence[int]) -> dict[int, tuple[int, int]]:
     """Byte range [start, end) of each ring host's run in the transfer's flat buffer."""
     if len(part_bytes) >= _VECTOR_MIN:
-        plan = _scatter_plan(part_bytes, [0] * len(part_bytes), ring)  # runs do not depend on senders
+        plan = _scatter_plan_afresh(part_bytes, None, ring)  # runs do not depend on senders
         if plan is not None:
             return dict(plan[2])
     entries = entry_hosts(part_bytes, ring)
@@ -363,12 +380,7 @@ class RotatedChains(TransferKind):
         scatter = scatter_latency(messages, lat) + max(
             [b / cluster.send_rate(h) for h, b in _side_bytes(messages, part_bytes, 0).items()]
             + [b / cluster.recv_rate(h) for h, b in _side_bytes(messages, part_bytes, 1).items()] + [0.0])
-        a = len(ring)
-        if a == 1:
-            return scatter
-        largest = max(e - s for s, e in runs(part_bytes, ring).values())
-        slowest = min(cluster.link_rate(h, ring[(i + 1) % a]) for i, h in enumerate(ring))
-        return scatter + (a - 1) * cost_model.p2p_time(largest, slowest, lat)
+        return scatter + _ring_steps_seconds(runs(part_bytes, ring), ring, cluster)
 
     @staticmethod
     def _planned_seconds(plan, ring: Sequence[int], cluster) -> float:
@@ -386,12 +398,7 @@ class RotatedChains(TransferKind):
         scatter = scatter_latency(crossing, lat) + max(
             [b / cluster.send_rate(h) for h, b in sent.items()]
             + [b / cluster.recv_rate(h) for h, b in taken.items()] + [0.0])
-        a = len(ring)
-        if a == 1:
-            return scatter
-        largest = max(e - s for s, e in blocks.values())
-        slowest = min(cluster.link_rate(h, ring[(i + 1) % a]) for i, h in enumerate(ring))
-        return scatter + (a - 1) * cost_model.p2p_time(largest, slowest, lat)
+        return scatter + _ring_steps_seconds(blocks, ring, cluster)
 
     def closed_form(self, t, hosts, devices, chunks=1):
         """A slices (one entering at each of the A hosts), each one NIC copy t: the
