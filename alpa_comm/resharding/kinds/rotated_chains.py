@@ -204,6 +204,182 @@ def _prefix(part_bytes: Sequence[int]) -> list[int]:
     return np.concatenate([[0], np.cumsum(np.asarray(part_bytes, dtype=np.int64))]).tolist()
 
 
+WINDOW = 2
+"""Long transfers a host keeps in flight on one NIC (``admission.MAX_PER_RESOURCE``, which
+imports the kinds and so cannot be imported here; a test keeps the two equal)."""
+ORDER_MAX_RINGS = 128
+"""``admission_order`` reorders at most this many rings (beyond, the order stays)."""
+FIRST_TRIES = 8
+"""Rings ``admission_order`` tries to open with."""
+
+
+def group_phases(part_bytes: Sequence[int], sender_hosts: Sequence[int], ring: Sequence[int], cluster
+                 ) -> tuple[tuple[float, dict[int, float]], ...]:
+    """A group's ring as (seconds, busy) of its scatter and of its ring steps, ``busy``
+    the seconds each NIC side (``resources`` key) is busy in that phase: the scatter's
+    bytes at each NIC's rate; the steps' bytes on both sides of every ring host (their
+    latencies hold no NIC). The seconds add up to ``group_seconds``."""
+    plan = _scatter_plan(part_bytes, sender_hosts, ring)
+    if plan is not None:
+        messages, nbytes, blocks = plan
+    else:
+        prefix = _prefix(part_bytes)
+        messages = scatter_messages(part_bytes, sender_hosts, ring)
+        nbytes = [prefix[b] - prefix[a] for _, _, a, b in messages]
+        blocks = runs(part_bytes, ring)
+    busy: dict[int, float] = {}
+    crossing = []
+    for m, n in zip(messages, nbytes):
+        if m[0] != m[1]:
+            crossing.append(m)
+            busy[nic_send(m[0])] = busy.get(nic_send(m[0]), 0.0) + n / cluster.send_rate(m[0])
+            busy[nic_receive(m[1])] = busy.get(nic_receive(m[1]), 0.0) + n / cluster.recv_rate(m[1])
+    scatter = scatter_latency(crossing, cluster.latency_s) + max(busy.values(), default=0.0)
+    steps = _ring_steps_seconds(blocks, ring, cluster)
+    wire = max(0.0, steps - (len(ring) - 1) * cluster.latency_s)  # the steps' latencies hold no NIC
+    return (scatter, busy), (steps, {r: wire for h in ring for r in (nic_send(h), nic_receive(h))} if steps else {})
+
+
+def admission_order(phases: Sequence[Sequence[tuple[float, dict]]], window: int = WINDOW) -> list[int]:
+    """An order for rings (``phases``: each one's ``group_phases``) that hosts admit
+    ``window`` at a time on every NIC they hold, in that order.
+
+    The rings of a weight sync share their sending hosts' NICs (every source host holds a
+    slice of every ring), so the window there decides which rings overlap: a short ring
+    admitted beside a long one it shares receiving hosts with runs at half speed and keeps
+    its place in the window that long, while a ring on other receiving hosts waits
+    behind it. Here the rings are played at ring level, phase by phase (a phase's share of
+    a NIC is its busy seconds there over its seconds; phases whose shares of a NIC sum
+    above one slow down alike; a ring holds its window through both phases), and the
+    order is built as the windows free up: first the rings that run at full speed beside
+    those in flight, among them the one on the most remaining work (its busiest NIC's
+    seconds still to come: the critical path), then the longest. Which ring to open with
+    is tried (up to ``FIRST_TRIES`` unlike ones, longest first): the one that leaves a
+    partner on other hosts may be shorter than one that overlaps them all. The order
+    given is kept unless a built one ends earlier in that play."""
+    n = len(phases)
+    if n <= window or n > ORDER_MAX_RINGS:
+        return list(range(n))
+    best, order = _play(phases, window, list(range(n)))
+    best *= 1 - 1e-9
+    seconds = [sum(d for d, _ in ph) for ph in phases]
+    kinds: dict = {}  # rings alike (same phases) open alike: one try each
+    for i in sorted(range(n), key=lambda i: (-seconds[i], i)):
+        kinds.setdefault(tuple((d, tuple(sorted(bs.items()))) for d, bs in phases[i]), i)
+    for first in list(kinds.values())[:FIRST_TRIES]:
+        span, built = _play(phases, window, None, first)
+        if span < best:
+            best, order = span, built
+    return order
+
+
+def _play(phases: Sequence[Sequence[tuple[float, dict]]], window: int, order: list[int] | None,
+          first: int | None = None) -> tuple[float, list[int]]:
+    """(makespan, admission order) of ``admission_order``'s ring-level play: in ``order``
+    (head of line on every NIC), or, with None, opening with ring ``first`` and choosing
+    each next ring as it describes."""
+    n = len(phases)
+    ph = [[(d, {r: (min(1.0, b / d) if d > 0 else 0.0) for r, b in bs.items()}, bs) for d, bs in p if d > 0]
+          for p in phases]
+    seconds = [sum(d for d, _, _ in p) for p in ph]
+    nics = [set().union(*(bs for _, _, bs in p)) if p else set() for p in ph]
+    stage = [0] * n  # each ring's phase
+    left = [p[0][0] if p else 0.0 for p in ph]  # seconds left in it (at full speed)
+    count: dict[int, int] = {}
+    demand: dict[int, float] = {}
+    todo: dict[int, float] = {}  # NIC -> busy seconds of the rings not yet done
+    for p in ph:
+        for _, _, bs in p:
+            for r, b in bs.items():
+                todo[r] = todo.get(r, 0.0) + b
+    queue: dict[int, list[int]] = {}  # fixed order: NIC -> its rings still to admit, in order
+    if order is not None:
+        for i in order:
+            for r in nics[i]:
+                queue.setdefault(r, []).append(i)
+    waiting = list(order) if order is not None else list(range(n))
+    flight: list[int] = []
+    admitted: list[int] = []
+    now = 0.0
+
+    def shares(i: int) -> dict:
+        return ph[i][stage[i]][1] if stage[i] < len(ph[i]) else {}
+
+    main = [max(p, key=lambda q: q[0])[1] if p else {} for p in ph]  # the shares of each ring's longest phase
+    held: dict[int, float] = {}  # NIC -> the main shares of the rings in flight
+
+    def speed_with(i: int) -> float:
+        """How fast ring ``i``'s longest phase would run beside the longest phases of
+        those in flight (a scatter is short: its overlap passes)."""
+        worst = max((held.get(r, 0.0) + f for r, f in main[i].items()), default=0.0)
+        return 1.0 if worst <= 1.0 else 1.0 / worst
+
+    def fits(i: int) -> bool:
+        return all(count.get(r, 0) < window for r in nics[i])
+
+    def enter(i: int, sign: float) -> None:
+        for r, f in shares(i).items():
+            demand[r] = demand.get(r, 0.0) + sign * f
+
+    while waiting or flight:
+        while waiting:
+            if order is not None:
+                ready = [i for i in waiting if fits(i) and all(queue[r][0] == i for r in nics[i])]
+                pick = ready[0] if ready else None
+            elif first is not None and not admitted:
+                pick = first
+            else:
+                ready = [i for i in waiting if fits(i)]
+                top = max((todo[r] for i in ready for r in nics[i]), default=0.0) or 1.0
+                pick = min(ready, default=None, key=lambda i: (
+                    -round(speed_with(i), 6), -round(max((todo[r] for r in nics[i]), default=0.0) / top, 6),
+                    -seconds[i], i))
+            if pick is None:
+                break
+            waiting.remove(pick)
+            admitted.append(pick)
+            for r, f in main[pick].items():
+                held[r] = held.get(r, 0.0) + f
+            for r in nics[pick]:
+                count[r] = count.get(r, 0) + 1
+                if order is not None:
+                    queue[r].pop(0)
+            if ph[pick]:
+                flight.append(pick)
+                enter(pick, 1.0)
+            else:
+                for r in nics[pick]:
+                    count[r] -= 1
+        if not flight:
+            continue
+        speeds = {i: 1.0 / max(1.0, max((demand[r] for r in shares(i)), default=0.0)) for i in flight}
+        dt = min(left[i] / speeds[i] for i in flight)
+        now += dt
+        still = []
+        for i in flight:
+            d, _, bs = ph[i][stage[i]]
+            done = min(left[i], dt * speeds[i])
+            for r, b in bs.items():
+                todo[r] -= b * done / d
+            left[i] -= done
+            if left[i] > 1e-12 * max(1.0, d):
+                still.append(i)
+                continue
+            enter(i, -1.0)
+            stage[i] += 1
+            if stage[i] < len(ph[i]):
+                left[i] = ph[i][stage[i]][0]
+                enter(i, 1.0)
+                still.append(i)
+                continue
+            for r in nics[i]:
+                count[r] -= 1
+            for r, f in main[i].items():
+                held[r] -= f
+        flight = still
+    return now, admitted
+
+
 @dataclass
 class _Regrouping:
     """The jobs ``RotatedChains.combine`` hands back, built group by group, with what it
@@ -221,6 +397,7 @@ class _Regrouping:
     _groups: dict = field(default_factory=dict)  # receivers -> devices by host
     _chains: dict = field(default_factory=dict)  # (nbytes, host, receivers) -> chain candidate
     _seconds: dict = field(default_factory=dict)  # (id(job), host) -> its chain's duration
+    phases: dict = field(default_factory=dict)  # new job index of each ring -> its ``group_phases``
 
     @classmethod
     def keeping(cls, keep: list[int], jobs, job_leaf, members, cluster) -> "_Regrouping":
@@ -325,6 +502,18 @@ class _Regrouping:
         for host, b in zip(uniq.tolist(), sums.tolist()):
             load[host] = load.get(host, 0.0) + b
 
+    def order_rings(self) -> None:
+        """The ring jobs, in the places they hold among the jobs, in ``admission_order``
+        (the load balancer keeps the order of jobs its model finds equal, and rings that
+        share NICs are equal there: it plays one transfer at a time)."""
+        at = sorted(self.phases)
+        order = admission_order([self.phases[k] for k in at])
+        if order == list(range(len(at))):
+            return
+        moved = [(self.new_jobs[at[o]], self.new_members[at[o]], self.phases[at[o]]) for o in order]
+        for k, (j, m, p) in zip(at, moved):
+            self.new_jobs[k], self.new_members[k], self.phases[k] = j, m, p
+
     def keep(self, idx: list[int]) -> None:
         self.new_jobs += [self.jobs[i] for i in idx]
         self.new_leaf += [self.job_leaf[i] for i in idx]
@@ -337,8 +526,10 @@ class _Regrouping:
             self.new_jobs.append(j._replace(kind=self.chain.name, candidates=cands))
             self.new_leaf.append(self.job_leaf[i])
 
-    def add_group(self, job, parts: list) -> None:
-        """A group job carrying ``parts`` ((job, leaf, sender host) of each slice)."""
+    def add_group(self, job, parts: list, phases: tuple) -> None:
+        """A group job carrying ``parts`` ((job, leaf, sender host) of each slice), its
+        ring's ``group_phases`` beside it."""
+        self.phases[len(self.new_jobs)] = phases
         self.new_members[len(self.new_jobs)] = parts
         self.new_jobs.append(job)
         self.new_leaf.append(-1)
@@ -432,6 +623,7 @@ class RotatedChains(TransferKind):
                 groups[ring] = members_of[bounds[r]:bounds[r + 1]]
         for ring, idx in self._fold_holders(groups, jobs).items():
             self._combine_group(out, ring, idx)
+        out.order_rings()
         return out.new_jobs, out.new_leaf, out.new_members
 
     def _combine_group(self, out: "_Regrouping", ring: tuple[int, ...], idx: list[int]) -> None:
@@ -473,7 +665,8 @@ class RotatedChains(TransferKind):
         cand = Candidate(hosts[0], self.group_resources(hosts, list(ring)), seconds)
         out.add_group(jobs[part[0]]._replace(task=-2, receivers=receivers, nbytes=sum(sizes), index=(),
                                              candidates=(cand,)),
-                      list(zip(mine, map(out.job_leaf.__getitem__, part), hosts)))
+                      list(zip(mine, map(out.job_leaf.__getitem__, part), hosts)),
+                      group_phases(sizes, hosts, list(ring), cluster))
 
     @staticmethod
     def _fold_holders(groups: dict[tuple, list[int]], jobs) -> dict[tuple, list[int]]:
