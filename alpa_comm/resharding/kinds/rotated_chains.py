@@ -380,6 +380,34 @@ def _play(phases: Sequence[Sequence[tuple[float, dict]]], window: int, order: li
     return now, admitted
 
 
+def _classes(objs: list) -> tuple[np.ndarray, np.ndarray]:
+    """(the first index of each distinct object, every element's class) by identity: the
+    jobs of leaves with one layout are the same objects, so what depends only on a job is
+    read once a class (classes numbered by the objects' ids)."""
+    n = len(objs)
+    ids = np.fromiter(map(id, objs), dtype=np.uint64, count=n)
+    distinct = np.unique(ids)
+    cls = np.searchsorted(distinct, ids).astype(np.int64, copy=False)
+    first = np.empty(len(distinct), dtype=np.int64)
+    first[cls[::-1]] = np.arange(n - 1, -1, -1)  # a repeated index keeps the last value assigned: the smallest
+    return first, cls
+
+
+def _by_sender_leaf_task(senders: np.ndarray, leaf: np.ndarray, task: np.ndarray) -> np.ndarray:
+    """The stable order of slices by (sender, leaf, task). Slices mostly come in (leaf,
+    task) order already: then a stable sort by sender alone gives it (a radix sort where
+    hosts fit 16 bits)."""
+    n = len(senders)
+    if n > 1 and leaf.min() >= 0 and task.min() >= 0 and senders.min() >= 0:
+        step = int(task.max()) + 1
+        if int(leaf.max()) < (1 << 62) // step:
+            key = leaf * step + task
+            if (key[1:] >= key[:-1]).all():
+                narrow = senders.astype(np.int16) if int(senders.max()) < 1 << 15 else senders
+                return np.argsort(narrow, kind="stable")
+    return np.lexsort((np.arange(n), task, leaf, senders))
+
+
 @dataclass
 class _Regrouping:
     """The jobs ``RotatedChains.combine`` hands back, built group by group, with what it
@@ -398,6 +426,13 @@ class _Regrouping:
     _chains: dict = field(default_factory=dict)  # (nbytes, host, receivers) -> chain candidate
     _seconds: dict = field(default_factory=dict)  # (id(job), host) -> its chain's duration
     phases: dict = field(default_factory=dict)  # new job index of each ring -> its ``group_phases``
+    cls: np.ndarray | None = None  # ``index``: each job's class, and by class:
+    reps: list = field(default_factory=list)  # one job
+    nbytes_c: np.ndarray | None = None  # its bytes
+    task_c: np.ndarray | None = None  # its task
+    ncand_c: np.ndarray | None = None  # its candidates' count
+    host0_c: np.ndarray | None = None  # its first candidate's host
+    leaf: np.ndarray | None = None  # each job's leaf
 
     @classmethod
     def keeping(cls, keep: list[int], jobs, job_leaf, members, cluster) -> "_Regrouping":
@@ -420,23 +455,6 @@ class _Regrouping:
                                                          self.cluster, None)
         return c
 
-    def chain_seconds_each(self, jobs: list, hosts: list) -> list[float]:
-        """``chain_candidate(job.nbytes, host, job.receivers).duration`` of each (job, host)
-        pair, each distinct pair computed once (the jobs of leaves with one layout are the
-        same objects)."""
-        if len(jobs) < 64:
-            memo = self.chain_seconds_of(jobs, hosts)
-            return list(map(memo.__getitem__, zip(map(id, jobs), hosts)))
-        ids = np.fromiter(map(id, jobs), dtype=np.uint64, count=len(jobs))
-        _, first, cls = np.unique(ids, return_index=True, return_inverse=True)
-        h = np.asarray(hosts, dtype=np.int64)
-        span = int(h.max()) + 1
-        pairs, at, inverse = np.unique(cls.reshape(-1).astype(np.int64) * span + h, return_index=True,
-                                       return_inverse=True)
-        seconds = np.array([self.chain_candidate(jobs[i].nbytes, hosts[i], jobs[i].receivers).duration
-                            for i in at.tolist()], dtype=np.float64)
-        return seconds[inverse.reshape(-1)].tolist()
-
     def chain_seconds_of(self, jobs: list, hosts: list) -> dict:
         """(id(job), host) -> ``chain_candidate(job.nbytes, host, job.receivers).duration``
         for every pair of ``jobs`` and ``hosts``, each computed once (the jobs of leaves
@@ -450,58 +468,91 @@ class _Regrouping:
                 memo[key] = self.chain_candidate(job.nbytes, key[1], job.receivers).duration
         return memo
 
-    def choose_senders(self, idx: list[int]) -> dict[int, int]:
-        """Each slice's sender host: largest slices first, each to the host holding it
-        that sends the fewest bytes so far (LPT; ``load`` carries over between groups)."""
-        jobs, load = self.jobs, self.load
-        mine = list(map(jobs.__getitem__, idx))
-        cands = list(map(_CANDIDATES, mine))
-        if all(len(c) == 1 for c in set(dict(zip(map(id, cands), cands)).values())):  # no choice to make
-            hosts = [c[0].host for c in cands]
-            for h, n in zip(hosts, map(_NBYTES, mine)):  # integer byte counts: any order sums alike
-                load[h] = load.get(h, 0.0) + n
-            return dict(zip(idx, hosts))
-        sizes = np.fromiter(map(_NBYTES, mine), dtype=np.int64, count=len(mine))
-        order_arr = np.argsort(-sizes, kind="stable")  # largest first, ties in ``idx`` order
-        order = order_arr.tolist()
-        many = np.fromiter(map(len, cands), dtype=np.int64, count=len(cands))[order_arr] > 1
-        multi_at = np.flatnonzero(many).tolist()  # positions in ``order`` of the slices with a choice
+    def index(self, first: np.ndarray, cls: np.ndarray) -> None:
+        """What the groups read of each job, by class (``_classes``: the jobs of leaves
+        with one layout are the same objects, so a class is one object): its bytes, task,
+        candidates and first candidate's host; and every job's leaf, as arrays."""
+        self.cls = cls
+        self.reps = reps = [self.jobs[i] for i in first.tolist()]
+        n = len(reps)
+        self.nbytes_c = np.fromiter(map(_NBYTES, reps), dtype=np.int64, count=n)
+        self.task_c = np.fromiter(map(_TASK, reps), dtype=np.int64, count=n)
+        cands = list(map(_CANDIDATES, reps))
+        self.ncand_c = np.fromiter(map(len, cands), dtype=np.int64, count=n)
+        self.host0_c = np.fromiter((c[0].host if c else -1 for c in cands), dtype=np.int64, count=n)
+        self.leaf = np.fromiter(self.job_leaf, dtype=np.int64, count=len(self.job_leaf))
+
+    def present(self, idx: np.ndarray) -> list[int]:
+        """The classes of the jobs ``idx``, ascending."""
+        return np.flatnonzero(np.bincount(self.cls[idx], minlength=len(self.reps))).tolist()
+
+    def choose_senders(self, idx: np.ndarray) -> np.ndarray:
+        """Each slice's sender host (aligned with ``idx``): largest slices first, each to
+        the host holding it that sends the fewest bytes so far (LPT; ``load`` carries over
+        between groups)."""
+        load = self.load
+        c = self.cls[idx]
+        hosts = self.host0_c[c]
+        nb = self.nbytes_c[c]
+        if (self.ncand_c[self.present(idx)] == 1).all():  # no choice to make
+            self._add_load(hosts, nb)  # integer byte counts: any order sums alike
+            return hosts
+        order = np.argsort(-nb, kind="stable")  # largest first, ties in ``idx`` order
+        multi_at = np.flatnonzero(self.ncand_c[c][order] > 1).tolist()  # positions in ``order`` with a choice
+        reps = self.reps
         if len(multi_at) * 64 > len(order):  # choices everywhere: one pass in plain Python
-            senders = {}
-            for k in order:
-                cs = cands[k]
-                host = cs[0].host if len(cs) == 1 else min((c.host for c in cs), key=lambda h: (load.get(h, 0.0), h))
-                senders[idx[k]] = host
-                load[host] = load.get(host, 0.0) + mine[k].nbytes
-            return senders
+            hl, nl, cl = hosts.tolist(), nb.tolist(), c.tolist()
+            for k in order.tolist():
+                cs = reps[cl[k]].candidates
+                host = cs[0].host if len(cs) == 1 else min((x.host for x in cs), key=lambda h: (load.get(h, 0.0), h))
+                hl[k] = host
+                load[host] = load.get(host, 0.0) + nl[k]
+            return np.asarray(hl, dtype=np.int64)
         # A few choices among many fixed senders: the fixed ones between two choices are
         # added up at once (integer byte counts: any order sums alike).
-        hosts = [c[0].host for c in cands]
         done = 0
         for p in multi_at:
-            k = order[p]
-            self._add_load(order[done:p], hosts, mine)
-            host = min((c.host for c in cands[k]), key=lambda h: (load.get(h, 0.0), h))
+            k = int(order[p])
+            ks = order[done:p]
+            self._add_load(hosts[ks], nb[ks])
+            host = min((x.host for x in reps[int(c[k])].candidates), key=lambda h: (load.get(h, 0.0), h))
             hosts[k] = host
-            load[host] = load.get(host, 0.0) + mine[k].nbytes
+            load[host] = load.get(host, 0.0) + int(nb[k])
             done = p + 1
-        self._add_load(order[done:], hosts, mine)
-        return dict(zip(idx, hosts))
+        ks = order[done:]
+        self._add_load(hosts[ks], nb[ks])
+        return hosts
 
-    def _add_load(self, ks: list[int], hosts: list[int], mine: list) -> None:
-        load = self.load
-        if len(ks) < 64:
-            for k in ks:
-                load[hosts[k]] = load.get(hosts[k], 0.0) + mine[k].nbytes
+    def _add_load(self, hosts: np.ndarray, nbytes: np.ndarray) -> None:
+        """Add each slice's bytes to its host's ``load`` (per host sums of whole bytes, exact
+        in float64 below 2**53, as adding them one by one is)."""
+        if not len(hosts):
             return
-        h = np.fromiter(map(hosts.__getitem__, ks), dtype=np.int64, count=len(ks))
-        n = np.fromiter(map(_NBYTES, map(mine.__getitem__, ks)), dtype=np.int64, count=len(ks))
-        uniq, inverse = np.unique(h, return_inverse=True)
-        sums = np.zeros(len(uniq), dtype=np.int64)
-        np.add.at(sums, inverse.reshape(-1), n)
-        for host, b in zip(uniq.tolist(), sums.tolist()):
-            load[host] = load.get(host, 0.0) + b
+        sums = np.bincount(hosts, weights=nbytes.astype(np.float64))
+        load = self.load
+        for h in np.flatnonzero(sums).tolist():
+            load[h] = load.get(h, 0.0) + float(sums[h])
 
+    def chains_seconds(self, idx: np.ndarray, hosts: np.ndarray) -> float:
+        """The sum, in ``idx`` order, of ``chain_candidate(job.nbytes, host,
+        job.receivers).duration`` over its jobs and sender ``hosts``, each distinct (job,
+        host) pair computed once."""
+        if len(idx) < _VECTOR_MIN:
+            jobs, hl = list(map(self.jobs.__getitem__, idx.tolist())), hosts.tolist()
+            memo = self.chain_seconds_of(jobs, hl)
+            return sum(map(memo.__getitem__, zip(map(id, jobs), hl)))
+        c = self.cls[idx]
+        reps, nbytes = self.reps, self.nbytes_c
+        if (hosts == self.host0_c[c]).all():  # the host follows from the job: one pair a class
+            table = np.zeros(len(reps), dtype=np.float64)
+            for k in self.present(idx):
+                table[k] = self.chain_candidate(int(nbytes[k]), int(self.host0_c[k]), reps[k].receivers).duration
+            return sum(table[c].tolist())
+        span = int(hosts.max()) + 1
+        pairs, inverse = np.unique(c * span + hosts, return_inverse=True)
+        seconds = np.array([self.chain_candidate(int(nbytes[k // span]), k % span, reps[k // span].receivers).duration
+                            for k in pairs.tolist()], dtype=np.float64)
+        return sum(seconds[inverse.reshape(-1)].tolist())
     def order_rings(self) -> None:
         """The ring jobs, in the places they hold among the jobs, in ``admission_order``
         (the load balancer keeps the order of jobs its model finds equal, and rings that
@@ -553,6 +604,10 @@ class RotatedChains(TransferKind):
 
     @staticmethod
     def group_resources(sender_hosts: Sequence[int], ring: Sequence[int]) -> tuple[int, ...]:
+        if isinstance(sender_hosts, np.ndarray):  # consecutive repeats dropped: first appearances keep their order
+            keep = np.ones(len(sender_hosts), dtype=bool)
+            keep[1:] = sender_hosts[1:] != sender_hosts[:-1]
+            sender_hosts = sender_hosts[keep].tolist()
         senders = tuple(nic_send(s) for s in dict.fromkeys(sender_hosts) if s not in ring)
         return senders + tuple(r for h in ring for r in (nic_send(h), nic_receive(h)))
 
@@ -601,75 +656,82 @@ class RotatedChains(TransferKind):
         each slice's sender host (least bytes so far among the hosts holding it). Where
         the cost model says one chain per slice is faster, the slices go as chains.
         Other kinds' jobs are kept, first and in their order."""
-        mask = np.fromiter(map(self.name.__eq__, map(_KIND, jobs)), dtype=bool, count=len(jobs))
+        first, cls = _classes(jobs)  # each class's first job is its smallest index
+        reps = [jobs[i] for i in first.tolist()]
+        is_mine = np.fromiter(map(self.name.__eq__, map(_KIND, reps)), dtype=bool, count=len(reps))
+        mask = is_mine[cls]
         keep = np.flatnonzero(~mask).tolist()
         out = _Regrouping.keeping(keep, jobs, job_leaf, members, cluster)
-        groups: dict[tuple[int, ...], list[int]] = {}
+        out.index(first, cls)
+        groups: dict[tuple[int, ...], np.ndarray] = {}
         mine = np.flatnonzero(mask)
         if len(mine):
-            recvs = list(map(_RECEIVERS, map(jobs.__getitem__, mine.tolist())))
-            ids = np.fromiter(map(id, recvs), dtype=np.uint64, count=len(recvs))
-            uniq, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
-            ring_ids: dict[tuple, int] = {}  # rings by first appearance (receivers with one ring share it)
-            rid = np.array([ring_ids.setdefault(tuple(out.hosts_of(recvs[f])), len(ring_ids))
-                            for f in np.sort(first).tolist()], dtype=np.int64)
-            rank = np.empty(len(uniq), dtype=np.int64)  # receivers -> their ring, numbered in first appearance
-            rank[np.argsort(first, kind="stable")] = rid
-            per_job = rank[inverse.reshape(-1)]
-            order = np.argsort(per_job, kind="stable")
+            # Rings by first appearance (receivers with one ring share it): a class's jobs
+            # are all this kind or none, so its first job is its first among ``mine``.
+            ring_ids: dict[tuple, int] = {}
+            ring_of = np.full(len(reps), -1, dtype=np.int64)
+            mine_cls = np.flatnonzero(is_mine)
+            for k in mine_cls[np.argsort(first[mine_cls], kind="stable")].tolist():
+                ring_of[k] = ring_ids.setdefault(tuple(out.hosts_of(reps[k].receivers)), len(ring_ids))
+            per_job = ring_of[cls[mine]]
+            order = np.argsort(per_job.astype(np.int16) if len(ring_ids) < 1 << 15 else per_job, kind="stable")
             bounds = np.searchsorted(per_job[order], np.arange(len(ring_ids) + 1)).tolist()
-            members_of = mine[order].tolist()
+            members_of = mine[order]
             for ring, r in ring_ids.items():
                 groups[ring] = members_of[bounds[r]:bounds[r + 1]]
-        for ring, idx in self._fold_holders(groups, jobs).items():
+        for ring, idx in self._fold_holders(groups, out).items():
             self._combine_group(out, ring, idx)
         out.order_rings()
         return out.new_jobs, out.new_leaf, out.new_members
 
-    def _combine_group(self, out: "_Regrouping", ring: tuple[int, ...], idx: list[int]) -> None:
+    def _combine_group(self, out: "_Regrouping", ring: tuple[int, ...], idx: np.ndarray) -> None:
         """One group's slices (same receiving hosts): too few hosts for a ring, kept as
         they are; too many for the ring's tags, as chains; otherwise each slice gets its
         sender host, the slices go in tag-sized parts, and each part as a ring or as
         chains, whichever the cost model finds faster."""
-        jobs = out.jobs
         if len(ring) < MIN_RING_HOSTS:
-            out.keep(idx)
+            out.keep(idx.tolist())
             return
         if len(ring) > MAX_RING_HOSTS:
-            out.as_chains(idx)
+            out.as_chains(idx.tolist())
             return
         senders = out.choose_senders(idx)
-        order = np.lexsort((np.arange(len(idx)), list(map(_TASK, map(jobs.__getitem__, idx))),
-                            list(map(out.job_leaf.__getitem__, idx)), list(map(senders.__getitem__, idx))))
-        idx = [idx[k] for k in order.tolist()]  # by (sender, leaf, task), stable
-        for part in self._fit_tags(idx, jobs, senders, list(ring)):
-            self._ring_or_chains(out, part, senders, ring)
+        c = out.cls[idx]
+        order = _by_sender_leaf_task(senders, out.leaf[idx], out.task_c[c])
+        idx, senders = idx[order], senders[order]  # by (sender, leaf, task), stable
+        sizes = out.nbytes_c[out.cls[idx]]
+        for a, b, part_bytes, part_hosts in self._fit_ranges(sizes, senders, list(ring)):
+            self._ring_or_chains(out, idx[a:b], part_bytes, part_hosts, ring)
 
-    def _ring_or_chains(self, out: "_Regrouping", part: list[int], senders: dict, ring: tuple[int, ...]) -> None:
-        """``part``'s slices as one ring job, unless their chains in a row are as fast."""
-        jobs, cluster = out.jobs, out.cluster
-        mine = list(map(jobs.__getitem__, part))
-        sizes = list(map(_NBYTES, mine))
-        hosts = list(map(senders.__getitem__, part))
+    def _ring_or_chains(self, out: "_Regrouping", idx: np.ndarray, sizes, hosts, ring: tuple[int, ...]) -> None:
+        """The slices ``idx`` (``sizes`` bytes each, from sender ``hosts``: arrays, or lists
+        where they are few) as one ring job, unless their chains in a row are as fast."""
+        cluster = out.cluster
         seconds = self.group_seconds(sizes, hosts, list(ring), cluster)
         # Chains that share hosts run one after another: a ring pays only when it
         # beats them all in a row (few sending hosts make its scatter the long pole).
-        chains = sum(out.chain_seconds_each(mine, hosts))
-        if chains <= seconds:
-            out.as_chains(part)
+        # Every chain pays the message latency at least once a hop (``cost_model.chain_time``),
+        # so where the slices' latencies alone pass the ring's time (0.1 % spare for the
+        # rounding of a long sum), the chains lose without being costed.
+        harr = np.asarray(hosts, dtype=np.int64)
+        if len(idx) * cluster.latency_s * 0.999 <= seconds and out.chains_seconds(idx, harr) <= seconds:
+            out.as_chains(idx.tolist())
             return
-        recvs = list(map(_RECEIVERS, mine))
+        recvs = [out.reps[k].receivers for k in out.present(idx)]
         unique = set(dict(zip(map(id, recvs), recvs)).values())  # often one receiver set for the group
         receivers = (next(iter(unique)) if len(unique) == 1 else
                      tuple(sorted({r for rs in unique for r in rs}, key=lambda d: (cluster.host_of(d), d))))
-        cand = Candidate(hosts[0], self.group_resources(hosts, list(ring)), seconds)
-        out.add_group(jobs[part[0]]._replace(task=-2, receivers=receivers, nbytes=sum(sizes), index=(),
-                                             candidates=(cand,)),
-                      list(zip(mine, map(out.job_leaf.__getitem__, part), hosts)),
+        cand = Candidate(int(harr[0]), self.group_resources(harr, list(ring)), seconds)
+        host_list = harr.tolist()
+        nbytes = int(np.asarray(sizes, dtype=np.int64).sum()) if len(host_list) >= _VECTOR_MIN else sum(sizes)
+        ids = idx.tolist()
+        out.add_group(out.jobs[ids[0]]._replace(task=-2, receivers=receivers, nbytes=nbytes, index=(),
+                                                candidates=(cand,)),
+                      list(zip(map(out.jobs.__getitem__, ids), out.leaf[idx].tolist(), host_list)),
                       group_phases(sizes, hosts, list(ring), cluster))
 
     @staticmethod
-    def _fold_holders(groups: dict[tuple, list[int]], jobs) -> dict[tuple, list[int]]:
+    def _fold_holders(groups: dict[tuple, np.ndarray], out: "_Regrouping") -> dict[tuple, np.ndarray]:
         """A slice held by a host that is itself a destination (source and destination
         meshes overlap) needs the ring less that host: alone, the slices of each holder
         make a ring of their own, small ones latency-bound, and such rings share every NIC
@@ -679,19 +741,48 @@ class RotatedChains(TransferKind):
         back, a small waste the cost model charges); each part still delivers only to its
         own receivers."""
         wanted = {h for ring in groups for h in ring}  # hosts that receive something here
-        out: dict[tuple, list[int]] = {}
+        pieces: dict[tuple, list] = {}
         for ring, idx in groups.items():
             members = frozenset(ring)
-            cands = list(map(_CANDIDATES, map(jobs.__getitem__, idx)))
-            key_of: dict[int, tuple] = {}  # by candidates (jobs of one layout share theirs)
-            for c_id, cs in dict(zip(map(id, cands), cands)).items():
+            present = out.present(idx)
+            key_of = {}  # class -> its ring (a class is one job, its candidates one tuple)
+            for k in present:
+                cs = out.reps[k].candidates
                 holder = min((c.host for c in cs if c.host in wanted and c.host not in members), default=None)
-                key_of[c_id] = ring if holder is None else tuple(sorted(members | {holder}))
-            if len(set(key_of.values())) == 1:
-                out.setdefault(next(iter(key_of.values())), []).extend(idx)
+                key_of[k] = ring if holder is None else tuple(sorted(members | {holder}))
+            keys = list(dict.fromkeys(key_of.values()))
+            if len(keys) == 1:
+                pieces.setdefault(keys[0], []).append(idx)
                 continue
-            for i, key in zip(idx, map(key_of.__getitem__, map(id, cands))):
-                out.setdefault(key, []).append(i)
+            number = np.zeros(len(out.reps), dtype=np.int64)
+            for k, key in key_of.items():
+                number[k] = keys.index(key)
+            of = number[out.cls[idx]]
+            firsts = sorted((int(np.argmax(of == n)), n) for n in range(len(keys)))  # keys by first slice
+            for _, n in firsts:
+                pieces.setdefault(keys[n], []).append(idx[of == n])
+        return {key: (ps[0] if len(ps) == 1 else np.concatenate(ps)) for key, ps in pieces.items()}
+
+    @staticmethod
+    def _fit_ranges(sizes: np.ndarray, senders: np.ndarray, ring: list[int]) -> list[tuple]:
+        """(start, end, bytes, sender hosts) of consecutive runs of the slices, each of at
+        most ``MAX_SCATTER_MESSAGES`` scatter messages (``_fit_tags`` over arrays); a
+        run's bytes and hosts are the objects its scatter plan is kept by (lists where
+        they are few)."""
+        def run(a: int, b: int) -> tuple:
+            part_bytes, part_hosts = sizes[a:b], senders[a:b]
+            if b - a < _VECTOR_MIN or _scatter_plan(part_bytes, part_hosts, ring) is None:
+                part_bytes, part_hosts = part_bytes.tolist(), part_hosts.tolist()
+            return a, b, part_bytes, part_hosts
+        out, todo = [], [run(0, len(sizes))]
+        while todo:
+            part = todo.pop(0)
+            a, b = part[0], part[1]
+            if b - a > 1 and len(scatter_messages(part[2], part[3], ring)) > MAX_SCATTER_MESSAGES:
+                half = (b - a) // 2
+                todo[:0] = [run(a, a + half), run(a + half, b)]
+            else:
+                out.append(part)
         return out
 
     @staticmethod
@@ -722,15 +813,18 @@ class RotatedChains(TransferKind):
         ring = receiving_hosts(t, host_of)
         if not t.parts:
             return ring, [t.nbytes], [host_of(t.sender)]
-        sizes = list(map(_NBYTES, t.parts))
-        devices = list(map(_SENDER, t.parts))
+        parts, n = t.parts, len(t.parts)
         cluster = getattr(host_of, "__self__", None)
-        if len(devices) >= _VECTOR_MIN and isinstance(cluster, ClusterSpec) and \
+        layout = None
+        if n >= _VECTOR_MIN and isinstance(cluster, ClusterSpec) and \
                 getattr(host_of, "__func__", None) is ClusterSpec.host_of:
-            senders = (np.asarray(devices, dtype=np.int64) // cluster.devices_per_host).tolist()
-        else:
-            senders = list(map(host_of, devices))
-        layout = (ring, sizes, senders)
+            # Many parts: arrays, which the scatter plan reads as they are.
+            sizes = np.fromiter(map(_NBYTES, parts), dtype=np.int64, count=n)
+            if int(sizes.sum()) * len(ring) < 1 << 62:  # as ``_entry_positions`` needs: exact int64 arithmetic
+                senders = np.fromiter(map(_SENDER, parts), dtype=np.int64, count=n) // cluster.devices_per_host
+                layout = (ring, sizes, senders)
+        if layout is None:
+            layout = (ring, list(map(_NBYTES, parts)), list(map(host_of, map(_SENDER, parts))))
         if len(_LAYOUTS) >= _LAYOUTS_KEPT:
             _LAYOUTS.pop(next(iter(_LAYOUTS)))
         _LAYOUTS[key] = (t.parts, t.receivers, host_of, layout)
@@ -746,7 +840,7 @@ class RotatedChains(TransferKind):
             prefix = _prefix(sizes)
             flows = [(s, e, prefix[b] - prefix[a]) for s, e, a, b in scatter_messages(sizes, senders, ring) if s != e]
             blocks = runs(sizes, ring)
-        total = sum(sizes)
+        total = int(sizes.sum()) if isinstance(sizes, np.ndarray) else sum(sizes)
         a = len(ring)
         for i, h in enumerate(ring if a > 1 else []):
             nxt = ring[(i + 1) % a]
