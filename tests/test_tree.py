@@ -187,3 +187,57 @@ def test_each_senders_first_bucket_ramps_up_and_leaves_chunk_by_chunk(monkeypatc
     monkeypatch.setattr(HostExecutor, "source_pieces", spy)
     run_tree(plan)
     assert {tid for tid, _ in waited} >= {t.id for t in firsts if t.chunks > 1}
+
+
+def test_a_vectored_transport_gets_no_ramped_buckets_and_its_own_cached_plan():
+    """Over a transport that sends a bucket's parts from where they lie nothing is packed,
+    so no bucket is cut into ramped chunks (each would only add a message); the plan moves
+    the same bytes, is cached apart from the packing plan, and runs bit-exact."""
+    leaves = small_leaves()
+    packing = plan_resharding_tree(leaves, cluster=CLUSTER, bucket_bytes=8 << 20, strategy="broadcast")
+    vectored = plan_resharding_tree(leaves, cluster=CLUSTER, bucket_bytes=8 << 20, strategy="broadcast",
+                                    vectored=True)
+    assert any(t.ramp for t in packing.transfers) and not any(t.ramp for t in vectored.transfers)
+    assert len(vectored.transfers) < len(packing.transfers)  # nor the last bucket in halving pieces
+    assert not vectored.cache_hit
+    assert sum(t.nbytes for t in vectored.transfers) == sum(t.nbytes for t in packing.transfers)
+    assert sum(t.chunks for t in vectored.transfers) < sum(t.chunks for t in packing.transfers)
+    again = plan_resharding_tree(leaves, cluster=CLUSTER, bucket_bytes=8 << 20, strategy="broadcast", vectored=True)
+    assert again.cache_hit and again.transfers == vectored.transfers
+    verify_plan(vectored)
+    run_tree(vectored)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 7), min_size=1, max_size=4, unique=True), min_size=1, max_size=6))
+def test_a_buckets_cost_sees_the_fan_out_of_its_widest_part(receiver_sets):
+    """``fan_out_groups``: the bucket's receiving hosts, each with as many devices as the
+    part with the most there (parts land on their own receivers), never more than the
+    bucket has there."""
+    from alpa_comm.resharding.coalesce import fan_out_groups
+    from alpa_comm.resharding.kinds.base import group_by_host
+    from alpa_comm.resharding.strategies import Job
+
+    cluster = ClusterSpec(num_hosts=2, devices_per_host=4, nic_send_gbps=10, latency_s=50e-6)
+    parts = [Job(i, "broadcast", tuple(sorted(r)), 1024, (), ()) for i, r in enumerate(receiver_sets)]
+    union = tuple(sorted({d for r in receiver_sets for d in r}))
+    got = fan_out_groups(parts, union, cluster)
+    full = group_by_host(union, cluster)
+    assert list(got) == list(full)
+    for h, devices in got.items():
+        widest = max(sum(cluster.host_of(d) == h for d in r) for r in receiver_sets)
+        assert len(devices) == widest and set(devices) <= set(full[h])
+
+
+def test_a_bucket_of_parts_that_each_land_on_one_device_is_one_chunk_over_one_hop():
+    """Shards of a same-layout move land each on its own device of the receiving host: the
+    bucket has no intra-host hop to pipeline, so over one network hop it is one message."""
+    from alpa_comm.mesh import DeviceMesh
+    from alpa_comm.placement import Resharding
+
+    cluster = ClusterSpec(num_hosts=2, devices_per_host=2, nic_send_gbps=40, latency_s=50e-6)
+    src, dst = DeviceMesh.parse("1x2@0", 2), DeviceMesh.parse("1x2@1", 2)
+    leaves = [Resharding.between((1 << 18,), "float32", src, "S1", dst, "S1") for _ in range(10)]
+    plan = plan_resharding_tree(leaves, cluster=cluster, strategy="broadcast", vectored=True)
+    assert all(t.chunks == 1 for t in plan.transfers if t.parts), [(t.id, t.chunks) for t in plan.transfers]
+    run_tree(plan)

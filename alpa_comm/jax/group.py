@@ -390,6 +390,13 @@ class ProcessGroup:
                                          f"within {self.timeout:g} s: {e}") from e
         return out
 
+    @property
+    def vectored(self) -> bool:
+        """Whether the group's transport sends a bucket's parts from where they lie (TCP over
+        host buffers: ``TcpBackend.vectored``): its plans then cut no bucket into chunks
+        for a packing that does not happen (``plan_resharding_tree(vectored=...)``)."""
+        return self.backend_name == "tcp" and self.buffers == "host"
+
     def backend(self, hosts) -> Backend:
         """The subgroup of ``hosts`` (this process among them) over the group's transport,
         made on first use by all of them."""

@@ -321,7 +321,7 @@ def _cluster(group: ProcessGroup, devices_per_host: int) -> ClusterSpec:
 
 def _group_key(group: ProcessGroup) -> tuple:
     """What of the group a prepared call depends on."""
-    return group.rank, group.world_size, group.nic_gbps, group.latency_s
+    return group.rank, group.world_size, group.nic_gbps, group.latency_s, group.vectored
 
 
 def _cached(key, make):
@@ -353,7 +353,7 @@ def _prepare_programs(picture: dict, group: ProcessGroup, strategy, bucket_bytes
                                                   dst_spec))
     cluster = _cluster(group, dph)
     plan = plan_resharding_tree(reshardings, cluster=cluster, strategy=strategy,
-                                bucket_bytes=bucket_bytes, max_inflight_bytes=budget)
+                                bucket_bytes=bucket_bytes, max_inflight_bytes=budget, vectored=group.vectored)
     return _ProgramsPrepared(**vars(_Share.of(plan, group.rank)), moves=moves)
 
 
@@ -402,8 +402,8 @@ def _prepare_afresh(leaves, dsts: dict, group: ProcessGroup, strategy: str, buck
         plan = plan_resharding(m.shape, m.dtype, m.src_mesh, m.src_spec, m.dst_mesh, m.dst_spec, cluster=cluster,
                                strategy=strategy, max_inflight_bytes=budget)
     else:  # a list keeps the leaves in order: plan leaf i is leaves[i]
-        plan = plan_resharding_tree(moves, cluster=cluster, strategy=strategy,
-                                    bucket_bytes=bucket_bytes, max_inflight_bytes=budget)
+        plan = plan_resharding_tree(moves, cluster=cluster, strategy=strategy, bucket_bytes=bucket_bytes,
+                                    max_inflight_bytes=budget, vectored=group.vectored)
     return _Prepared(**vars(_Share.of(plan, group.rank)), hosts=hosts, shardings=shardings, wires=wires)
 
 

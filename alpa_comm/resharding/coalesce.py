@@ -123,10 +123,29 @@ def _packed_job(kind: str, parts: list[Job], hosts: tuple[int, ...], cluster: Cl
     """One job carrying ``parts`` back to back, from any of ``hosts``, to all their receivers."""
     total = sum(j.nbytes for j in parts)
     receivers = tuple(sorted({r for j in parts for r in j.receivers}, key=lambda d: (cluster.host_of(d), d)))
-    groups_by_host = group_by_host(receivers, cluster)
     # chunks split bytes, so a packed buffer's chunk count may go up to its byte count
-    cands = tuple(transfer_kind(kind).candidate(total, total, s, groups_by_host, cluster, chunks) for s in hosts)
+    cands = tuple(transfer_kind(kind).candidate(total, total, s, fan_out_groups(parts, receivers, cluster), cluster,
+                                                chunks) for s in hosts)
     return Job(-2, kind, receivers, total, (), cands)
+
+
+def fan_out_groups(parts: list[Job], receivers: tuple[int, ...], cluster: ClusterSpec) -> dict:
+    """The receiving hosts of a bucket as its cost sees them: each host with the devices
+    of the part that has the most there. Every part lands on its own receivers (the
+    executor writes a part where it belongs), so a host copies a chunk on to as many
+    devices as one part has there, not to the union of the bucket's: a bucket whose parts
+    each land on one device of the last host has no intra-host hop to pipeline, and
+    its chunks would only add messages."""
+    union = group_by_host(receivers, cluster)
+    most: dict[int, int] = {}
+    seen: set = set()
+    for j in parts:
+        if j.receivers in seen:
+            continue
+        seen.add(j.receivers)
+        for h, devices in group_by_host(j.receivers, cluster).items():
+            most[h] = max(most.get(h, 0), len(devices))
+    return {h: devices[:most.get(h, 1)] for h, devices in union.items()}
 
 
 def stream_jobs(jobs: list[Job], job_leaf: list[int], members: dict, cluster: ClusterSpec, chunks,

@@ -133,7 +133,8 @@ def _build(node, it, is_leaf):
 def plan_resharding_tree(tree, *, cluster: ClusterSpec, strategy: str = "broadcast", loadbalance: str = "auto",
                          bucket_bytes: int | str | None = "auto", chunks: int | None = None, seed: int = 0,
                          dfs_budget_s: float = balancing.DEFAULT_DFS_BUDGET_S,
-                         cache: bool | PlanCache = True, max_inflight_bytes: int | None = None) -> TreePlan:
+                         cache: bool | PlanCache = True, max_inflight_bytes: int | None = None,
+                         vectored: bool = False) -> TreePlan:
     """One plan for a pytree whose leaves are ``Resharding`` records.
 
     ``bucket_bytes``: ``"auto"`` (from latency and bandwidth), a byte count, or
@@ -141,7 +142,13 @@ def plan_resharding_tree(tree, *, cluster: ClusterSpec, strategy: str = "broadca
     (a weight sync that runs every step plans once). ``max_inflight_bytes``: the memory
     budget the executor will run the plan under; buckets are then at most half of it and a
     stream of large slices aims at half of it (``coalesce.bucket_within``,
-    ``stream_bytes_within``).
+    ``stream_bytes_within``). ``vectored``: the executor's transport sends a bucket's parts
+    from where they lie and receives them where they belong (``runtime.backend.Backend.vectored``:
+    one gathered message, nothing packed or unpacked), so no bucket is cut into ramped
+    chunks to overlap a packing that does not happen (``ramp_up``), nor the last one into
+    halving transfers (``ramp_down``): each piece would only add a message's fixed cost
+    (``benchmarks/user_script.py``: 10 x 256 KiB moves faster than JAX's ``device_put``
+    without them, slower with the halving pieces).
     """
     if not is_choice(strategy, TREE_STRATEGIES):
         raise InvalidOptionError(f"strategy {strategy!r} is not available for trees; choose one of "
@@ -152,7 +159,8 @@ def plan_resharding_tree(tree, *, cluster: ClusterSpec, strategy: str = "broadca
     bucket = bucket_within(bucket_option(bucket_bytes, cluster), max_inflight_bytes)
     flat = tree_flatten(tree)
     store = cache_for(cache)
-    options = (cluster, strategy, loadbalance, bucket, chunks, seed, dfs_budget_s, stream)
+    vectored = bool(vectored)
+    options = (cluster, strategy, loadbalance, bucket, chunks, seed, dfs_budget_s, stream, vectored)
     same = None
     if store is not None:  # the very leaves of an earlier call: recognised by identity
         same = IdentityKey(tuple(move for _, move in flat), ("tree", tuple(path for path, _ in flat)) + options)
@@ -171,7 +179,7 @@ def plan_resharding_tree(tree, *, cluster: ClusterSpec, strategy: str = "broadca
         raise InvalidOptionError("the tree has no leaves")
     moves = tuple(move_key(leaf.resharding) for leaf in leaves)
     key = HashedKey(("tree", tuple((leaf.path, m) for leaf, m in zip(leaves, moves)), cluster_key(cluster), strategy,
-                     loadbalance, bucket, chunks, seed, dfs_budget_s, stream))
+                     loadbalance, bucket, chunks, seed, dfs_budget_s, stream, vectored))
     if store is not None:
         hit = store.get(key)
         if hit is not None:
@@ -182,7 +190,8 @@ def plan_resharding_tree(tree, *, cluster: ClusterSpec, strategy: str = "broadca
         per_leaf, layouts = _decompose_leaves(leaves, moves)
         bounds = LowerBounds(None, cluster, [(per_leaf[first], len(same)) for first, same in layouts.items()])
         plan = plan_for(strategy, lambda s: _plan_tree(leaves, per_leaf, bounds, cluster, s, loadbalance, bucket,
-                                                       chunks, seed, dfs_budget_s, stream, layouts), bounds)
+                                                       chunks, seed, dfs_budget_s, stream, layouts, vectored),
+                        bounds)
     if store is not None:
         store.put(key, plan)
         store.alias(raw, key)
@@ -237,7 +246,8 @@ def _leaf(path: str, move, cluster: ClusterSpec) -> Leaf:
 
 def _plan_tree(leaves: tuple[Leaf, ...], per_leaf: tuple[tuple[UnitTask, ...], ...], bounds: LowerBounds,
                cluster, strategy, loadbalance, bucket, chunks, seed, dfs_budget_s,
-               stream: int = MAX_INFLIGHT_BYTES, layouts: dict[int, list[int]] | None = None) -> TreePlan:
+               stream: int = MAX_INFLIGHT_BYTES, layouts: dict[int, list[int]] | None = None,
+               vectored: bool = False) -> TreePlan:
     """One strategy's plan of the leaves, whose unit tasks ``per_leaf`` are already known;
     ``layouts`` (``_decompose_leaves``): leaves with one move share their jobs, made once
     (jobs depend only on the task, the strategy, the cluster and ``chunks``)."""
@@ -259,8 +269,8 @@ def _plan_tree(leaves: tuple[Leaf, ...], per_leaf: tuple[tuple[UnitTask, ...], .
         jobs, job_leaf, members = pack_jobs(jobs, job_leaf, bucket, cluster, chunks, stream)
     jobs, job_leaf, members = group_jobs(jobs, job_leaf, members, cluster)
     sched = balancing.balance(jobs, loadbalance, seed=seed, dfs_budget_s=dfs_budget_s)
-    transfers = ramp_down(ramp_up(build_transfers(jobs, job_leaf, members, per_leaf, sched, cluster), cluster),
-                          cluster)
+    transfers = build_transfers(jobs, job_leaf, members, per_leaf, sched, cluster)
+    transfers = transfers if vectored else ramp_down(ramp_up(transfers, cluster), cluster)
     return TreePlan(leaves, per_leaf, tuple(transfers), cluster, strategy, sched.mode, bucket,
                     sched.makespan, bounds.bandwidth(strategy), bounds.latency_aware(strategy),
                     host_operations(transfers, cluster))
