@@ -278,7 +278,9 @@ def main(argv=None) -> int:
                    "--out's results.json")
     p.add_argument("--real-nic", default="1gbit", help="NIC rate of the emulated hosts (default 1gbit)")
     p.add_argument("--repeat", type=int, default=3, help="timed real runs per case, after one warm-up (default 3)")
-    p.add_argument("--out", default=str(ROOT / "benchmarks/results/frontier"))
+    p.add_argument("--out", default="benchmarks/results/frontier",
+                   help="where results.md/.json/.png go, relative to the working directory "
+                   "(default benchmarks/results/frontier)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = p.parse_args(argv)
     if args.worker:

@@ -377,7 +377,8 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=3, help="timed runs per method (after one warm-up)")
     p.add_argument("--budget-mb", type=float, default=256, help="max_inflight_bytes of the planned sync, MiB")
     p.add_argument("--methods", default=",".join(METHODS))
-    p.add_argument("--out", default=str(ROOT / "benchmarks/results/emulated/weight_sync_scale"))
+    p.add_argument("--out", default="benchmarks/results/emulated/weight_sync_scale",
+                   help="where results.* go, relative to the working directory")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = p.parse_args(argv)
     if args.worker:

@@ -47,6 +47,7 @@ CI_SIZED = [  # (pattern of the argv, options appended)
     (re.compile(r"benchmarks/planner_speed\.py"), ["--repeat", "1"]),
     (re.compile(r"benchmarks/compute_on_zeros\.py"), ["--repeat", "1", "--width", "32"]),
     (re.compile(r"benchmarks/user_script\.py"), ["--max-total-mib", "2", "--repeat", "1"]),  # the sweep: minutes
+    (re.compile(r"benchmarks/frontier_sync\.py"), ["--tiny"]),  # six frontier models planned cold: a minute
     (re.compile(r"alpa_comm\.cli train\b"),  # auto's calibration and trial rounds at the default size: a minute
      ["--stages", "2", "--width", "16", "--seq", "8", "--microbatches", "4", "--steps", "2"]),
 ]
@@ -184,5 +185,15 @@ def test_a_shown_command_runs_as_written(tmp_path, doc, line, argv):
                                               "stage 1: RECV_F0 F0 B0 SEND_B0 RECV_F1 F1 B1 SEND_B1\n")
     env = {k: v for k, v in os.environ.items() if k != "ALPA_COMM_PLAN_CACHE"}
     env["PYTHONPATH"] = str(ROOT)
+    before = committed_results()
     done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, f"{doc}: {line}\n{done.stderr[-2000:]}"
+    changed = sorted(p for p, stamp in committed_results().items() if before.get(p) != stamp)
+    assert not changed, (f"{doc}: {line} rewrote committed results {changed}: a script's default --out must be "
+                         "relative to the working directory (the test runs it in a scratch folder)")
+
+
+def committed_results() -> dict:
+    """(size, mtime) of every file under benchmarks/results: what the docs' numbers are checked against."""
+    return {str(p.relative_to(ROOT)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in (ROOT / "benchmarks/results").rglob("*") if p.is_file()}
