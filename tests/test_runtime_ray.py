@@ -88,6 +88,18 @@ def test_reshard_tree(cluster):
         cluster.reshard_tree(arrays, {"w": Placement("1x2@2", "RS1")})
 
 
+def test_reshard_tree_of_a_long_list_keeps_each_leaf_its_own(cluster):
+    """A flat list of more than ten leaves of different shapes: leaf i of the plan is array
+    i of the list (its paths sort "/10" before "/2" as text), every result bit-exact."""
+    from alpa_comm.resharding.tree import Placement
+    rng = np.random.default_rng(4)
+    xs = [rng.standard_normal((4 + 2 * i, 3 + i % 2, 2)).astype(np.float32) for i in range(12)]
+    arrays = [cluster.put(x, "2x2@0,1", "S0RR") for x in xs]
+    out = cluster.reshard_tree(arrays, [Placement("1x2@2", "RRS1") for _ in xs])
+    assert [leaf.shape for leaf in cluster.last.plan.leaves] == [x.shape for x in xs]
+    assert all(np.array_equal(o.gather(), x) for o, x in zip(out, xs))
+
+
 @pytest.mark.parametrize("hosts", [[0, 1, 2, 3], [1, 3]])
 def test_gloo_allreduce_is_the_mean_and_matches_the_ring(cluster, hosts):
     import ray

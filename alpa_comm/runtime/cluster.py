@@ -207,19 +207,22 @@ class Cluster(ClusterLaunchers):
     def plan_tree(self, arrays, placements, strategy: str = "broadcast", loadbalance: str = "auto",
                   bucket_bytes="auto", chunks: int | None = None, seed: int = 0):
         """The tree plan ``reshard_tree`` would run (validates everything, moves nothing)."""
-        from ..resharding.tree import plan_resharding_tree, tree_flatten  # noqa: PLC0415
+        from ..resharding.tree import plan_resharding_tree, tree_flatten, tree_unflatten  # noqa: PLC0415
 
         src = tree_flatten(arrays)
         dst = tree_flatten(placements)
         if [p for p, _ in src] != [p for p, _ in dst]:
             raise InvalidArgumentError(f"arrays and placements differ in structure: {[p for p, _ in src][:4]} vs "
                                        f"{[p for p, _ in dst][:4]}")
-        layouts = {}
+        moves = []
         for (path, a), (_, pl) in zip(src, dst):
             if not isinstance(a, DistributedArray) or not isinstance(pl, Placement):
                 raise InvalidArgumentError(f"{path}: expected a DistributedArray and a Placement, got "
                                            f"{type(a).__name__} and {type(pl).__name__}")
-            layouts[path] = Resharding(a.shape, a.dtype, a.placement, Placement(self._mesh(pl.mesh), pl.spec))
+            moves.append(Resharding(a.shape, a.dtype, a.placement, Placement(self._mesh(pl.mesh), pl.spec)))
+        # the moves in the arrays' own structure: plan leaf i is flattened array i, with its
+        # path (a dict keyed by the paths would sort "/10" before "/2" and mismatch a list)
+        layouts = tree_unflatten(arrays, moves)
         return plan_resharding_tree(layouts, cluster=self.spec, strategy=strategy, loadbalance=loadbalance,
                                     bucket_bytes=bucket_bytes, chunks=chunks, seed=seed)
 
