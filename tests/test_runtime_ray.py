@@ -121,3 +121,4 @@ def test_gloo_allreduce_is_the_mean_and_matches_the_ring(cluster, hosts):
         for method in got:
             for _, out in got[method]:
                 np.testing.assert_allclose(out[i], mean, rtol=1e-6, atol=1e-6)
+

@@ -4,6 +4,7 @@ into one gloo group. Kept apart from ``cluster.py`` (what a started cluster
 does: arrays, reshardings, waiting)."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from .._extras import require
@@ -64,7 +65,8 @@ class ClusterLaunchers:
                  resources={host_resource(h): 1 for h in range(num_hosts)},
                  include_dashboard=False, log_to_driver=False, configure_logging=False)
         try:
-            return cls._start(spec, timeout, ifname="lo", network=None)
+            return cls._start(spec, timeout, ifname="lo", network=None,
+                              measure_intra="intra_host_gbps" not in cluster_kw)
         except BaseException:
             ray.shutdown()
             raise
@@ -85,7 +87,8 @@ class ClusterLaunchers:
         spec = ClusterSpec(num_hosts=len(nodes), devices_per_host=devices_per_host, **cluster_kw)
         strategies = [NodeAffinitySchedulingStrategy(n["NodeID"], soft=False) for n in nodes]
         try:
-            return cls._start(spec, timeout, ifname=None, network=None, strategies=strategies, owns_ray=False)
+            return cls._start(spec, timeout, ifname=None, network=None, strategies=strategies, owns_ray=False,
+                              measure_intra="intra_host_gbps" not in cluster_kw)
         except BaseException:
             ray.shutdown()
             raise
@@ -128,9 +131,9 @@ class ClusterLaunchers:
             ray_nodes.wait_for_hosts(network.num_hosts)
             spec = emulated_spec(network.num_hosts, devices_per_host, network.rate, **cluster_kw)
             cluster = cls._start(spec, timeout, ifname=None, network=network if owns_network else None,
-                                 emulated=True)
+                                 emulated=True, measure_intra="intra_host_gbps" not in cluster_kw)
             cluster._saved_env = saved_env
-            ray_nodes.say(log, f"alpa-comm: emulated cluster ready: {spec.describe()}")
+            ray_nodes.say(log, f"alpa-comm: emulated cluster ready: {cluster.spec.describe()}")
             return cluster
         except BaseException:
             if ray.is_initialized():
@@ -140,7 +143,11 @@ class ClusterLaunchers:
 
     @classmethod
     def _start(cls, spec: ClusterSpec, timeout: float, ifname, network, strategies=None,
-               owns_ray: bool = True, emulated: bool = False) -> "ClusterLaunchers":
+               owns_ray: bool = True, emulated: bool = False, measure_intra: bool = True) -> "ClusterLaunchers":
+        """Start one worker per host and join them into the gloo group; ``measure_intra``
+        (the user gave no ``intra_host_gbps``): plan with the slowest host's measured
+        device-to-device copy rate (``HostWorker.copy_gbps``) instead of the spec's
+        NVLink-class default, which on CPU hosts is hundreds of times too fast."""
         ray = require("ray")  # the extra to install named when absent
 
         actor = ray.remote(cls.worker_class)
@@ -157,6 +164,10 @@ class ClusterLaunchers:
         try:
             cluster._wait([(w.ping.remote(), h) for h, w in enumerate(workers)], "starting its worker",
                           timeout=max(120.0, timeout))
+            if measure_intra:
+                rates = cluster._wait([(w.copy_gbps.remote(), h) for h, w in enumerate(workers)],
+                                      "measuring its copy rate")
+                cluster.spec = dataclasses.replace(spec, intra_host_gbps=round(min(rates), 1))
             addr, port = ray.get(workers[0].address.remote(), timeout=timeout)
             cluster._wait([(w.connect.remote(addr, port, timeout), h) for h, w in enumerate(workers)],
                           "joining the gloo group")

@@ -24,6 +24,11 @@ TRANSPORTS = tuple(t.value for t in (Transport.GLOO, Transport.TCP))
 ``Transport`` names, as plain ``str`` (command-line choices, ``validation.one_of``)."""
 
 
+COPY_PROBE_BYTES = 32 * 1024 * 1024
+"""Bytes ``HostWorker.copy_gbps`` copies: large enough to leave the caches, small enough
+to take milliseconds."""
+
+
 def free_port(addr: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((addr, 0))
@@ -84,6 +89,20 @@ class HostWorker:
 
     def ping(self) -> int:
         return self.host
+
+    def copy_gbps(self, nbytes: int = COPY_PROBE_BYTES, repeats: int = 3) -> float:
+        """Gbit/s of this host's device-to-device copy: on CPU a NumPy copy into freshly
+        allocated memory (page faults included), as the executor's intra-host copies
+        land in new destination buffers. The planner's chunk count weighs the last
+        host's copies to its other devices against the wire; a spec's NVLink-class
+        default there makes it pick a few large chunks whose copies then trail the wire."""
+        src = np.ones(nbytes // 8, dtype=np.float64)
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            np.copyto(np.empty_like(src), src)
+            best = min(best, time.perf_counter() - t0)
+        return nbytes * 8 / max(best, 1e-9) / 1e9
 
     def run(self, fn, *args):
         """``fn(worker, *args)`` in this host's process: tools and benchmarks that need the
