@@ -254,6 +254,17 @@ def _buffers(backend: str, buffers: str | None) -> str:
     return buffers or ("device" if backend == "nccl" else "host")
 
 
+DEFAULT_LATENCY_S = 200e-6
+"""What a group told nothing plans one message to cost beyond its bytes: about what a
+striped message costs the TCP transport's threads end to end (a clear-to-send per
+stripe, a thread hand-off on each side), not the wire's latency. It sizes the buckets
+a tree is packed into (``coalesce.auto_bucket_bytes``: 20 x latency x rate, 20 MB at
+the default 40 Gbit/s) and the chunks of a chain. Measured with
+``benchmarks/user_script.py`` (two processes on loopback, medians of 15): against 50 us,
+the sweep's reshard_tree times were 0.62-0.92x at 64 KiB to 4 MiB leaves (100 x 1 MiB:
+49 -> 31 ms) and 20 us cut few-leaf trees into buckets too small to keep the wire busy."""
+
+
 def _check_rank(rank, world_size) -> None:
     if not (is_int(world_size) and world_size >= 1 and is_int(rank) and 0 <= rank < world_size):
         raise InvalidOptionError(f"rank {rank!r} must be in [0, world_size) with world_size {world_size!r} >= 1")
@@ -285,7 +296,8 @@ class ProcessGroup:
     ``buffers``/``backend``: see the module's docstring; ``timeout``: every wait's bound."""
 
     def __init__(self, rank: int, world_size: int, address: str | None = None, backend: str = DEFAULT_BACKEND,
-                 timeout: float = DEFAULT_TIMEOUT_S, nic_gbps: float | None = None, latency_s: float = 50e-6,
+                 timeout: float = DEFAULT_TIMEOUT_S, nic_gbps: float | None = None,
+                 latency_s: float = DEFAULT_LATENCY_S,
                  buffers: str | None = None, streams: int | str = "auto", stream_gbps: float = DEFAULT_STREAM_GBPS,
                  recycle_bytes: int = DEFAULT_MAX_FREE_BYTES, _kv=None, _name: str = "group"):
         if not is_choice(backend, BACKENDS):
@@ -307,9 +319,7 @@ class ProcessGroup:
         self.rank, self.world_size, self.timeout, self.nic_gbps = rank, world_size, float(timeout), nic_gbps
         self.streams = streams_for(streams, nic_gbps, stream_gbps)
         self.pool = BufferPool(recycle_bytes)  # destination memory recycled across calls
-        # what one message costs beyond its bytes (sets chunk and bucket sizes); the default is
-        # about what the TCP transport's threads add to a message, measured with
-        # benchmarks/user_script.py (20 us cut few-leaf trees into too small buckets)
+        # what one message costs beyond its bytes (sets chunk and bucket sizes; DEFAULT_LATENCY_S)
         self.latency_s = float(latency_s)
         self.address, self.name = address, _name
         self._subgroups: dict[tuple[int, ...], Backend] = {}
