@@ -47,6 +47,7 @@ CI_SIZED = [  # (pattern of the argv, options appended)
     (re.compile(r"benchmarks/planner_speed\.py"), ["--repeat", "1"]),
     (re.compile(r"benchmarks/compute_on_zeros\.py"), ["--repeat", "1", "--width", "32"]),
     (re.compile(r"benchmarks/user_script\.py"), ["--max-total-mib", "2", "--repeat", "1"]),  # the sweep: minutes
+    (re.compile(r"benchmarks/fixed_costs\.py"), ["--points", "10x16,20x16", "--repeat", "1"]),
     (re.compile(r"benchmarks/frontier_sync\.py"), ["--tiny"]),  # six frontier models planned cold: a minute
     (re.compile(r"alpa_comm\.cli train\b"),  # auto's calibration and trial rounds at the default size: a minute
      ["--stages", "2", "--width", "16", "--seq", "8", "--microbatches", "4", "--steps", "2"]),
