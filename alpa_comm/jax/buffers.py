@@ -151,7 +151,7 @@ class ProgressivePlacer(Placer):
         self.out: list = [None] * len(leaves)
         self.public = False  # the private path failed: place everything at the end
         self._lock = threading.Lock()
-        self._placing: list = []  # futures of the batches handed to the placing thread
+        self._placing: list = []  # (future, leaves) of the batches handed to the placing thread
         # the caller's own kept placing thread (``done`` runs on the transfers' threads)
         self._pool = kept_threads("place", 1, "alpa-comm-place")
         self._closed = False
@@ -165,7 +165,7 @@ class ProgressivePlacer(Placer):
                     ready.append(i)
             if not ready or self.public or self._closed:
                 return
-            self._placing.append(self._pool.submit(self._place, ready))
+            self._placing.append((self._pool.submit(self._place, ready), ready))
 
     def _place(self, batch: list[int]) -> None:
         for i in batch:
@@ -188,8 +188,11 @@ class ProgressivePlacer(Placer):
             self._closed = True
 
     def results(self) -> list:
-        for f in self._placing:
-            f.result()
+        for f, batch in self._placing:
+            if f.cancel():  # not begun: adopted here, without waking the placing thread (and this one after)
+                self._place(batch)
+            else:
+                f.result()
         for i, got in enumerate(self.out):
             if got is None and not self.public:
                 self._adopt(i)

@@ -164,6 +164,8 @@ class _Stream:
         self.ready = threading.Condition()  # guards ``sends``, ``cleared`` and ``stopping``
         self.cleared: dict[int, int] = {}  # tag -> clear-to-sends that came and no send took yet
         self.stopping = False
+        self.writing = False  # a thread is writing a message (guarded by ``ready``): nobody else may
+        self.carry: tuple | None = None  # (op, views left) a thread began without blocking: finish first
         self.posted: dict[int, deque] = {}
         self.early: dict[int, deque] = {}  # tag -> messages that arrived before their receive
         self.error: str | None = None
@@ -181,15 +183,64 @@ class _Stream:
         if self.error is not None:
             op.fail(self.error)
             return op
-        self._queue(op)
+        self._post(op)
         if self.error is not None:  # the stream failed while this was queued: fail it now
             self._fail_queued()
         return op
 
-    def _queue(self, op: _Op) -> None:
+    def _post(self, op: _Op) -> None:
+        """Write ``op`` from the calling thread where the stream is idle and ``op`` may go now
+        (``_write_now``: never blocking), else queue it for the sending thread. Why: every
+        hand-off to another thread is a wake-up, 0.1-1 ms on a virtual machine's idle core,
+        and a small call's messages are mostly hand-offs."""
         with self.ready:
-            self.sends.append(op)
-            self.ready.notify()
+            if self.sends or self.writing or self.carry is not None or self.stopping or not self._may_go(op):
+                self.sends.append(op)
+                self.ready.notify()
+                return
+            self.writing = True
+        self._write_now(op, [memoryview(HEADER.pack(op.tag, CTS if op.control else op.nbytes))] + op.views)
+
+    def _may_go(self, op: _Op) -> bool:
+        """(Under ``ready``.) A clear-to-send or an eager send may go; a rendezvous send once
+        its clear-to-send came (taking it)."""
+        if op.control or not op.waits:
+            return True
+        if self.cleared.get(op.tag):
+            self.cleared[op.tag] -= 1
+            if not self.cleared[op.tag]:
+                del self.cleared[op.tag]
+            return True
+        return False
+
+    def _write_now(self, op: _Op, views: list) -> None:
+        """(Holding ``writing``.) As much of ``views`` as the socket takes without blocking,
+        from this thread; what is left the sending thread writes before anything else
+        (``carry``), so no thread that posts or reads ever waits on the wire."""
+        views = [v for v in views if len(v)]
+        try:
+            if self.error is not None:
+                raise OSError(self.error)
+            try:
+                n = self.sock.sendmsg(views[:IOV_BATCH], [], socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                n = 0
+        except Exception as e:  # noqa: BLE001 - the stream is unusable; never leave ``writing`` held
+            with self.ready:
+                self.writing = False
+                self.ready.notify()
+            self._fail(f"the connection to host {self.peer} broke while sending ({e})")
+            op.fail(self.error or str(e))
+            return
+        i = _advance(views, 0, n)
+        with self.ready:
+            self.writing = False
+            if i < len(views):
+                self.carry = (op, views[i:])
+            if self.carry is not None or self.sends:
+                self.ready.notify()
+        if i == len(views):
+            op.done.set()
 
     def recv(self, tag: int, buf, rendezvous: bool = False) -> _Op:
         try:
@@ -198,6 +249,7 @@ class _Stream:
             raise CommunicationError(f"host {self.owner}: receiving from host {self.peer} with tag {tag}: "
                                      f"{e}") from None
         op = _Op(tag, views, int(buf.nbytes))
+        clear, data = False, None
         with self.lock:
             waiting = self.early.get(tag)
             if not waiting:
@@ -205,13 +257,15 @@ class _Stream:
                     op.fail(self.error)
                 else:
                     self.posted.setdefault(tag, deque()).append(op)
-                    if rendezvous and op.nbytes >= RENDEZVOUS_MIN_BYTES:  # its sender waits for this
-                        self._queue(_Op(tag, [], 0, control=True))
-                return op
-            data = waiting.popleft()
-            if not waiting:
-                del self.early[tag]
-        self._deliver_copy(op, data)
+                    clear = rendezvous and op.nbytes >= RENDEZVOUS_MIN_BYTES  # its sender waits for this
+            else:
+                data = waiting.popleft()
+                if not waiting:
+                    del self.early[tag]
+        if clear:
+            self._post(_Op(tag, [], 0, control=True))
+        if data is not None:
+            self._deliver_copy(op, data)
         return op
 
     def forget(self, op: _Op) -> None:
@@ -232,7 +286,7 @@ class _Stream:
                 pass
 
     # ----------------------------------------------------------------- threads
-    def _next_send(self) -> _Op | None:
+    def _next_send(self) -> tuple | None:
         """The oldest queued send that may go now (a clear-to-send, an eager send, or a
         rendezvous send whose clear-to-send came), waiting until there is one; None once
         the stream stops. A send never passes an older one with its own tag (messages of
@@ -241,45 +295,68 @@ class _Stream:
             while True:
                 if self.stopping:
                     return None
-                held: set[int] = set()  # tags of the waiting sends passed over
-                for i, op in enumerate(self.sends):
-                    if op.cancelled or op.control:
-                        break
-                    if op.tag in held:
-                        continue
-                    if not op.waits:
-                        break
-                    if self.cleared.get(op.tag):
-                        self.cleared[op.tag] -= 1
-                        if not self.cleared[op.tag]:
-                            del self.cleared[op.tag]
-                        break
-                    held.add(op.tag)
-                else:
+                if self.writing:  # another thread holds the socket
                     self.ready.wait()
                     continue
+                got = self._pick()
+                if got is None:
+                    self.ready.wait()
+                    continue
+                self.writing = True
+                return got
+
+    def _pick(self) -> tuple | None:
+        """(Under ``ready``, nobody writing.) The message part to write next and its views: a
+        message another thread began, else the oldest queued send that may go now (taken
+        off the queue), and whether it is begun; None if none may."""
+        if self.carry is not None:
+            (op, views), self.carry = self.carry, None
+            return op, views, True
+        held: set[int] = set()  # tags of the waiting sends passed over
+        for i, op in enumerate(self.sends):
+            if op.cancelled or op.control or (op.tag not in held and self._may_go(op)):
                 del self.sends[i]
-                return op
+                return op, [memoryview(HEADER.pack(op.tag, CTS if op.control else op.nbytes))] + op.views, False
+            held.add(op.tag)
+        return None
+
+    def _write_ready(self) -> None:
+        """Write, without blocking, what may go now if nobody is writing (the receiving
+        thread, when a clear-to-send came: no wake-up of the sending thread)."""
+        with self.ready:
+            got = None if self.writing or self.stopping else self._pick()
+            if got is None:
+                return
+            self.writing = True
+        op, views, begun = got
+        if op.cancelled and not begun:
+            with self.ready:
+                self.writing = False
+                self.ready.notify()  # the sending thread takes what else may go
+            return
+        self._write_now(op, views)
 
     def _send_loop(self) -> None:
         name_os_thread(f"tcp-send-{self.peer}.{self.index}")
         while True:
-            op = self._next_send()
-            if op is None:
+            got = self._next_send()
+            if got is None:
                 return
-            if op.cancelled:
-                continue
-            if self.error is not None:
-                op.fail(self.error)
-                continue
+            op, views, begun = got
             try:
-                header = HEADER.pack(op.tag, CTS if op.control else op.nbytes)
-                send_all(self.sock, [memoryview(header)] + op.views)
+                if op.cancelled and not begun:
+                    pass  # given up before it began: skip it
+                elif self.error is not None:
+                    op.fail(self.error)
+                else:
+                    send_all(self.sock, views)
+                    op.done.set()
             except OSError as e:
                 self._fail(f"the connection to host {self.peer} broke while sending ({e})")
                 op.fail(self.error or str(e))
-                continue
-            op.done.set()
+            finally:
+                with self.ready:
+                    self.writing = False
 
     def _recv_loop(self) -> None:
         name_os_thread(f"tcp-recv-{self.peer}.{self.index}")
@@ -293,7 +370,7 @@ class _Stream:
                 if n & CTS:  # our rendezvous send with this tag may go
                     with self.ready:
                         self.cleared[tag] = self.cleared.get(tag, 0) + 1
-                        self.ready.notify()
+                    self._write_ready()
                     continue
                 with self.lock:
                     op = self._take_posted(tag)
@@ -357,6 +434,9 @@ class _Stream:
     def _fail_queued(self) -> None:
         with self.ready:
             queued, self.sends = list(self.sends), deque()
+            if self.carry is not None:
+                queued.append(self.carry[0])
+                self.carry = None
         for op in queued:
             op.fail(self.error)
 
