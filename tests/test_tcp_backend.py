@@ -459,3 +459,51 @@ def test_a_rendezvous_message_waits_for_its_receive_and_lets_others_pass():
         fails_at_once(a.isend(big, 1, 10, rendezvous=True), b.close, "host 0: sending to host 1 failed")
     finally:
         close([a, b])
+
+
+@pytest.mark.parametrize("rendezvous", [False, True])
+def test_threads_posting_at_once_both_ways_with_large_messages_deliver_in_order(tcp_pair, rendezvous):
+    """Several threads on each end post sends at once, both directions, messages up to
+    8 MiB (larger than a socket takes at once: a posting thread writes what it can without
+    blocking and the sending thread finishes it before anything else), receives posted
+    late on their own threads: every message arrives whole, a tag's in the order sent,
+    and no posting thread blocks another's message."""
+    a, b = tcp_pair
+    rng = np.random.default_rng(11 + rendezvous)
+    plans = {}  # (sender, thread) -> [(tag, bytes)]
+    for side in (0, 1):
+        for th in range(3):
+            tag = 1000 + 10 * side + th  # one thread per tag: its order is the order sent
+            plans[(side, th)] = [(tag, rng.integers(0, 256, int(rng.choice([7, 70_000, 3 << 20, 8 << 20])),
+                                                    dtype=np.uint8)) for _ in range(4)]
+    ends = (a, b)
+    handles, got, errors = [], {}, []
+
+    def post_sends(side, th):
+        try:
+            for tag, data in plans[(side, th)]:
+                handles.append(ends[side].isend(data, 1 - side, tag, rendezvous=rendezvous))
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    def post_recvs(side, th):
+        try:
+            time.sleep(0.05)
+            for k, (tag, data) in enumerate(plans[(1 - side, th)]):
+                into = np.zeros_like(data)
+                got[(1 - side, th, k)] = into
+                handles.append(ends[side].irecv(into, 1 - side, tag, rendezvous=rendezvous))
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=f, args=(side, th)) for side in (0, 1) for th in range(3)
+               for f in (post_sends, post_recvs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert not errors
+    for h in list(handles):
+        h.wait(20)
+    for (side, th, k), into in got.items():
+        assert np.array_equal(into, plans[(side, th)][k][1]), (side, th, k)

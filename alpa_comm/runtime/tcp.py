@@ -12,7 +12,12 @@ The protocol, per TCP stream (``streams`` per pair of hosts):
 
 * a message is a header (tag, byte count) and its bytes; one sending thread per stream
   writes queued sends in the order they were posted, so ``isend`` never blocks its
-  caller, and one receiving thread per stream reads messages in arrival order;
+  caller, and one receiving thread per stream reads messages in arrival order; where
+  nothing is queued or being written, the thread that posts a message (or reads the
+  clear-to-send it waited for) writes it itself, as much as the socket takes without
+  blocking, and the sending thread finishes the rest before anything else: a small
+  call's messages then leave without waking another thread (a wake-up is 0.1-1 ms on a
+  virtual machine's idle core);
 * an arriving message goes into the receive posted with its tag (the oldest such, so
   a tag used again in the next call matches in order, as in MPI); a message nobody
   has asked for yet is read into a buffer of its own and copied into the receive once
@@ -139,14 +144,16 @@ class _Op:
     """One posted send or receive on one stream (``waits``: a send that waits for its
     receiver's clear-to-send; ``control``: a clear-to-send this side writes)."""
 
-    __slots__ = ("tag", "views", "nbytes", "done", "error", "cancelled", "waits", "control")
+    __slots__ = ("tag", "views", "nbytes", "done", "error", "cancelled", "waits", "control", "direct")
 
-    def __init__(self, tag: int, views: list, nbytes: int, waits: bool = False, control: bool = False):
+    def __init__(self, tag: int, views: list, nbytes: int, waits: bool = False, control: bool = False,
+                 direct: bool = True):
         self.tag, self.views, self.nbytes = tag, views, nbytes
         self.done = threading.Event()
         self.error: str | None = None
         self.cancelled = False
         self.waits, self.control = waits, control
+        self.direct = direct  # may be written by the thread that posts it or reads its clear-to-send
 
     def fail(self, error: str) -> None:
         self.error = error
@@ -165,7 +172,7 @@ class _Stream:
         self.cleared: dict[int, int] = {}  # tag -> clear-to-sends that came and no send took yet
         self.stopping = False
         self.writing = False  # a thread is writing a message (guarded by ``ready``): nobody else may
-        self.carry: tuple | None = None  # (op, views left) a thread began without blocking: finish first
+        self.carry: tuple | None = None  # (op, views left, begun): the sending thread's next, before the queue
         self.posted: dict[int, deque] = {}
         self.early: dict[int, deque] = {}  # tag -> messages that arrived before their receive
         self.error: str | None = None
@@ -177,9 +184,12 @@ class _Stream:
             t.start()
 
     # ----------------------------------------------------------------- posting
-    def send(self, tag: int, buf, rendezvous: bool = False) -> _Op:
+    def send(self, tag: int, buf, rendezvous: bool = False, direct: bool = True) -> _Op:
+        """Post a send (``direct``: it may be written by the thread that posts it; not the
+        parts of a striped message, which the streams' own threads write side by side)."""
         nbytes = int(buf.nbytes)
-        op = _Op(tag, _views(buf, writable=False), nbytes, waits=rendezvous and nbytes >= RENDEZVOUS_MIN_BYTES)
+        op = _Op(tag, _views(buf, writable=False), nbytes, waits=rendezvous and nbytes >= RENDEZVOUS_MIN_BYTES,
+                 direct=direct)
         if self.error is not None:
             op.fail(self.error)
             return op
@@ -194,7 +204,8 @@ class _Stream:
         hand-off to another thread is a wake-up, 0.1-1 ms on a virtual machine's idle core,
         and a small call's messages are mostly hand-offs."""
         with self.ready:
-            if self.sends or self.writing or self.carry is not None or self.stopping or not self._may_go(op):
+            if (not op.direct or self.sends or self.writing or self.carry is not None or self.stopping
+                    or not self._may_go(op)):
                 self.sends.append(op)
                 self.ready.notify()
                 return
@@ -236,7 +247,7 @@ class _Stream:
         with self.ready:
             self.writing = False
             if i < len(views):
-                self.carry = (op, views[i:])
+                self.carry = (op, views[i:], True)
             if self.carry is not None or self.sends:
                 self.ready.notify()
         if i == len(views):
@@ -310,8 +321,8 @@ class _Stream:
         message another thread began, else the oldest queued send that may go now (taken
         off the queue), and whether it is begun; None if none may."""
         if self.carry is not None:
-            (op, views), self.carry = self.carry, None
-            return op, views, True
+            got, self.carry = self.carry, None
+            return got
         held: set[int] = set()  # tags of the waiting sends passed over
         for i, op in enumerate(self.sends):
             if op.cancelled or op.control or (op.tag not in held and self._may_go(op)):
@@ -329,10 +340,12 @@ class _Stream:
                 return
             self.writing = True
         op, views, begun = got
-        if op.cancelled and not begun:
+        if not op.direct or (op.cancelled and not begun):
             with self.ready:
                 self.writing = False
-                self.ready.notify()  # the sending thread takes what else may go
+                if not op.cancelled:
+                    self.carry = got  # next for the sending thread, as it would have been
+                self.ready.notify()
             return
         self._write_now(op, views)
 
@@ -648,10 +661,11 @@ class TcpBackend(_Subgroup, Backend):
 
     def _post(self, buf, peer: int, tag: int, is_recv: bool, rendezvous: bool = False) -> Handle:
         """One operation per stripe of the message, waited for as one."""
-        handles = []
-        for part, index in self._stripes(buf, tag):
+        handles, stripes = [], self._stripes(buf, tag)
+        for part, index in stripes:
             stream = self._stream(peer, index)
-            op = stream.recv(tag, part, rendezvous) if is_recv else stream.send(tag, part, rendezvous)
+            op = (stream.recv(tag, part, rendezvous) if is_recv
+                  else stream.send(tag, part, rendezvous, direct=len(stripes) == 1))
             handles.append(self._handle(stream, op, "receiving from" if is_recv else "sending to", is_recv))
         return striped_handle(handles)
 
