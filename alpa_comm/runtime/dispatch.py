@@ -227,6 +227,8 @@ class Dispatcher:
             self._bytes += need
         for key in keys:
             self._windows[key].append((t.id, units))
+        for key in self.ex.held_keys(t):  # taken without waiting (``HostExecutor.held_keys``)
+            self._windows.setdefault(key, deque()).append((t.id, units))
         return self._start(t, need)
 
     def _start(self, t: Transfer, need: int) -> bool:

@@ -36,7 +36,7 @@ from ..resharding.admission import MAX_INFLIGHT_BYTES, MAX_PER_RESOURCE, latency
 from ..resharding.kinds import TransferKind, transfer_kind
 from ..resharding.kinds.base import Posted, finish_posted
 from ..resharding.plan import Transfer
-from ..resharding.resources import nic_send
+from ..resharding.resources import nic_receive, nic_send
 from ..spec import Box
 from .backend import STRIPE_MIN_BYTES, Backend, CommunicationError
 from .context import RING_TAG, TransferContext
@@ -475,6 +475,25 @@ class HostExecutor:
         except NotImplementedError:
             return ()
         return keys if nic_send(self.host) in keys else ()
+
+    def held_keys(self, t: Transfer) -> tuple:
+        """The NIC side a transfer this host only receives holds here (``nic_receive``), for
+        the order of what comes after it: it is admitted at once (``resource_keys`` gives it
+        none to wait for) but takes its room in that window, so a later transfer this host
+        relays waits behind it there. Why: a relay admitted while earlier slices still pour
+        into this host posts its receives, its sender starts, and the two share this
+        host's ingress, so the earlier ones end late; the simulator keeps them in plan
+        order (emulated, 1 Gbit/s, EP x FSDP to two replicas: the relayed chain slowed the
+        one before it, 24-29 % past the simulated time)."""
+        kind = self._kind_of(t)
+        if kind is None or latency_bound(t.nbytes, self.options.latency_s, self.options.min_rate):
+            return ()
+        try:
+            keys = tuple(kind.transfer_resources(t, _HostMap(self.host_of)))
+        except NotImplementedError:
+            return ()
+        here = nic_receive(self.host)
+        return (here,) if here in keys and nic_send(self.host) not in keys else ()
 
     def stream_units(self, t: Transfer) -> int:
         """How much of a NIC's window ``t`` takes: one stream, or every stream where its
