@@ -484,3 +484,34 @@ def test_the_executors_read_and_write_primitives_take_the_leaf_always():
                       [{}, {}], ThreadBackend(0, _Hub()), _host_of)
     ctx = TransferContext(ex, _send(0, 0, 2, 0)._replace(leaf=1), None, 0, 1.0)
     assert np.array_equal(ctx.slice_bytes(0, ((0, 4),)).view(np.float32), np.arange(4))
+
+
+def test_a_transfer_a_host_only_receives_holds_its_receive_window_without_waiting():
+    """A chained broadcast's last host only receives: it waits for no window
+    (``resource_keys`` is empty) but takes its room on its receiving NIC (``held_keys``),
+    so a later transfer it forwards waits behind it; a host that sends or forwards holds
+    nothing extra."""
+    from alpa_comm.runtime.executor import ExecutorOptions
+    from alpa_comm.resharding.resources import nic_receive, nic_send
+
+    class Stub:
+        rendezvous, streams, vectored = False, 1, False
+
+    cluster = ClusterSpec(num_hosts=3, devices_per_host=1)
+    plan = plan_resharding((1 << 22,), "float32", "1x1@0", "R", "2x1@1-2", "R", cluster=cluster,
+                           strategy="broadcast")
+    host_of = cluster.host_of
+    seen_held = 0
+    for h in range(3):
+        ex = HostExecutor(h, [None], [{}], [{}], Stub(), host_of, options=ExecutorOptions(latency_s=20e-6))
+        for t in plan.transfers:
+            hosts = {host_of(t.sender)} | {host_of(r) for r in t.receivers}
+            if h not in hosts:
+                continue
+            waits, held = ex.resource_keys(t), ex.held_keys(t)
+            if waits:
+                assert nic_send(h) in waits and held == ()
+            else:
+                assert held == (nic_receive(h),) and host_of(t.sender) != h
+                seen_held += 1
+    assert seen_held, "no host only received"
