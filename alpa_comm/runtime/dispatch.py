@@ -217,7 +217,7 @@ class Dispatcher:
         """Admit transfer ``i`` of the run; False once the run has failed."""
         ahead.submit_from(i)
         need = self.ex.buffer_bytes(t, ahead.packs(i))
-        keys, units = self.ex.resource_keys(t), self.ex.stream_units(t)
+        (keys, held), units = self.ex.window_keys(t), self.ex.stream_units(t)
         self._await_window(keys, units)
         self._await_room(need)
         with self._cond:
@@ -227,7 +227,7 @@ class Dispatcher:
             self._bytes += need
         for key in keys:
             self._windows[key].append((t.id, units))
-        for key in self.ex.held_keys(t):  # taken without waiting (``HostExecutor.held_keys``)
+        for key in held:  # taken without waiting (``HostExecutor.held_keys``)
             self._windows.setdefault(key, deque()).append((t.id, units))
         return self._start(t, need)
 

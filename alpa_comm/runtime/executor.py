@@ -467,14 +467,7 @@ class HostExecutor:
         ``NotImplementedError``) is admitted outside the windows rather than failing the
         run. Anything else it raises is a fault of the kind or the plan (a device no host
         holds), and is raised: the run's failure, not an order silently dropped."""
-        kind = self._kind_of(t)
-        if kind is None or latency_bound(t.nbytes, self.options.latency_s, self.options.min_rate):
-            return ()
-        try:
-            keys = tuple(kind.transfer_resources(t, _HostMap(self.host_of)))
-        except NotImplementedError:
-            return ()
-        return keys if nic_send(self.host) in keys else ()
+        return self.window_keys(t)[0]
 
     def held_keys(self, t: Transfer) -> tuple:
         """The NIC side a transfer this host only receives holds here (``nic_receive``), for
@@ -485,15 +478,22 @@ class HostExecutor:
         host's ingress, so the earlier ones end late; the simulator keeps them in plan
         order (emulated, 1 Gbit/s, EP x FSDP to two replicas: the relayed chain slowed the
         one before it, 24-29 % past the simulated time)."""
+        return self.window_keys(t)[1]
+
+    def window_keys(self, t: Transfer) -> tuple[tuple, tuple]:
+        """(``resource_keys(t)``, ``held_keys(t)``) from one look at ``t``'s resources: the
+        keys ``t`` waits for room on here, and those it takes without waiting."""
         kind = self._kind_of(t)
         if kind is None or latency_bound(t.nbytes, self.options.latency_s, self.options.min_rate):
-            return ()
+            return (), ()
         try:
             keys = tuple(kind.transfer_resources(t, _HostMap(self.host_of)))
         except NotImplementedError:
-            return ()
+            return (), ()
+        if nic_send(self.host) in keys:
+            return keys, ()
         here = nic_receive(self.host)
-        return (here,) if here in keys and nic_send(self.host) not in keys else ()
+        return (), ((here,) if here in keys else ())
 
     def stream_units(self, t: Transfer) -> int:
         """How much of a NIC's window ``t`` takes: one stream, or every stream where its
