@@ -155,6 +155,10 @@ class _Op:
         self.waits, self.control = waits, control
         self.direct = direct  # may be written by the thread that posts it or reads its clear-to-send
 
+    def wire_views(self) -> list:
+        """Its header (tag, and its byte count or ``CTS``) and its bytes, as written."""
+        return [memoryview(HEADER.pack(self.tag, CTS if self.control else self.nbytes))] + self.views
+
     def fail(self, error: str) -> None:
         self.error = error
         self.done.set()
@@ -210,7 +214,7 @@ class _Stream:
                 self.ready.notify()
                 return
             self.writing = True
-        self._write_now(op, [memoryview(HEADER.pack(op.tag, CTS if op.control else op.nbytes))] + op.views)
+        self._write_now(op, op.wire_views())
 
     def _may_go(self, op: _Op) -> bool:
         """(Under ``ready``.) A clear-to-send or an eager send may go; a rendezvous send once
@@ -327,7 +331,7 @@ class _Stream:
         for i, op in enumerate(self.sends):
             if op.cancelled or op.control or (op.tag not in held and self._may_go(op)):
                 del self.sends[i]
-                return op, [memoryview(HEADER.pack(op.tag, CTS if op.control else op.nbytes))] + op.views, False
+                return op, op.wire_views(), False
             held.add(op.tag)
         return None
 
