@@ -32,7 +32,11 @@ class ClusterSpec:
     ``nic_send_gbps``/``nic_recv_gbps``/``nics_per_host`` may be one number or a
     list with one value per host. ``intra_host_gbps`` may be ``inf`` (an ideal
     intra-host link, as the paper's analysis assumes). ``latency_s`` is paid
-    once per message.
+    once per message. ``chunk_gap_s``: what a chunk costs beyond its bytes when it follows
+    other chunks already posted on the same stream (a chain broadcast's later chunks);
+    None: ``cost_model.PIPELINED_GAP_SHARE`` of ``latency_s``. A transport whose per-message
+    cost does not overlap on a busy stream declares more (``runtime.backend.Backend
+    .chunk_gap_share``; ``alpa_comm.jax`` groups pass it).
     """
 
     num_hosts: int
@@ -42,6 +46,7 @@ class ClusterSpec:
     nics_per_host: int | Sequence[int] = 1
     intra_host_gbps: float = 1200.0
     latency_s: float = 20e-6
+    chunk_gap_s: float | None = None
     _send: tuple[float, ...] = field(init=False, repr=False, compare=False)
     _recv: tuple[float, ...] = field(init=False, repr=False, compare=False)
     _slowest: float = field(init=False, repr=False, compare=False)
@@ -56,6 +61,10 @@ class ClusterSpec:
         _per_host("intra_host_gbps", self.intra_host_gbps, 1, allow_inf=True)
         if not isinstance(self.latency_s, (int, float)) or self.latency_s < 0 or math.isnan(self.latency_s):
             raise InvalidClusterError(f"latency_s must be >= 0, got {self.latency_s!r}")
+        gap = self.chunk_gap_s
+        if gap is not None and (isinstance(gap, bool) or not isinstance(gap, (int, float)) or gap < 0
+                                or math.isnan(gap)):
+            raise InvalidClusterError(f"chunk_gap_s must be None or >= 0, got {gap!r}")
         object.__setattr__(self, "_send", tuple(s * k * 1e9 / 8 for s, k in zip(send, nics)))
         object.__setattr__(self, "_recv", tuple(r * k * 1e9 / 8 for r, k in zip(recv, nics)))
         object.__setattr__(self, "_slowest", min(min(self._send), min(self._recv)))
@@ -97,15 +106,19 @@ class ClusterSpec:
         recv = "" if self.nic_recv_gbps is None else f"/{fmt(self.nic_recv_gbps)}"
         return (f"{self.num_hosts} hosts x {self.devices_per_host} devices, NIC {fmt(self.nic_send_gbps)}{recv} Gbit/s"
                 f" x{fmt(self.nics_per_host)}, intra-host {self.intra_host_gbps:g} Gbit/s, "
-                f"latency {self.latency_s * 1e6:g} us")
+                f"latency {self.latency_s * 1e6:g} us"
+                + ("" if self.chunk_gap_s is None else f", chunk gap {self.chunk_gap_s * 1e6:g} us"))
 
     def to_dict(self) -> dict:
-        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in (
+        d = {k: (list(v) if isinstance(v, tuple) else v) for k, v in (
             ("num_hosts", self.num_hosts), ("devices_per_host", self.devices_per_host),
             ("nic_send_gbps", self.nic_send_gbps), ("nic_recv_gbps", self.nic_recv_gbps),
             ("nics_per_host", self.nics_per_host),
             ("intra_host_gbps", None if math.isinf(self.intra_host_gbps) else self.intra_host_gbps),
             ("latency_s", self.latency_s))}
+        if self.chunk_gap_s is not None:  # only where declared: plans written before read the same
+            d["chunk_gap_s"] = self.chunk_gap_s
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "ClusterSpec":

@@ -165,3 +165,49 @@ def test_a_chunk_gap_is_a_share_of_the_message_latency():
     assert pipelined_gap(350e-6) == pytest.approx(cost_model.PIPELINED_GAP_SHARE * 350e-6)
     assert pipelined_gap(0.0) == 0.0
     assert math.isfinite(pipelined_gap(1.0))
+
+
+@settings(max_examples=60, deadline=None)
+@given(nbytes=st.integers(MIB, 512 * MIB), rate=nic_rates, lat=latencies, receivers=st.integers(2, 6),
+       share=st.sampled_from([0.0, 0.25, 0.5, 1.0, 2.0]))
+def test_a_declared_chunk_gap_sets_the_chain_chunk_count(nbytes, rate, lat, receivers, share):
+    """A cluster's ``chunk_gap_s`` is the gap the broadcast's chunk count is chosen by
+    (None: the cost model's share of the latency), and a larger gap never asks for more
+    chunks."""
+    gbps = rate * 8 / 1e9
+    dst = f"{receivers}x1@" + ",".join(map(str, range(1, receivers + 1)))
+
+    def chunks(gap):
+        spec = ClusterSpec(num_hosts=receivers + 1, devices_per_host=1, nic_send_gbps=gbps, latency_s=lat,
+                           chunk_gap_s=gap)
+        plan = plan_resharding((nbytes // 4,), "float32", "1x1@0", "R", dst, "R", cluster=spec,
+                               strategy="broadcast", cache=False)
+        return max(t.chunks for t in plan.transfers)
+
+    rates = [rate] * receivers
+    declared = share * lat
+    want = auto_chunks(nbytes // 4 * 4, rates, lat, gap=declared)
+    assert chunks(declared) == max(1, min(want, nbytes // 4, MAX_AUTO_CHUNKS))
+    assert chunks(None) == chunks(pipelined_gap(lat))
+    assert chunks(2 * declared + 1e-4) <= chunks(declared)
+
+
+def test_a_cluster_states_a_declared_chunk_gap_and_refuses_a_bad_one():
+    spec = ClusterSpec(num_hosts=2, devices_per_host=1, latency_s=1e-3, chunk_gap_s=5e-4)
+    assert ClusterSpec.from_dict(spec.to_dict()) == spec and "chunk gap 500 us" in spec.describe()
+    assert "chunk_gap_s" not in ClusterSpec(num_hosts=2, devices_per_host=1).to_dict()
+    for bad in (-1.0, float("nan"), "1", True):
+        with pytest.raises(Exception, match="chunk_gap_s"):
+            ClusterSpec(num_hosts=2, devices_per_host=1, chunk_gap_s=bad)
+
+
+def test_a_tcp_group_tells_the_planner_a_chunk_costs_a_whole_message():
+    """Each TCP chunk is a message with its own clear-to-send and thread hand-offs
+    (``TcpBackend.chunk_gap_share``); gloo keeps the cost model's measured share."""
+    from alpa_comm.jax import ProcessGroup
+    from alpa_comm.runtime.backend import GlooSubgroupBackend
+    from alpa_comm.runtime.tcp import TcpBackend
+
+    tcp = ProcessGroup(0, 1, address="127.0.0.1:1", latency_s=1e-3)
+    assert TcpBackend.chunk_gap_share == 1.0 and tcp.chunk_gap_s == pytest.approx(1e-3)
+    assert GlooSubgroupBackend.chunk_gap_share is None

@@ -407,6 +407,19 @@ class ProcessGroup:
         for a packing that does not happen (``plan_resharding_tree(vectored=...)``)."""
         return self.backend_name == "tcp" and self.buffers == "host"
 
+    @property
+    def chunk_gap_s(self) -> float | None:
+        """What the group's transport declares a chunk behind others costs, in seconds
+        (``Backend.chunk_gap_share`` of ``latency_s``; None: the cost model's own share):
+        the planner's chain chunk counts follow from it (``ClusterSpec.chunk_gap_s``)."""
+        if self.backend_name == "tcp":
+            from ..runtime.tcp import TcpBackend  # noqa: PLC0415
+
+            share = TcpBackend.chunk_gap_share
+        else:
+            share = (GlooSubgroupBackend if self.backend_name == "gloo" else Backend).chunk_gap_share
+        return None if share is None else share * self.latency_s
+
     def backend(self, hosts) -> Backend:
         """The subgroup of ``hosts`` (this process among them) over the group's transport,
         made on first use by all of them."""

@@ -316,12 +316,12 @@ class _ProgramsPrepared(_Share):
 def _cluster(group: ProcessGroup, devices_per_host: int) -> ClusterSpec:
     """The network the planner plans for: the group's hosts and what it was told of the NICs."""
     return ClusterSpec(num_hosts=group.world_size, devices_per_host=devices_per_host, nic_send_gbps=group.nic_gbps,
-                       latency_s=group.latency_s)
+                       latency_s=group.latency_s, chunk_gap_s=group.chunk_gap_s)
 
 
 def _group_key(group: ProcessGroup) -> tuple:
     """What of the group a prepared call depends on."""
-    return group.rank, group.world_size, group.nic_gbps, group.latency_s, group.vectored
+    return group.rank, group.world_size, group.nic_gbps, group.latency_s, group.vectored, group.chunk_gap_s
 
 
 def _cached(key, make):

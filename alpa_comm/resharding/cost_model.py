@@ -38,6 +38,14 @@ by 60-100 us a chunk between 64 and 512 chunks of 32 MiB (2x2 and 4x2 receivers)
 quarter of the message latency."""
 
 
+def chunk_gap(cluster) -> float:
+    """Per-chunk cost of a chunk behind others on a stream in flight on ``cluster``: its
+    ``chunk_gap_s`` where the transport declared one, else ``pipelined_gap`` of its
+    message latency."""
+    gap = getattr(cluster, "chunk_gap_s", None)
+    return pipelined_gap(cluster.latency_s) if gap is None else float(gap)
+
+
 def pipelined_gap(lat: float) -> float:
     """Per-chunk cost of a chunk that follows others on a stream already in flight
     (``PIPELINED_GAP_SHARE`` of the message latency ``lat``)."""

@@ -86,6 +86,11 @@ class Backend(ABC):
     receive to be posted (``runtime.tcp``)."""
     streams: int = 1
     """Connections per pair of hosts; a message rides one (large ones are striped over all)."""
+    chunk_gap_share: ClassVar[float | None] = None
+    """What a chunk posted behind others on a busy stream costs beyond its bytes, as a share
+    of the message latency the planner is told (``topology.ClusterSpec.chunk_gap_s``); None:
+    the cost model's ``PIPELINED_GAP_SHARE``, measured with gloo. A group passes it to the
+    planner, which picks a chain's chunk count from it."""
     fresh_after_failure: ClassVar[bool] = False
     """After a failed call its user closes this backend and makes a new one: messages of
     the failed call may still be held (an eager transport) and must not meet a later one."""

@@ -3,7 +3,7 @@
 Each host forwards chunk k to the next host while it takes chunk k+1, so with
 enough chunks a broadcast to A hosts costs about what one copy costs. Its chunks are
 posted back to back on each stream, so the message latency is paid once a hop (by the
-first chunk) and every later chunk only ``cost_model.pipelined_gap``; the chunk count
+first chunk) and every later chunk only ``cost_model.chunk_gap``; the chunk count
 weighs that gap against the chain's fill (``cost_model.auto_chunks``). The last host
 copies each chunk on to its other devices as it arrives (one device after another), so
 those copies too are a hop of the chain, not a tail after it.
@@ -44,14 +44,14 @@ class Broadcast(TransferKind):
         more than ``cost_model.MAX_AUTO_CHUNKS`` (the tags a transfer has for chunks)."""
         lat = cluster.latency_s
         k = chunks if chunks is not None else cost_model.auto_chunks(nbytes, rates, lat,
-                                                                      gap=cost_model.pipelined_gap(lat))
+                                                                      gap=cost_model.chunk_gap(cluster))
         return nbytes, max(1, min(k, num_elements, cost_model.MAX_AUTO_CHUNKS))
 
     def duration(self, nbytes, num_elements, sender_host, groups, cluster, chunks):
         rates = broadcast_rates(sender_host, groups, cluster)
         n, k = self.chunks_for(nbytes, num_elements, rates, cluster, chunks)
         lat = cluster.latency_s
-        return cost_model.chain_time(n, rates, k, lat, cost_model.pipelined_gap(lat)), k
+        return cost_model.chain_time(n, rates, k, lat, cost_model.chunk_gap(cluster)), k
 
     def closed_form(self, t, hosts, devices, chunks=1):
         return t + (hosts - 1) * t / chunks
@@ -77,7 +77,7 @@ class Broadcast(TransferKind):
         rates, links = self.chain(t, cluster)
         n = t.nbytes
         lat = cluster.latency_s
-        fill = cost_model.chain_time(n, rates, t.chunks, lat, cost_model.pipelined_gap(lat)) - n / min(rates)
+        fill = cost_model.chain_time(n, rates, t.chunks, lat, cost_model.chunk_gap(cluster)) - n / min(rates)
         return [(fill, [(n, links)])]
 
     def _chain(self, ex, t):
