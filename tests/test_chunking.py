@@ -202,12 +202,12 @@ def test_a_cluster_states_a_declared_chunk_gap_and_refuses_a_bad_one():
 
 
 def test_a_tcp_group_tells_the_planner_a_chunk_costs_a_whole_message():
-    """Each TCP chunk is a message with its own clear-to-send and thread hand-offs
-    (``TcpBackend.chunk_gap_share``); gloo keeps the cost model's measured share."""
+    """In the user's processes a chunk costs a whole message over TCP and gloo alike
+    (``chunk_gap_share``); a Cluster's gloo hosts keep the cost model's measured share."""
     from alpa_comm.jax import ProcessGroup
-    from alpa_comm.runtime.backend import GlooSubgroupBackend
+    from alpa_comm.runtime.backend import GlooBackend, GlooSubgroupBackend
     from alpa_comm.runtime.tcp import TcpBackend
 
     tcp = ProcessGroup(0, 1, address="127.0.0.1:1", latency_s=1e-3)
     assert TcpBackend.chunk_gap_share == 1.0 and tcp.chunk_gap_s == pytest.approx(1e-3)
-    assert GlooSubgroupBackend.chunk_gap_share is None
+    assert GlooSubgroupBackend.chunk_gap_share == 1.0 and GlooBackend.chunk_gap_share is None

@@ -546,8 +546,8 @@ class TcpBackend(_Subgroup, Backend):
     between the receiving, forwarding and sending threads of every middle host do not
     overlap on shared cores. Measured: the weight sync to four one-host replicas
     (``alpa-comm bench --suite weight-sync --mode processes``, 400 Mbit/s, 1 ms told) took
-    0.81 s with the chunks this share picks (8 of 120 KiB a bucket) and 1.39 s with a
-    quarter of it (15 of 64 KiB)."""
+    0.81-0.83 s with the chunks this share picks (8 of 120 KiB a bucket), 1.39 s with a
+    quarter of it (15 of 64 KiB) and 0.96 s with four times it (4 of 240 KiB)."""
 
     def __init__(self, host: int, hosts, store, timeout: float = DEFAULT_TIMEOUT_S, streams: int = 1,
                  address: str = "127.0.0.1", pace_gbps: float | None = None):
