@@ -43,7 +43,8 @@ from datetime import timedelta
 
 from .._extras import require
 from ..errors import AlpaCommError, CommunicationTimeoutError, InvalidOptionError
-from ..runtime.backend import DEFAULT_TIMEOUT_S, Backend, CommunicationError, GlooSubgroupBackend, Transport
+from ..runtime.backend import (DEFAULT_TIMEOUT_S, Backend, CommunicationError, GlooSubgroupBackend,
+                               NcclSubgroupBackend, Transport)
 from ..runtime.host_memory import DEFAULT_MAX_FREE_BYTES, BufferPool
 from ..validation import (MAX_STREAMS, check_streams, is_choice, is_int, non_negative_int, non_negative_number,
                           positive_number)
@@ -249,6 +250,16 @@ def streams_for(streams, nic_gbps: float, stream_gbps: float) -> int:
     return check_streams(streams, allow_auto=True)
 
 
+def _transport_class(backend: str) -> type[Backend]:
+    """The class a group of ``backend`` makes its subgroups of (``_join``), for what it
+    declares; neither torch nor CuPy is needed to read it."""
+    if backend == "tcp":
+        from ..runtime.tcp import TcpBackend  # noqa: PLC0415
+
+        return TcpBackend
+    return GlooSubgroupBackend if backend == "gloo" else NcclSubgroupBackend
+
+
 def _buffers(backend: str, buffers: str | None) -> str:
     """The buffers a group keeps: as asked, else device memory for NCCL and host for tcp and gloo."""
     return buffers or ("device" if backend == "nccl" else "host")
@@ -321,6 +332,7 @@ class ProcessGroup:
         self.pool = BufferPool(recycle_bytes)  # destination memory recycled across calls
         # what one message costs beyond its bytes (sets chunk and bucket sizes; DEFAULT_LATENCY_S)
         self.latency_s = float(latency_s)
+        self._chunk_gap_share = _transport_class(backend).chunk_gap_share  # read once: every call's key holds it
         self.address, self.name = address, _name
         self._subgroups: dict[tuple[int, ...], Backend] = {}
         self._stores: list = []
@@ -412,12 +424,7 @@ class ProcessGroup:
         """What the group's transport declares a chunk behind others costs, in seconds
         (``Backend.chunk_gap_share`` of ``latency_s``; None: the cost model's own share):
         the planner's chain chunk counts follow from it (``ClusterSpec.chunk_gap_s``)."""
-        if self.backend_name == "tcp":
-            from ..runtime.tcp import TcpBackend  # noqa: PLC0415
-
-            share = TcpBackend.chunk_gap_share
-        else:
-            share = (GlooSubgroupBackend if self.backend_name == "gloo" else Backend).chunk_gap_share
+        share = self._chunk_gap_share
         return None if share is None else share * self.latency_s
 
     def backend(self, hosts) -> Backend:
@@ -502,7 +509,6 @@ def _nccl_subgroup(rank: int, hosts, store, timeout: float):
 
     if importlib.util.find_spec("cupy") is None:
         raise AlpaCommError("backend 'nccl' needs CuPy (pip install cupy-cuda12x) and a GPU")
-    from ..runtime.backend import NcclSubgroupBackend  # noqa: PLC0415
 
     local = jax.local_devices()
     if len(local) != 1 or not has_device_memory(local[0]):

@@ -42,7 +42,7 @@ def chunk_gap(cluster) -> float:
     """Per-chunk cost of a chunk behind others on a stream in flight on ``cluster``: its
     ``chunk_gap_s`` where the transport declared one, else ``pipelined_gap`` of its
     message latency."""
-    gap = getattr(cluster, "chunk_gap_s", None)
+    gap = cluster.chunk_gap_s
     return pipelined_gap(cluster.latency_s) if gap is None else float(gap)
 
 
