@@ -223,17 +223,33 @@ class HostExecutor:
         return Pieces([self.slice_bytes(p.sender, p.index, p.leaf) for p in t.parts])
 
     def gather_all(self, transfers: Sequence[Transfer]) -> None:
-        """Cut every bucket this host sends into its ``Pieces`` before the first byte
-        leaves (views only: no memory): once the wire runs, the stream threads' copies
-        take the cores, and the posting thread, which would otherwise cut each bucket
-        as its turn comes, gets them only now and then (a 200-leaf tree's 400 parts take
-        about a millisecond to cut alone, over ten between the copies on two cores)."""
+        """Cut every bucket this host sends into its ``Pieces`` before its turn comes (views
+        only: no memory): once the wire runs, the stream threads' copies take the cores,
+        and the posting thread, which would otherwise cut each bucket as its turn comes,
+        gets them only now and then (a 200-leaf tree's 400 parts take about a millisecond
+        to cut alone, over ten between the copies on two cores; cutting all but the first
+        two after those two were posted started the third 2-6 ms late). Each part's view
+        is made once: a bucket with a part that is not contiguous in its source shard is
+        left to be cut at its turn, within ``max_inflight_bytes`` (``_strided_parts``)."""
         if not self.vectored:
             return
         for t in transfers:
-            if (self._gathers(t) and t.sender is not None and self.host_of(t.sender) == self.host
-                    and all(self.host_of(p.sender) == self.host for p in t.parts) and not self._strided_parts(t)):
-                self._gathered[t.id] = self._gather(t)
+            if t.id in self._gathered or not (self._gathers(t) and t.sender is not None
+                                              and self.host_of(t.sender) == self.host):
+                continue
+            views = []
+            for p in t.parts:
+                if self.host_of(p.sender) != self.host:
+                    views = None
+                    break
+                data = view(self.srcs[p.leaf][p.sender], self.layouts[p.leaf].src_boxes[p.sender], p.index)
+                if not data.flags.c_contiguous:
+                    views = None
+                    break
+                views.append(data.reshape(-1).view(np.uint8))
+            if views is not None:
+                self._strided[t.id] = 0
+                self._gathered[t.id] = Pieces(views)
 
     def _strided_parts(self, t: Transfer) -> int:
         """Bytes of ``t``'s parts sent from here that are not contiguous in their source
