@@ -156,7 +156,7 @@ def plan_resharding_tree(tree, *, cluster: ClusterSpec, strategy: str = "broadca
     check_options(cluster=cluster, loadbalance=loadbalance, chunks=chunks, seed=seed, dfs_budget_s=dfs_budget_s,
                   cache=cache, bucket_bytes=bucket_bytes, max_inflight_bytes=max_inflight_bytes, cluster_required=True)
     stream = stream_bytes_within(max_inflight_bytes)
-    bucket = bucket_within(bucket_option(bucket_bytes, cluster), max_inflight_bytes)
+    bucket = bucket_within(bucket_option(bucket_bytes, cluster, bool(vectored)), max_inflight_bytes)
     flat = tree_flatten(tree)
     store = cache_for(cache)
     vectored = bool(vectored)
