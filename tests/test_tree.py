@@ -247,20 +247,21 @@ def test_a_bucket_of_parts_that_each_land_on_one_device_is_one_chunk_over_one_ho
 @given(gbps=st.floats(0.01, 400), latency=st.floats(0, 2e-3), hosts=st.integers(2, 8))
 def test_a_vectored_transport_packs_buckets_for_a_fifth_of_the_latency_share(gbps, latency, hosts):
     """Where nothing is packed (``vectored``) a bucket aims at 1 % latency, not 5 %: five
-    times as large wherever the bounds allow, never smaller, within the same bounds; and
-    an auto plan of many same-way leaves then holds no more messages than the packed one."""
+    times as large wherever the bounds allow, never smaller, within the same bounds."""
     from alpa_comm.resharding.coalesce import AUTO_BUCKET_MAX, AUTO_BUCKET_MIN
 
     cluster = ClusterSpec(num_hosts=hosts, devices_per_host=2, nic_send_gbps=gbps, latency_s=latency)
     packed, gathered = auto_bucket_bytes(cluster), auto_bucket_bytes(cluster, vectored=True)
     assert AUTO_BUCKET_MIN <= packed <= gathered <= AUTO_BUCKET_MAX
     raw = latency * gbps * 1e9 / 8
-    assert gathered == int(min(AUTO_BUCKET_MAX, max(AUTO_BUCKET_MIN, 100 * raw)))
+    assert abs(gathered - int(min(AUTO_BUCKET_MAX, max(AUTO_BUCKET_MIN, 100 * raw)))) <= 1
     if AUTO_BUCKET_MIN < 20 * raw and 100 * raw < AUTO_BUCKET_MAX:
         assert abs(gathered - 5 * packed) <= 5
 
 
 def test_an_auto_vectored_tree_of_same_way_leaves_goes_in_fewer_messages():
+    """100 x 1 MiB between two hosts at 40 Gbit/s: fewer, larger buckets where nothing is
+    packed, none beyond the bound, every byte still planned."""
     from alpa_comm.placement import Resharding
 
     cluster = ClusterSpec(num_hosts=2, devices_per_host=2, nic_send_gbps=40, latency_s=200e-6)

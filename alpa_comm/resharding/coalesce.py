@@ -32,12 +32,14 @@ PACKED_LATENCY_SHARE = 0.05
 is copied twice (packed, unpacked), and smaller ones let those copies overlap the wire."""
 VECTORED_LATENCY_SHARE = 0.01
 """The same where the transport sends a bucket from where its parts lie and receives it
-where they belong (``Backend.vectored``): no copy to overlap and no buffer to hold, so
-a bucket costs only its message, and a message costs more than its latency in the
-executor (a NIC's window admits the next one only once an earlier one's slowest stripe
-ended). Two processes on loopback, 40 Gbit/s planned, 200 us, interleaved medians of 15:
-100 x 1 MiB in 19 MiB buckets (5 %) 23.5 ms both runs, in 64 MiB 21.1-22.3 ms; 100 x
-4 MiB 74.6-83.3 ms against 69.1-71.4 ms; 100 and 1,000 x 256 KiB alike or faster."""
+where they belong (``Backend.vectored``): no copy to overlap and no buffer to hold, so a
+bucket costs only its message, and a message costs the executor more than its latency
+(a NIC's window admits the next message once an earlier one's slowest stripe ended: six
+19 MiB messages two at a time took 19.1-21.0 ms over the raw transport, all posted at
+once 17.8-18.4, one message of it all 17.1-18.3). Two processes on loopback, 40 Gbit/s
+planned, 200 us, interleaved medians, 5 % against 1 %: 100 x 1 MiB 23.1-23.3 against
+21.4-22.2 ms, 100 x 4 MiB 78.2-79.4 against 73.3-73.8 ms, 100 x 256 KiB 9.6-9.7 against
+8.4-8.6 ms, 1,000 x 256 KiB alike (74.8-77.3 against 70.7-75.5 ms)."""
 STREAM_GAIN = 0.95
 """Large slices that travel the same way are streamed together only where the cost model
 predicts the stream at most this fraction of their time apart."""
