@@ -272,3 +272,24 @@ def test_an_auto_vectored_tree_of_same_way_leaves_goes_in_fewer_messages():
     assert len(gathered.transfers) < len(packed.transfers)
     assert max(t.nbytes for t in gathered.transfers) <= 64 << 20
     assert sum(t.nbytes for t in gathered.transfers) == 100 << 20
+
+
+def test_only_one_hop_buckets_grow_where_nothing_is_packed():
+    """A bucket to several receiving hosts is also the unit the planner balances and
+    chains: it keeps the packed share's size over a vectored transport; a one-hop bucket
+    of the same leaves in the same tree grows."""
+    from alpa_comm.placement import Resharding
+
+    cluster = ClusterSpec(num_hosts=3, devices_per_host=2, nic_send_gbps=40, latency_s=200e-6)
+    packed_bucket = auto_bucket_bytes(cluster)
+    to_both = [Resharding.between((262144,), "float32", "1x2@0", "S1", "2x2@1,2", "R") for _ in range(60)]
+    to_one = [Resharding.between((262144,), "float32", "1x2@0", "S1", "1x2@1", "S1") for _ in range(60)]
+    plan = plan_resharding_tree(to_both + to_one, cluster=cluster, bucket_bytes="auto", max_inflight_bytes=256 << 20,
+                                vectored=True, cache=False)
+    hosts_of = lambda t: {cluster.host_of(r) for r in t.receivers}  # noqa: E731
+    wide = [t for t in plan.transfers if t.parts and len(hosts_of(t)) > 1]
+    narrow = [t for t in plan.transfers if t.parts and len(hosts_of(t)) == 1]
+    assert wide and narrow
+    assert max(t.nbytes for t in wide) <= packed_bucket
+    assert max(t.nbytes for t in narrow) > packed_bucket
+    assert sum(t.nbytes for t in narrow) == 60 << 20

@@ -31,15 +31,20 @@ PACKED_LATENCY_SHARE = 0.05
 """What a message's latency may cost of a packed bucket's transfer time: a packed bucket
 is copied twice (packed, unpacked), and smaller ones let those copies overlap the wire."""
 VECTORED_LATENCY_SHARE = 0.01
-"""The same where the transport sends a bucket from where its parts lie and receives it
-where they belong (``Backend.vectored``): no copy to overlap and no buffer to hold, so a
+"""The same for a bucket that goes from one host to one other (``one_hop``) where the
+transport sends it from where its parts lie and receives it where they belong
+(``Backend.vectored``): no copy to overlap, no buffer to hold, nothing to balance, so a
 bucket costs only its message, and a message costs the executor more than its latency
 (a NIC's window admits the next message once an earlier one's slowest stripe ended: six
 19 MiB messages two at a time took 19.1-21.0 ms over the raw transport, all posted at
 once 17.8-18.4, one message of it all 17.1-18.3). Two processes on loopback, 40 Gbit/s
 planned, 200 us, interleaved medians, 5 % against 1 %: 100 x 1 MiB 23.1-23.3 against
 21.4-22.2 ms, 100 x 4 MiB 78.2-79.4 against 73.3-73.8 ms, 100 x 256 KiB 9.6-9.7 against
-8.4-8.6 ms, 1,000 x 256 KiB alike (74.8-77.3 against 70.7-75.5 ms)."""
+8.4-8.6 ms, 1,000 x 256 KiB alike (74.8-77.3 against 70.7-75.5 ms). Not for buckets with
+a choice of sender or several receiving hosts, where the bucket is also the unit the
+planner balances and chains: a weight sync to hosts that each need the whole model
+(four emulated hosts, 400 Mbit/s) ran 1.5-5 % slower with every bucket at 1 % in four
+of four interleaved pairs."""
 STREAM_GAIN = 0.95
 """Large slices that travel the same way are streamed together only where the cost model
 predicts the stream at most this fraction of their time apart."""
@@ -86,28 +91,44 @@ def bucket_option(bucket_bytes, cluster: ClusterSpec, vectored: bool = False) ->
     return bucket_bytes or None
 
 
+def one_hop(hosts: tuple[int, ...], geometry: tuple) -> bool:
+    """Whether jobs from candidate sending ``hosts`` to receiving hosts ``geometry`` ((host,
+    devices) pairs) go from one host to one other host: a bucket of them has no other
+    sender to be balanced onto and no chain to be ordered in, so its size only sets how
+    many messages there are."""
+    return len(hosts) == 1 and len(geometry) == 1 and geometry[0][0] != hosts[0]
+
+
 def pack_jobs(jobs: list[Job], job_leaf: list[int], bucket: int, cluster: ClusterSpec, chunks,
-              stream_bytes: int = MAX_INFLIGHT_BYTES):
+              stream_bytes: int = MAX_INFLIGHT_BYTES, one_hop_bucket: int | None = None):
     """First-fit-decreasing packing of small jobs that travel the same way, then the
     streams of large ones (``stream_jobs``, at most ``stream_bytes`` each); returns (jobs,
     job_leaf, members) where ``members[packed job]`` lists (job, leaf, None) of the jobs
-    it carries as parts (their sender is the packed job's host)."""
+    it carries as parts (their sender is the packed job's host). ``one_hop_bucket``: the
+    bucket of jobs that go from one host to one other (``one_hop``), ``bucket`` where
+    not given; elsewhere a bucket is also the unit the planner balances and orders."""
     groups: dict[tuple, list[int]] = {}
     keep: list[int] = []
     geometry_of: dict[tuple, tuple] = {}  # jobs share receiver tuples: 4,096 receivers each, thousands of jobs
+    largest = max(bucket, one_hop_bucket or 0)
     for i, j in enumerate(jobs):
-        if j.kind not in PACKABLE_KINDS or j.nbytes >= bucket:
+        if j.kind not in PACKABLE_KINDS or j.nbytes >= largest:
             keep.append(i)
             continue
         geometry = geometry_of.get(j.receivers)
         if geometry is None:
             geometry = geometry_of[j.receivers] = tuple((h, len(d)) for h, d in
                                                         group_by_host(j.receivers, cluster).items())
-        groups.setdefault((j.kind, tuple(c.host for c in j.candidates), geometry), []).append(i)
+        hosts = tuple(c.host for c in j.candidates)
+        if j.nbytes >= (one_hop_bucket if one_hop_bucket and one_hop(hosts, geometry) else bucket):
+            keep.append(i)
+            continue
+        groups.setdefault((j.kind, hosts, geometry), []).append(i)
     new_jobs: list[Job] = [jobs[i] for i in keep]
     new_leaf: list[int] = [job_leaf[i] for i in keep]
     members: dict[int, list[tuple[Job, int, int | None]]] = {}  # packed job -> (job, leaf, sender host)s
-    for (kind, hosts, _), idx in groups.items():
+    for (kind, hosts, geometry), idx in groups.items():
+        size = one_hop_bucket if one_hop_bucket and one_hop(hosts, geometry) else bucket
         if len(idx) == 1:  # nothing travels with it
             new_jobs.append(jobs[idx[0]])
             new_leaf.append(job_leaf[idx[0]])
@@ -122,7 +143,7 @@ def pack_jobs(jobs: list[Job], job_leaf: list[int], bucket: int, cluster: Cluste
                     break
             else:
                 bins.append([i])
-                room.append(bucket - jobs[i].nbytes)
+                room.append(size - jobs[i].nbytes)
         for b in bins:
             if len(b) == 1:
                 new_jobs.append(jobs[b[0]])

@@ -156,11 +156,13 @@ def plan_resharding_tree(tree, *, cluster: ClusterSpec, strategy: str = "broadca
     check_options(cluster=cluster, loadbalance=loadbalance, chunks=chunks, seed=seed, dfs_budget_s=dfs_budget_s,
                   cache=cache, bucket_bytes=bucket_bytes, max_inflight_bytes=max_inflight_bytes, cluster_required=True)
     stream = stream_bytes_within(max_inflight_bytes)
-    bucket = bucket_within(bucket_option(bucket_bytes, cluster, bool(vectored)), max_inflight_bytes)
+    bucket = bucket_within(bucket_option(bucket_bytes, cluster), max_inflight_bytes)
+    one_hop_bucket = (bucket_within(bucket_option(bucket_bytes, cluster, vectored=True), max_inflight_bytes)
+                      if vectored and bucket else None)
     flat = tree_flatten(tree)
     store = cache_for(cache)
     vectored = bool(vectored)
-    options = (cluster, strategy, loadbalance, bucket, chunks, seed, dfs_budget_s, stream, vectored)
+    options = (cluster, strategy, loadbalance, bucket, chunks, seed, dfs_budget_s, stream, vectored, one_hop_bucket)
     same = None
     if store is not None:  # the very leaves of an earlier call: recognised by identity
         same = IdentityKey(tuple(move for _, move in flat), ("tree", tuple(path for path, _ in flat)) + options)
@@ -179,7 +181,7 @@ def plan_resharding_tree(tree, *, cluster: ClusterSpec, strategy: str = "broadca
         raise InvalidOptionError("the tree has no leaves")
     moves = tuple(move_key(leaf.resharding) for leaf in leaves)
     key = HashedKey(("tree", tuple((leaf.path, m) for leaf, m in zip(leaves, moves)), cluster_key(cluster), strategy,
-                     loadbalance, bucket, chunks, seed, dfs_budget_s, stream, vectored))
+                     loadbalance, bucket, chunks, seed, dfs_budget_s, stream, vectored, one_hop_bucket))
     if store is not None:
         hit = store.get(key)
         if hit is not None:
@@ -190,7 +192,8 @@ def plan_resharding_tree(tree, *, cluster: ClusterSpec, strategy: str = "broadca
         per_leaf, layouts = _decompose_leaves(leaves, moves)
         bounds = LowerBounds(None, cluster, [(per_leaf[first], len(same)) for first, same in layouts.items()])
         plan = plan_for(strategy, lambda s: _plan_tree(leaves, per_leaf, bounds, cluster, s, loadbalance, bucket,
-                                                       chunks, seed, dfs_budget_s, stream, layouts, vectored),
+                                                       chunks, seed, dfs_budget_s, stream, layouts, vectored,
+                                                       one_hop_bucket),
                         bounds)
     if store is not None:
         store.put(key, plan)
@@ -247,7 +250,7 @@ def _leaf(path: str, move, cluster: ClusterSpec) -> Leaf:
 def _plan_tree(leaves: tuple[Leaf, ...], per_leaf: tuple[tuple[UnitTask, ...], ...], bounds: LowerBounds,
                cluster, strategy, loadbalance, bucket, chunks, seed, dfs_budget_s,
                stream: int = MAX_INFLIGHT_BYTES, layouts: dict[int, list[int]] | None = None,
-               vectored: bool = False) -> TreePlan:
+               vectored: bool = False, one_hop_bucket: int | None = None) -> TreePlan:
     """One strategy's plan of the leaves, whose unit tasks ``per_leaf`` are already known;
     ``layouts`` (``_decompose_leaves``): leaves with one move share their jobs, made once
     (jobs depend only on the task, the strategy, the cluster and ``chunks``)."""
@@ -266,7 +269,7 @@ def _plan_tree(leaves: tuple[Leaf, ...], per_leaf: tuple[tuple[UnitTask, ...], .
         job_leaf += [i] * len(mine)
     members: dict[int, list[tuple[Job, int, int | None]]] = {}
     if bucket:
-        jobs, job_leaf, members = pack_jobs(jobs, job_leaf, bucket, cluster, chunks, stream)
+        jobs, job_leaf, members = pack_jobs(jobs, job_leaf, bucket, cluster, chunks, stream, one_hop_bucket)
     jobs, job_leaf, members = group_jobs(jobs, job_leaf, members, cluster)
     sched = balancing.balance(jobs, loadbalance, seed=seed, dfs_budget_s=dfs_budget_s)
     transfers = build_transfers(jobs, job_leaf, members, per_leaf, sched, cluster)
