@@ -111,6 +111,10 @@ def pack_jobs(jobs: list[Job], job_leaf: list[int], bucket: int, cluster: Cluste
     keep: list[int] = []
     geometry_of: dict[tuple, tuple] = {}  # jobs share receiver tuples: 4,096 receivers each, thousands of jobs
     largest = max(bucket, one_hop_bucket or 0)
+
+    def size_for(hosts: tuple, geometry: tuple) -> int:
+        return one_hop_bucket if one_hop_bucket and one_hop(hosts, geometry) else bucket
+
     for i, j in enumerate(jobs):
         if j.kind not in PACKABLE_KINDS or j.nbytes >= largest:
             keep.append(i)
@@ -120,7 +124,7 @@ def pack_jobs(jobs: list[Job], job_leaf: list[int], bucket: int, cluster: Cluste
             geometry = geometry_of[j.receivers] = tuple((h, len(d)) for h, d in
                                                         group_by_host(j.receivers, cluster).items())
         hosts = tuple(c.host for c in j.candidates)
-        if j.nbytes >= (one_hop_bucket if one_hop_bucket and one_hop(hosts, geometry) else bucket):
+        if j.nbytes >= size_for(hosts, geometry):
             keep.append(i)
             continue
         groups.setdefault((j.kind, hosts, geometry), []).append(i)
@@ -128,7 +132,7 @@ def pack_jobs(jobs: list[Job], job_leaf: list[int], bucket: int, cluster: Cluste
     new_leaf: list[int] = [job_leaf[i] for i in keep]
     members: dict[int, list[tuple[Job, int, int | None]]] = {}  # packed job -> (job, leaf, sender host)s
     for (kind, hosts, geometry), idx in groups.items():
-        size = one_hop_bucket if one_hop_bucket and one_hop(hosts, geometry) else bucket
+        size = size_for(hosts, geometry)
         if len(idx) == 1:  # nothing travels with it
             new_jobs.append(jobs[idx[0]])
             new_leaf.append(job_leaf[idx[0]])

@@ -160,6 +160,12 @@ class HostExecutor:
             return self.backend.irecv(buf, host, tag, rendezvous=True)
         return self.backend.irecv(buf, host, tag)
 
+    def source_view(self, device: int, index: Box, leaf: int):
+        """``index`` of ``leaf`` as it lies in source ``device``'s shard (no copy), or None
+        where this host holds no shard of ``leaf`` on ``device``."""
+        src = self.srcs[leaf]
+        return view(src[device], self.layouts[leaf].src_boxes[device], index) if device in src else None
+
     def slice_bytes(self, device: int, index: Box, leaf: int) -> np.ndarray:
         """The bytes of ``index`` of ``leaf`` held by source ``device``, flat and contiguous."""
         data = view(self.srcs[leaf][device], self.layouts[leaf].src_boxes[device], index)
@@ -239,15 +245,11 @@ class HostExecutor:
                 continue
             views = []
             for p in t.parts:
-                if self.host_of(p.sender) != self.host:
-                    views = None
-                    break
-                data = view(self.srcs[p.leaf][p.sender], self.layouts[p.leaf].src_boxes[p.sender], p.index)
-                if not data.flags.c_contiguous:
-                    views = None
+                data = self.source_view(p.sender, p.index, p.leaf) if self.host_of(p.sender) == self.host else None
+                if data is None or not data.flags.c_contiguous:
                     break
                 views.append(data.reshape(-1).view(np.uint8))
-            if views is not None:
+            else:
                 self._strided[t.id] = 0
                 self._gathered[t.id] = Pieces(views)
 
@@ -263,8 +265,8 @@ class HostExecutor:
         for p in t.parts:
             if self.host_of(p.sender) != self.host:
                 continue
-            lay, src = self.layouts[p.leaf], self.srcs[p.leaf]
-            if p.sender in src and not view(src[p.sender], lay.src_boxes[p.sender], p.index).flags.c_contiguous:
+            data = self.source_view(p.sender, p.index, p.leaf)
+            if data is not None and not data.flags.c_contiguous:
                 out += p.nbytes
         self._strided[t.id] = out
         return out
@@ -567,6 +569,5 @@ class HostExecutor:
             return False  # an unknown kind is named when it runs (``context``)
         if t.parts:
             return not self._gathers(t)
-        lay, src = self.layouts[t.leaf], self.srcs[t.leaf]
-        data = view(src[t.sender], lay.src_boxes[t.sender], t.index) if t.sender in src else None
+        data = self.source_view(t.sender, t.index, t.leaf)
         return data is not None and not data.flags.c_contiguous
