@@ -3,6 +3,7 @@ between them by ``alpa_comm.jax.reshard_tree`` and by JAX's batched ``jax.device
 
     python benchmarks/user_script.py [--leaves 200] [--leaf-kib 256] [--ndim 1] [--repeat 5]
     python benchmarks/user_script.py --sweep [--out benchmarks/results/user_script]
+    python benchmarks/user_script.py --points 10x1024x1,100x256x2
 
 Nothing of alpa_comm's benchmark harness is used: the script starts its processes with
 ``subprocess`` (``jax.distributed.initialize``, 2 CPU devices each, every process its own
@@ -12,8 +13,11 @@ its leaves with ``jax.make_array_from_callback`` from random data, holds them on
 layout (the case JAX's own ``device_put`` takes across processes). Every repeat runs the
 methods one after another from a common barrier (the ``jax.distributed`` client's
 ``wait_at_barrier``: ``multihost_utils.sync_global_devices`` needs CPU collectives),
-each timed on each process to ``jax.block_until_ready``; the time of a repeat is the
-slower process's; a point is the median of its repeats after one warm-up of each method:
+each timed on each process to ``jax.block_until_ready``; the order turns by one method
+each repeat, so each method runs as often right after each other one (in a fixed order,
+one method's call timed right after JAX's and the same call timed after it again
+differed by up to 9 % at 10 x 256 KiB); the time of a repeat is the slower process's; a
+point is the median of its repeats after one warm-up of each method:
 
 * ``jax``: ``jax.device_put(tree, shardings)``, one batched call;
 * ``alpa_comm``: ``reshard_tree(tree, shardings)`` on the default group;
@@ -55,6 +59,15 @@ def leaf_shape(leaf_bytes: int, ndim: int) -> tuple[int, ...]:
 
 
 def points(args) -> list[dict]:
+    if args.points:
+        out = []
+        for item in args.points.split(","):
+            try:
+                n, kib, ndim = item.split("x")
+                out.append({"leaves": int(n), "leaf_kib": float(kib), "ndim": int(ndim)})
+            except ValueError:
+                raise SystemExit(f"--points: {item!r} is not LEAVESxKIBxNDIM (e.g. 10x1024x1)") from None
+        return out
     if not args.sweep:
         return [{"leaves": args.leaves, "leaf_kib": args.leaf_kib, "ndim": args.ndim}]
     out = []
@@ -110,7 +123,7 @@ def run_process(rank: int, coordinator: str, transfer_address: str, config: dict
             run["alpa_comm"] = lambda: prof.runcall(plain)
         seconds = {m: [] for m in METHODS}
         for r in range(config["repeat"] + 1):
-            for m in METHODS:
+            for m in METHODS[r % len(METHODS):] + METHODS[:r % len(METHODS)]:
                 distributed.global_state.client.wait_at_barrier(f"user-script/{i}/{r}/{m}", 600_000)
                 t0 = time.perf_counter()
                 got = run[m]()
@@ -213,6 +226,8 @@ def main(argv=None) -> int:
     p.add_argument("--ndim", type=int, default=1, choices=(1, 2, 3), help="dimensions of each leaf (default 1)")
     p.add_argument("--repeat", type=int, default=5, help="timed repeats after one warm-up (default 5)")
     p.add_argument("--sweep", action="store_true", help="run the whole sweep (sizes x counts x dimensions)")
+    p.add_argument("--points", help="trees as LEAVESxKIBxNDIM, comma-separated (e.g. 10x1024x1,100x256x2), "
+                                    "instead of one tree or the sweep")
     p.add_argument("--max-total-mib", type=float, default=640, help="sweep: largest tree in MiB (default 640)")
     p.add_argument("--out", help="write table.md, results.json and sweep.png here")
     p.add_argument("--timeout", type=float, default=3600, help="seconds before the processes are killed")
@@ -228,7 +243,7 @@ def main(argv=None) -> int:
         return 0
     pts = points(args)
     print(f"2 JAX processes x 2 CPU devices, loopback; {len(pts)} point(s), {args.repeat} repeats after a warm-up, "
-          f"methods interleaved: {', '.join(METHODS)}", file=sys.stderr, flush=True)
+          f"methods interleaved, their order turning each repeat: {', '.join(METHODS)}", file=sys.stderr, flush=True)
     t0 = time.monotonic()
     if args.profile:
         Path(args.profile).mkdir(parents=True, exist_ok=True)
