@@ -228,6 +228,26 @@ def test_the_pool_reuses_only_what_nothing_holds():
         BufferPool(-1)
 
 
+def test_the_pool_lets_the_buffers_handed_out_longest_ago_go_first():
+    """A larger tree after a smaller one, each call's results held until the next call has
+    begun: the larger tree's spare buffer stays and is received into again; the smaller
+    tree's, handed out before, go (letting the largest go first kept those instead, and
+    every other call of the larger tree took fresh pages)."""
+    pool = BufferPool(1000)
+    smalls = [pool.empty((300,), np.uint8) for _ in range(2)]
+    del smalls
+    first = pool.empty((600,), np.uint8)
+    pool.trim()
+    second = pool.empty((600,), np.uint8)  # the first call's results still held
+    del first
+    pool.trim()
+    assert pool.free_bytes() <= 1000
+    before = pool.reused
+    third = pool.empty((600,), np.uint8)  # the second's still held: the first call's buffer again
+    assert pool.reused == before + 1
+    del second, third
+
+
 def test_jax_adopts_the_aligned_buffers_without_a_copy():
     jax = pytest.importorskip("jax")
     buf = aligned_empty((1024,), np.float32)

@@ -66,8 +66,12 @@ class BufferPool:
     else references it any more, else a new one it keeps track of: buffers are handed out
     and given back in about the same order (a sync's results replace the previous
     sync's), so looking at the oldest one keeps a take O(1) however many are in use.
-    ``trim()`` (after each call) lets unused memory beyond ``max_free_bytes`` go
-    (0: nothing is recycled, every buffer is fresh)."""
+    ``trim()`` (after each call) lets unused memory beyond ``max_free_bytes`` go, the
+    buffers handed out longest ago first (0: nothing is recycled, every buffer is
+    fresh). Why that order: the buffers of the sync that runs now are the ones handed
+    out last; letting the largest go first dropped a 1,000 MiB tree's spare buffer in
+    favour of two 400 MiB ones of a tree moved before, so the larger tree's calls
+    received into fresh pages four times in seven (0.50-0.55 s against 0.29 s)."""
 
     def __init__(self, max_free_bytes: int = DEFAULT_MAX_FREE_BYTES):
         non_negative_int(max_free_bytes, "max_free_bytes")
@@ -75,6 +79,8 @@ class BufferPool:
         self._owned: dict[int, deque] = {}  # raw size -> raw arrays, oldest hand-out first
         self._lock = threading.Lock()
         self.reused = self.fresh = 0
+        self._taken: dict[int, int] = {}  # id of a raw buffer -> when it was last handed out (a count)
+        self._takes = 0
 
     @staticmethod
     def _unused(queue: deque, i: int) -> bool:
@@ -97,6 +103,8 @@ class BufferPool:
                 raw = raw_bytes(size)
                 self.fresh += 1
             queue.append(raw)
+            self._takes += 1
+            self._taken[id(raw)] = self._takes
             return _aligned_view(raw, nbytes, dtype, shape)
 
     def free_bytes(self) -> int:
@@ -106,15 +114,15 @@ class BufferPool:
                        if self._unused(queue, i))
 
     def trim(self, keep: int | None = None) -> None:
-        """Let go of unused buffers, largest first, until at most ``max_free_bytes`` (or
-        ``keep``, if smaller) stay."""
+        """Let go of unused buffers, those handed out longest ago first, until at most
+        ``max_free_bytes`` (or ``keep``, if smaller) stay."""
         limit = self.max_free_bytes if keep is None else min(keep, self.max_free_bytes)
         with self._lock:
-            free = sorted(((queue[i].nbytes, id(queue[i])) for queue in self._owned.values()
-                           for i in range(len(queue)) if self._unused(queue, i)), reverse=True)
-            total = sum(n for n, _ in free)
+            free = sorted((self._taken[id(queue[i])], queue[i].nbytes, id(queue[i]))
+                          for queue in self._owned.values() for i in range(len(queue)) if self._unused(queue, i))
+            total = sum(n for _, n, _ in free)
             drop = set()
-            for n, key in free:
+            for _, n, key in free:
                 if total <= limit:
                     break
                 drop.add(key)
@@ -126,3 +134,5 @@ class BufferPool:
                         self._owned[size] = kept
                     else:
                         del self._owned[size]
+                for key in drop:
+                    del self._taken[key]
