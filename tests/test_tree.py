@@ -174,7 +174,7 @@ def test_each_senders_first_bucket_ramps_up_and_leaves_chunk_by_chunk(monkeypatc
             bounds = chunk_bounds(t, t.nbytes, t.chunks)
             ends = set(np.cumsum([p.nbytes for p in t.parts]).tolist()) | {0}
             largest = max(p.nbytes for p in t.parts)
-            assert set(bounds.tolist()) <= ends  # every chunk ends on a part boundary
+            assert set(bounds) <= ends  # every chunk ends on a part boundary
             assert bounds[1] <= t.nbytes / (2**t.chunks - 1) + largest  # the first is small: it leaves at once
     assert not any(t.ramp for t in plan.transfers if t not in firsts)
     waited = []

@@ -34,6 +34,7 @@ from typing import ClassVar, Sequence
 import numpy as np
 
 from .._extras import require
+from ..bounds import even_bounds
 from ..errors import CommunicationError, InvalidArgumentError
 from ..validation import MAX_STREAMS, check_streams  # noqa: F401 - MAX_STREAMS: this module's name for it, kept
 
@@ -146,7 +147,7 @@ def ring_allreduce_sum(backend: Backend, flat: np.ndarray, hosts: Sequence[int],
         raise InvalidArgumentError(f"host {backend.rank} is not in the all-reduce group {hosts}")
     p = hosts.index(backend.rank)
     nxt, prv = hosts[(p + 1) % n], hosts[(p - 1) % n]
-    bounds = np.linspace(0, flat.size, n + 1).astype(np.int64)
+    bounds = even_bounds(0, flat.size, n)
     chunk = [flat[bounds[c]:bounds[c + 1]] for c in range(n)]  # contiguous: ``flat`` is 1-D
     scratch = np.empty_like(flat, shape=(max(c.size for c in chunk),))  # flat's own memory kind (CuPy: device)
 
@@ -376,7 +377,7 @@ class GlooSubgroupBackend(_Subgroup, Backend):
         base = (tag % (TAG_LIMIT // n)) * n
         if buf.nbytes < STRIPE_MIN_BYTES:
             return [(buf, base + stream_of(tag, n))]
-        bounds = np.linspace(0, buf.shape[0], n + 1).astype(np.int64)
+        bounds = even_bounds(0, buf.shape[0], n)
         return [(buf[bounds[i]:bounds[i + 1]], base + i) for i in range(n)]
 
     def isend(self, buf, peer, tag):

@@ -53,6 +53,7 @@ from datetime import timedelta
 
 import numpy as np
 
+from ..bounds import even_bounds
 from ..errors import InvalidArgumentError
 from ..validation import check_streams, positive_number
 from .backend import (DEFAULT_TIMEOUT_S, STRIPE_MIN_BYTES, Backend, CommunicationError, Handle, Transport, _Subgroup,
@@ -640,7 +641,7 @@ class TcpBackend(_Subgroup, Backend):
         n, size = self.streams, int(buf.nbytes)
         if n == 1 or size < STRIPE_MIN_BYTES:
             return [(buf, stream_of(tag, n) if n > 1 else 0)]
-        bounds = [size * i // n for i in range(n + 1)]  # integers: a float linspace costs more than the cut
+        bounds = even_bounds(0, size, n)
         return [(buf[bounds[i]:bounds[i + 1]], i) for i in range(n)]
 
     def _stream(self, peer: int, index: int) -> _Stream:

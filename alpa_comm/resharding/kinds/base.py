@@ -23,6 +23,7 @@ from typing import Callable, ClassVar, Dict, List, NamedTuple, Optional, Sequenc
 
 import numpy as np
 
+from ...bounds import even_bounds
 from ...errors import InvalidOptionError
 from ...topology import ClusterSpec
 from .. import cost_model
@@ -255,20 +256,20 @@ def ring_allgather_seconds(nbytes: int, groups: HostGroups, cluster: ClusterSpec
     return cost_model.ring_allgather_time(nbytes, ring_rates(groups, cluster), cluster.latency_s)
 
 
-def chunk_bounds(t: "Transfer", nbytes: int, k: int) -> np.ndarray:
+def chunk_bounds(t: "Transfer", nbytes: int, k: int) -> list[int]:
     """Byte bounds of ``t``'s ``k`` chunks, the same on every host: equal chunks, or for a
     ramped coalesced transfer (``Transfer.ramp``) up to ``k`` chunks that double in size
     from 1/(2^k - 1) of it, each ending on a part boundary: the sender's first message
     leaves once a few parts are packed, and packing stays ahead of the wire from then on."""
     if not (t.ramp and t.parts and k > 1):
-        return np.linspace(0, nbytes, k + 1).astype(np.int64)
+        return even_bounds(0, nbytes, k)
     ends = np.cumsum([p.nbytes for p in t.parts])
     cuts = {0, nbytes}
     for j in range(1, k):
         target = nbytes * (2**j - 1) / (2**k - 1)
         at = int(ends[min(int(np.searchsorted(ends, target)), len(ends) - 1)])
         cuts.add(min(at, nbytes))
-    return np.array(sorted(cuts), dtype=np.int64)
+    return sorted(cuts)
 
 
 # ---------------------------------------------------------- receiving hosts

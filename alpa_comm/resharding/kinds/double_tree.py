@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import numpy as np
 
+from ...bounds import even_bounds
 from .. import cost_model
 from ..resources import intra_link, nic_receive, nic_send
 from .base import (TransferKind, fan_out, group_by_host, receive_buffer, receiving_hosts, run_side_by_side,
@@ -51,10 +51,9 @@ def halves(nbytes: int) -> list[tuple[int, int]]:
     return [(0, mid), (mid, nbytes)]
 
 
-def chunk_bounds(lo: int, hi: int, chunks: int) -> np.ndarray:
+def chunk_bounds(lo: int, hi: int, chunks: int) -> list[int]:
     """Chunk boundaries of [lo, hi): at most ``chunks`` chunks, none empty."""
-    k = max(1, min(chunks, hi - lo))
-    return np.linspace(lo, hi, k + 1).astype(np.int64)
+    return even_bounds(lo, hi, max(1, min(chunks, hi - lo)))
 
 
 class DoubleTree(TransferKind):

@@ -2,8 +2,7 @@
 then a ring all-gather among them (paper: 2t)."""
 from __future__ import annotations
 
-import numpy as np
-
+from ...bounds import even_bounds
 from ..resources import nic_receive, nic_send, ring_resources
 from .base import (TransferKind, groups_in_order, receiving_hosts, ring_allgather_seconds, ring_flows,
                    ring_links)
@@ -45,7 +44,7 @@ class GlobalAllGather(TransferKind):
 
     def run(self, ex, t, tag0):
         n = len(t.receivers)
-        bounds = np.linspace(0, t.nbytes, n + 1).astype(np.int64)
+        bounds = even_bounds(0, t.nbytes, n)
         hosts = receiving_hosts(t, ex.host_of)
         sender_host = ex.host_of(t.sender)
         if sender_host == ex.host:

@@ -1,8 +1,7 @@
 """``send_recv``: one point-to-point message per receiving device (paper: A*B*t)."""
 from __future__ import annotations
 
-import numpy as np
-
+from ...bounds import even_bounds
 from .. import cost_model
 from ..resources import intra_link, nic_receive, nic_send
 from .base import Posted, TransferKind, fan_out, receive_buffer, store_received
@@ -42,7 +41,7 @@ class SendRecv(TransferKind):
         host takes them and writes every local receiver."""
         dst_host, src_host = ex.host_of(t.receivers[0]), ex.host_of(t.sender)
         parts = self.message_parts(t)
-        bounds = np.linspace(0, t.nbytes, parts + 1).astype(np.int64)
+        bounds = even_bounds(0, t.nbytes, parts)
         handles, finish = [], None
         if src_host == ex.host:
             flat = ex.outgoing(t)
