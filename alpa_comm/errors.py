@@ -52,6 +52,20 @@ class CommunicationError(AlpaCommError, RuntimeError):
     or rank(s) involved."""
 
 
+class PartialUpdateError(CommunicationError):
+    """A call receiving into previous arrays (``out=``) failed part of the way: on this
+    process the leaves in ``updated`` hold the new values, those in ``unchanged`` their
+    previous ones (no leaf holds a mix), and every array stays usable; calling again
+    moves the tree anew."""
+
+    def __init__(self, message: str, updated: list, unchanged: list):
+        super().__init__(message)
+        self.updated, self.unchanged = list(updated), list(unchanged)
+
+    def __reduce__(self):  # raised in Ray workers too: pickled with its lists
+        return type(self), (str(self), self.updated, self.unchanged)
+
+
 class CommunicationTimeoutError(CommunicationError, TimeoutError):
     """A wait for a peer (a rendezvous key, a host's answer) ran out of time; the message
     names what was awaited and for how long."""

@@ -5,11 +5,12 @@ process prints one JSON result line; ``run`` returns them by rank.
 A case: ``{"shape", "dtype", "src": {"ids", "axes", "spec"}, "dst": {...}}`` with device
 ids in alpa_comm's numbering (process * devices + position); optional ``"tree"`` (a
 list of cases moved by one ``reshard_tree``), ``"kill"`` (a rank that exits instead of
-taking part), ``"wire"``/``"out_dtype"`` (``wire_dtype``/``dtype`` of the call),
+taking part), ``"kill_after": {"rank", "seconds"}`` (a rank that exits that long after
+its call began, mid-transfer or not), ``"wire"``/``"out_dtype"`` (``wire_dtype``/``dtype`` of the call),
 ``"bucket"`` (a tree's ``bucket_bytes``), ``"strategy"`` (the transfer kind),
 ``"buffers": "device"`` (a group that hands shards over by DLPack), ``"into": true``
 (received into previous arrays of the destination sharding, ``out=``: the results must be
-those very objects), ``"backend": "nccl"``
+those very objects; with ``"atomic": true`` leaf by leaf, ``atomic=True``), ``"backend": "nccl"``
 (device buffers over ``NcclSubgroupBackend``: the test serves the NCCL model,
 ``alpa_comm.testing.nccl_model_remote``, and every process is its client)."""
 from __future__ import annotations
@@ -61,6 +62,9 @@ for c, case in enumerate(cases):
     if case.get("kill") == rank:
         time.sleep(0.5)
         os._exit(3)
+    if case.get("kill_after", {}).get("rank") == rank:
+        import threading
+        threading.Timer(case["kill_after"]["seconds"], os._exit, (3,)).start()
     t0 = time.monotonic()
     olds = None
     try:
@@ -83,6 +87,8 @@ for c, case in enumerate(cases):
             olds = [jax.make_array_from_callback(tuple(p["shape"]), d, lambda idx, r=r: (r[idx] + 1).astype(r.dtype),
                                                  dtype=r.dtype) for p, d, r in zip(parts, dsts, refs)]
             extra["out"] = olds if "tree" in case else olds[0]
+            if case.get("atomic"):
+                extra["atomic"] = True
         if "tree" in case:
             ys = reshard_tree(xs, given, **extra)
         else:
@@ -90,8 +96,17 @@ for c, case in enumerate(cases):
         if olds is not None and any(y is not o for y, o in zip(ys, olds)):
             raise AssertionError("out= returned other arrays than it was given")
     except CommunicationError as e:
-        out.append({"error": str(e), "seconds": time.monotonic() - t0,
-                    "deleted": None if olds is None else all(o.is_deleted() for o in olds)})
+        rec = {"error": str(e), "seconds": time.monotonic() - t0,
+               "deleted": None if olds is None else all(o.is_deleted() for o in olds)}
+        if olds is not None and not any(o.is_deleted() for o in olds):
+            def state(y, r):  # every shard new, every shard old, or a mix
+                shards = y.addressable_shards
+                got = [np.array_equal(np.asarray(s.data), r[s.index]) for s in shards]
+                was = [np.array_equal(np.asarray(s.data), (r[s.index] + 1).astype(r.dtype)) for s in shards]
+                return "new" if all(got) else "old" if all(was) else "mixed"
+            rec["states"] = [state(y, r) for y, r in zip(olds, refs)]
+            rec["updated"], rec["unchanged"] = getattr(e, "updated", None), getattr(e, "unchanged", None)
+        out.append(rec)
         continue
     if case.get("wire"):  # what the receivers should get: rounded to the wire type, then cast
         from alpa_comm.runtime.executor import numpy_dtype
@@ -107,7 +122,7 @@ for c, case in enumerate(cases):
                 wrong.append(str(s.device))
     out.append({"wrong": wrong, "shards": shards, "seconds": time.monotonic() - t0})
 print("RESULT " + json.dumps(out), flush=True)
-killed = {c["kill"] for c in cases if "kill" in c}
+killed = {c["kill"] for c in cases if "kill" in c} | {c["kill_after"]["rank"] for c in cases if "kill_after" in c}
 if killed:
     # jax.distributed's shutdown barrier would wait for the killed process: leave without
     # it, process 0 (JAX's coordinator, whose exit ends the others) after every survivor

@@ -34,15 +34,20 @@ def old(k, sharding=None, dtype=None):
     v = w[k]
     return jax.device_put(np.full(v.shape, -1, dtype or v.dtype), sharding or shardings[k])
 
-for step in range(3):  # the same previous arrays, received into again and again (a weight sync)
-    olds = {k: old(k) for k in w} if step == 0 else got
+for step in range(6):  # the same previous arrays, received into again and again (a weight sync)
+    atomic = step >= 3  # in place, then leaf by leaf through staging memory
+    olds = {k: old(k) for k in w} if step in (0, 3) else got
     fresh = group.pool.fresh
-    got = reshard_tree(xs, shardings if step else None, out=olds, group=group, max_inflight_bytes=256)
+    got = reshard_tree(xs, shardings if step % 3 else None, out=olds, group=group, max_inflight_bytes=256,
+                       atomic=atomic)
     assert all(got[k] is olds[k] for k in w), "other arrays returned"
     for k in w:
         assert np.array_equal(np.asarray(got[k]), w[k]), (k, np.asarray(got[k]))
         assert all(np.array_equal(np.asarray(s.data), w[k][s.index]) for s in got[k].addressable_shards)
-    assert group.pool.fresh == fresh, "a destination slab was made"
+    if not atomic:
+        assert group.pool.fresh == fresh, "a destination slab was made"
+    elif step > 3:
+        assert group.pool.fresh == fresh, "the staging memory was not recycled"
     xs = {k: jax.device_put(v + step + 1, src) for k, v in w.items()}
     w = {k: v + step + 1 for k, v in w.items()}
 one = reshard(xs["x"], None, out=old("x"), group=group)
@@ -69,6 +74,8 @@ refused({"x": same}, out={"x": same}, dst={"x": dst})  # the array being sent is
 refused(out={k: old(k) for k in w}, wire_dtype="bfloat16")
 refused(out={"x": old("x")})
 refused(out={k: old(k) for k in w}, max_inflight_bytes=0)
+refused(atomic=True)
+refused(out={k: old(k) for k in w}, atomic="yes")
 '''
 
 
@@ -87,7 +94,9 @@ def test_received_into_the_previous_arrays_and_refused_by_name():
                 "the source leaf /x and out leaf /x share memory",
                 "out leaf /x: it travels as bfloat16 and the result is float32",
                 "out's leaves ['/x'] do not match",
-                "max_inflight_bytes must be a positive integer, got 0"]
+                "max_inflight_bytes must be a positive integer, got 0",
+                "atomic=True is about receiving into out=",
+                "atomic must be True or False, got 'yes'"]
     assert len(refusals) == len(expected), refusals
     for got, want in zip(refusals, expected):
         assert want in got, (got, want)

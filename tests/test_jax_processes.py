@@ -186,19 +186,21 @@ def test_backend_nccl_on_the_nccl_model_is_bit_exact(monkeypatch):
     assert moved >= len(batch)
 
 
-@pytest.mark.parametrize("hosts,dead", [((0, 1, 2), 2), ((1, 2), 1)])
-def test_a_process_killed_mid_transfer_is_named_within_60_s(hosts, dead):
+@pytest.mark.parametrize("hosts,dead,atomic", [((0, 1, 2), 2, False), ((1, 2), 1, True)])
+def test_a_process_killed_mid_transfer_is_named_within_60_s(hosts, dead, atomic):
     """The group is up (one resharding done); then one process exits instead of taking
     part in the next: every surviving process of the resharding gets a CommunicationError
     naming it within 60 s (group timeout 10 s), also when the dead one hosted the
     subgroup's store (the lowest member, host 1 of hosts 1 and 2); the previous arrays it
-    was receiving into (``out=``) are deleted, not left half-written. Not tested: killing
-    process 0, which runs JAX's coordination service: JAX then ends every process."""
+    was receiving into in place (``out=``) are deleted, not left half-written; received
+    into with ``atomic=True``, they keep their previous values and stay usable. Not tested:
+    killing process 0, which runs JAX's coordination service: JAX then ends every process."""
     ids = [[2 * h, 2 * h + 1] for h in hosts]
     src = {"ids": ids, "axes": ["x", "y"], "spec": "S0R"}
     dst = {"ids": ids, "axes": ["x", "y"], "spec": "RS0"}
     case = {"shape": [6, 6], "dtype": "float32", "src": src, "dst": dst, "timeout": 10}
-    results = jax_processes.run(WORLD, DEVICES, [case, {**case, "kill": dead, "into": True}], timeout=120)
+    results = jax_processes.run(WORLD, DEVICES, [case, {**case, "kill": dead, "into": True, "atomic": atomic}],
+                                timeout=120)
     assert results[dead][0] is None  # the killed rank printed nothing
     for rank in set(hosts) - {dead}:
         out, err = results[rank]
@@ -206,7 +208,41 @@ def test_a_process_killed_mid_transfer_is_named_within_60_s(hosts, dead):
         assert not out[0].get("error") and not out[0]["wrong"], out[0]
         r = out[1]
         assert "error" in r and f"host {dead}" in r["error"] and r["seconds"] < 60, r
-        assert r["deleted"] is True, r
+        if atomic:
+            assert r["deleted"] is False and set(r["states"]) == {"old"} and r["updated"] == [], r
+        else:
+            assert r["deleted"] is True, r
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_sender_killed_mid_sync_leaves_each_out_leaf_old_or_new_as_reported(seed):
+    """A tree received into previous arrays (``out=``, ``atomic=True``) while its sender
+    exits at a seeded moment of the call (before its first byte, part of the way, or
+    after): the receiver gets an answer within 60 s, every leaf holds either all its new
+    values or all its previous ones, the arrays stay usable, and ``PartialUpdateError``
+    names exactly the leaves that hold the new values. The destination shards each gather two source
+    shards' halves (two writers a leaf), in small buckets (many transfers)."""
+    import random
+
+    rng = random.Random(seed)
+    leaf = {"shape": [256, 256], "dtype": "float32", "src": {"ids": [[2, 3]], "axes": ["x", "y"], "spec": "S1R"},
+            "dst": {"ids": [[4, 5]], "axes": ["x", "y"], "spec": "RS1"}}
+    warm = {**leaf, "shape": [8, 8]}
+    case = {"tree": [leaf] * 96, "bucket": 64 << 10, "into": True, "atomic": True, "timeout": 10,
+            "kill_after": {"rank": 1, "seconds": rng.uniform(0.0, 0.15)}}
+    results = jax_processes.run(WORLD, DEVICES, [warm, case], timeout=150)
+    out, err = results[2]
+    assert out is not None, err
+    assert not out[0].get("error") and not out[0]["wrong"], out[0]
+    r = out[1]
+    if "error" not in r:  # the sender was done before it exited
+        assert not r["wrong"], r
+        return
+    assert "host 1" in r["error"] and r["seconds"] < 60, r
+    assert r["deleted"] is False and "mixed" not in r["states"], r
+    paths = [f"/{i}" for i in range(96)]
+    assert r["updated"] == [p for p, s in zip(paths, r["states"]) if s == "new"], r
+    assert r["unchanged"] == [p for p, s in zip(paths, r["states"]) if s == "old"], r
 
 
 def test_the_weight_sync_processes_bench_verifies_every_method(tmp_path):

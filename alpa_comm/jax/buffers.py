@@ -75,6 +75,10 @@ class HostBuffers:
         self.pool.trim()
         return dst
 
+    def alloc(self, device: int, shape, dtype) -> np.ndarray:
+        """An aligned host buffer from the pool (``device`` does not matter: host memory)."""
+        return self.pool.empty(shape, dtype)
+
     def sources(self, x, hosts: JaxHosts, wire: np.dtype) -> "LazyShards":
         """This process's source shards of ``x`` by alpa_comm device id, in the wire type,
         read when the executor first asks (``LazyShards``)."""

@@ -1,31 +1,45 @@
-"""Receiving into the previous weights (``reshard_tree(..., out=old)``): the destination
-buffers of a sync are the memory of arrays the caller gives up, so a receiver holds one
-copy of the model, not the old weights, the received buffers and the new arrays at once.
+"""Receiving into the previous weights (``reshard_tree(..., out=old)``): the results are
+written into the memory of arrays the caller gives up, so a receiver holds the model
+once (plus what is in flight), not the old weights, the received buffers and the new
+arrays at once.
 
 JAX arrays are immutable to JAX programs, but their device memory is plain memory: on
 CPU devices a shard's buffer is host memory at ``unsafe_buffer_pointer()`` (JAX's own
 DLPack export marks it read-only, so a NumPy view is made from the pointer), on GPUs
 device memory there that CuPy wraps as foreign memory (``cupy.cuda.UnownedMemory``;
-not run here: no GPU). The sync writes there and returns the same ``jax.Array``
-objects, now holding the new values: the caller donates ``out`` as it would to a jitted
-function with ``donate_argnums``, and must not let another computation read those
-arrays during the call (pending computations that write them are waited for first);
-the host copy JAX caches once an array was read with ``np.asarray`` is refreshed after.
-A call that fails mid-transfer deletes them (``reshard._Into.discarded_on_failure``):
-never half-written arrays handed back or left readable.
+not run here: no GPU). The call returns the same ``jax.Array`` objects, now holding
+the new values: the caller donates ``out`` as it would to a jitted function with
+``donate_argnums``, and must not let another computation read those arrays during the
+call (pending computations that write them are waited for first); the host copy JAX
+caches once an array was read with ``np.asarray`` is refreshed after.
+
+By default the bytes land in the previous arrays as they arrive, so a call that fails
+mid-transfer deletes them (``reshard._drop_out``): never half-written arrays handed back
+or left readable. With ``atomic=True`` (``ReceiveInto``) each leaf's bytes land in
+staging buffers of its own, made when its first transfer here starts, and are copied
+into its previous arrays in one step once every transfer writing it here has ended (the
+staging memory then goes back to the pool, for the leaves after it); a call that fails
+part of the way raises ``PartialUpdateError`` naming the leaves that hold the new values
+and those that still hold their previous ones, and every array stays usable. The price
+is the staging of the leaves being received: a leaf's from its first transfer here to
+its last, which the plan's order spreads over much of the call where a leaf gathers
+pieces from many senders (a 557 MiB model from FSDP to tensor-parallel replicas held
+159-167 MiB of staging at its peak on a process receiving 278 MiB).
 
 Refused by name, before anything moves: a leaf of another shape, type or sharding than
 the result would have, a deleted array, two leaves sharing memory, a shard whose memory
 JAX does not expose, or a wire type other than the result's type (the bytes would need a
-cast on arrival, i.e. a buffer of their own).
+cast on arrival).
 """
 from __future__ import annotations
 
 import ctypes
+import threading
+from collections.abc import Mapping
 
 import numpy as np
 
-from ..errors import InvalidOptionError
+from ..errors import InternalError, InvalidOptionError
 
 
 def check_out(out_leaves: list, paths: list, shapes: list, types: list, shardings: list, wires: list,
@@ -122,3 +136,127 @@ def _pointer(data, path: str) -> int:
     except Exception as e:  # noqa: BLE001 - whatever this JAX or platform says, named
         raise InvalidOptionError(f"out leaf {path}: this platform does not expose the shard's memory ({e}); "
                                  f"leave out 'out'") from None
+
+
+class Staging(Mapping):
+    """One leaf's staging buffers on this process (device -> an array shaped and typed as
+    that device's previous shard), made together on first use: a transfer asks for them
+    when it starts, so a leaf's staging lives from its first transfer to its commit, not
+    for the whole call. ``release`` lets them go (to the pool they came from)."""
+
+    __slots__ = ("_views", "_alloc", "_bufs", "_lock")
+
+    def __init__(self, views: dict, alloc):
+        self._views, self._alloc, self._bufs, self._lock = views, alloc, None, threading.Lock()
+
+    def __getitem__(self, device):
+        bufs = self._bufs
+        if bufs is None:
+            with self._lock:
+                if self._bufs is None:
+                    self._bufs = {d: self._alloc(d, v.shape, v.dtype) for d, v in self._views.items()}
+                bufs = self._bufs
+        return bufs[device]
+
+    def __contains__(self, device) -> bool:
+        return device in self._views
+
+    def __iter__(self):
+        return iter(self._views)
+
+    def __len__(self) -> int:
+        return len(self._views)
+
+    def made(self) -> dict:
+        """The buffers made so far (none before the leaf's first transfer)."""
+        return self._bufs or {}
+
+    def release(self) -> None:
+        self._bufs = None
+
+
+class ReceiveInto:
+    """``out=``: the executor's destination buffers (``buffers``: one entry per leaf of the
+    plan) are the previous arrays' shards themselves, or with ``atomic`` each leaf's
+    ``Staging``, which ``done`` (the executor's ``on_done``) copies into the previous
+    arrays once the last transfer writing the leaf here has ended: under one lock, so
+    after ``close`` nothing more is copied and ``updated`` tells exactly which leaves hold
+    the new values.
+
+    ``arrays``/``paths``/``views``: the previous arrays, their paths and their shards as
+    writable views (``writable_shards``), one entry per leaf this process receives;
+    ``alloc(device, shape, dtype)``: a staging buffer (of ``xp``, the views' module).
+    ``bind`` says which plan leaf each one is and which transfers write which plan leaves
+    here."""
+
+    def __init__(self, arrays: list, paths: list, views: list, alloc, xp=np, atomic: bool = False):
+        self.arrays, self.paths, self.views, self.xp, self.atomic = arrays, paths, views, xp, atomic
+        self.staging = [Staging(v, alloc) if atomic else v for v in views]
+        self.updated = [False] * len(arrays)
+        self.buffers: list = list(self.staging)
+        self._out_of: list = list(range(len(arrays)))  # plan leaf -> index into arrays (None: not ours)
+        self._writers: dict = {}
+        self._pending: list = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def bind(self, plan_leaves: int, plan_leaf_of: list, writers: dict) -> None:
+        """``plan_leaf_of[j]``: the plan leaf that ``arrays[j]`` receives; ``writers``:
+        transfer id -> the plan leaves it writes here (``reshard._Share.writers``). A leaf
+        that no transfer writes here (nothing of it to move) counts as updated."""
+        self._out_of = [None] * plan_leaves
+        self.buffers = [{} for _ in range(plan_leaves)]
+        for j, i in enumerate(plan_leaf_of):
+            self._out_of[i] = j
+            self.buffers[i] = self.staging[j]
+        self._writers = writers
+        self._pending = [0] * plan_leaves
+        for written in writers.values():
+            for i in written:
+                self._pending[i] += 1
+        for j, i in enumerate(plan_leaf_of):
+            if not self._pending[i]:
+                self.updated[j] = True
+
+    def done(self, transfer) -> None:
+        """``transfer`` ended here: commit the leaves it was the last writer of."""
+        if not self.atomic:
+            return
+        for i in self._writers.get(transfer.id, ()):
+            with self._lock:
+                self._pending[i] -= 1
+                j = self._out_of[i]
+                if self._pending[i] or self._closed or j is None:
+                    continue
+                staged = self.staging[j].made()
+                for device, view in self.views[j].items():
+                    if device in staged:
+                        view[...] = staged[device]
+                self.staging[j].release()
+                self.updated[j] = True
+
+    def close(self) -> None:
+        """Nothing more is committed (a failed call); an ongoing commit ends first."""
+        with self._lock:
+            self._closed = True
+
+    def report(self) -> tuple[list, list]:
+        """(paths of the leaves holding the new values, paths of those holding the previous)."""
+        with self._lock:
+            return ([p for p, u in zip(self.paths, self.updated) if u],
+                    [p for p, u in zip(self.paths, self.updated) if not u])
+
+    def results(self) -> list:
+        """The previous arrays, every leaf committed, JAX's host copies refreshed."""
+        missing = [p for p, u in zip(self.paths, self.updated) if not u]
+        if missing and self.atomic:  # every transfer ended, so every leaf's last writer did: a plan that missed one
+            raise InternalError(f"out leaves {missing} were not written by the call's transfers")
+        if self.xp is not np and hasattr(self.xp, "cuda"):  # the commits are copies on the device: wait for them
+            self.xp.cuda.runtime.deviceSynchronize()
+        for y in self.arrays:
+            forget_host_copies(y)
+        return self.arrays
+
+    def staged_buffers(self) -> list:
+        """The staging buffers still held (what a late write could land in)."""
+        return [st.made() for st in self.staging if self.atomic and st.made()]

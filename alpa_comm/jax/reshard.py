@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..dtypes import dtype_name
-from ..errors import InvalidOptionError
+from ..errors import InvalidOptionError, PartialUpdateError
 from ..gc_pause import gc_paused
 from ..placement import Resharding
 from ..resharding import plan_resharding
@@ -36,29 +36,31 @@ from ..validation import positive_int
 from . import programs
 from .buffers import buffers_for
 from .group import ProcessGroup, default_group
-from .into import check_out, forget_host_copies, writable_shards
+from .into import ReceiveInto, check_out, forget_host_copies, writable_shards
 from .placement import JaxHosts, named_sharding, placement
 
 
 def reshard(x, dst, *, group: ProcessGroup | None = None, strategy: str = "broadcast",
             wire_dtype=None, dtype=None, timeout: float | None = None, out=None,
-            max_inflight_bytes: int | None = None):
+            max_inflight_bytes: int | None = None, atomic: bool = False):
     """``x`` (a global ``jax.Array`` with a ``NamedSharding``) on ``dst`` (a
     ``NamedSharding``, or ``(mesh, "S01R")``), as this process sees it. ``wire_dtype``,
-    ``dtype``, ``out`` and ``max_inflight_bytes``: as for ``reshard_tree``. Between
+    ``dtype``, ``out``, ``max_inflight_bytes`` and ``atomic``: as for ``reshard_tree``. Between
     separate JAX programs a process that only sends passes ``dst=None`` (and gets None),
     one that only receives ``x=None``."""
     if dst is None and out is not None:
         dst = out.sharding
     got = reshard_tree(None if x is None else {"x": x}, None if dst is None else {"x": dst}, group=group,
                        strategy=strategy, timeout=timeout, bucket_bytes=None, wire_dtype=wire_dtype, dtype=dtype,
-                       out=None if out is None else {"x": out}, max_inflight_bytes=max_inflight_bytes)
+                       out=None if out is None else {"x": out}, max_inflight_bytes=max_inflight_bytes,
+                       atomic=atomic)
     return None if got is None else got["x"]
 
 
 def reshard_tree(tree, dst_tree, *, group: ProcessGroup | None = None, strategy: str = "broadcast",
                  bucket_bytes: int | str | None = "auto", wire_dtype=None, dtype=None,
-                 timeout: float | None = None, out=None, max_inflight_bytes: int | None = None):
+                 timeout: float | None = None, out=None, max_inflight_bytes: int | None = None,
+                 atomic: bool = False):
     """Every ``jax.Array`` leaf of ``tree`` onto the sharding at the same place in
     ``dst_tree`` (nested dicts/lists/tuples), in one jointly balanced plan (small arrays
     that travel the same way packed into one message up to ``bucket_bytes``).
@@ -78,27 +80,40 @@ def reshard_tree(tree, dst_tree, *, group: ProcessGroup | None = None, strategy:
     and shardings, e.g. the previous step's weights): received into their memory and
     returned (the same objects, new values), so a receiver holds no second copy of the
     model (``into``); ``dst_tree`` may then be None (``out``'s shardings). The caller
-    gives those arrays up, as with ``donate_argnums``.
+    gives those arrays up, as with ``donate_argnums``. A call that fails mid-transfer
+    deletes them (never half-written arrays left readable), unless ``atomic``: then each
+    leaf's bytes land in staging memory of its own and are copied into its array once all
+    are in, and a call that fails part of the way raises ``PartialUpdateError`` naming the
+    leaves that hold the new values and those that hold their previous ones, every array
+    usable (the staging of the leaves being received is memory beyond the budget: see
+    ``into``).
 
     ``max_inflight_bytes`` (default ``MAX_INFLIGHT_BYTES``, 256 MiB): beyond the source
     arrays and the results, the buffers this process makes for the call (packed buckets,
     receives that cannot land in place) stay within it; buckets are at most half of it,
-    so the next is packed while the previous is on the wire."""
+    so the next is packed while the previous is on the wire. Receiving into ``out`` with
+    ``atomic``, the staging of the leaves being received comes on top: each leaf's from
+    its first transfer here to its last, recycled for the leaves after it."""
     budget = MAX_INFLIGHT_BYTES if max_inflight_bytes is None else positive_int(max_inflight_bytes,
                                                                                 "max_inflight_bytes")
+    if not isinstance(atomic, bool):
+        raise InvalidOptionError(f"atomic must be True or False, got {atomic!r}")
+    if atomic and out is None:
+        raise InvalidOptionError("atomic=True is about receiving into out=: pass out (the arrays to receive into)")
     if out is not None and dst_tree is None:
         dst_tree = tree_unflatten(out, [y.sharding for _, y in tree_flatten(out)])
     with gc_paused():  # no collection pass stalls the wire mid-call (see gc_pause)
-        return _reshard_tree(tree, dst_tree, group, strategy, bucket_bytes, wire_dtype, dtype, timeout, out, budget)
+        return _reshard_tree(tree, dst_tree, group, strategy, bucket_bytes, wire_dtype, dtype, timeout, out, budget,
+                             atomic)
 
 
-def _reshard_tree(tree, dst_tree, group, strategy, bucket_bytes, wire_dtype, dtype, timeout, out, budget):
+def _reshard_tree(tree, dst_tree, group, strategy, bucket_bytes, wire_dtype, dtype, timeout, out, budget, atomic):
     import jax  # noqa: PLC0415
 
     group = group or default_group()
     if tree is None or dst_tree is None or group.world_size != jax.process_count():
         return _reshard_between_programs(tree, dst_tree, group, strategy, bucket_bytes, wire_dtype, dtype, timeout,
-                                         out, budget)
+                                         out, budget, atomic)
     if group.rank != jax.process_index():
         raise InvalidOptionError(f"group rank {group.rank} is not this process's JAX process index "
                                  f"{jax.process_index()}: in one JAX program, rank p must be process p")
@@ -114,12 +129,13 @@ def _reshard_tree(tree, dst_tree, group, strategy, bucket_bytes, wire_dtype, dty
     if out is not None:
         paths = [p for p, _ in leaves]
         into = _into(out, paths, [(x.shape, _want(dtype) or x.dtype) for _, x in leaves], prep.shardings,
-                     prep.wires, layouts, prep.hosts, io, leaves)
+                     prep.wires, layouts, prep.hosts, io, leaves, atomic)
+        into.bind(len(leaves), list(range(len(leaves))), prep.writers)
     src = ([io.sources(x, prep.hosts, wire) for (_, x), wire in zip(leaves, prep.wires)] if prep.sends
            else [{}] * len(leaves))  # a process that only receives reads no shards
     if into is not None:
         _run(prep, layouts, src, group, timeout, io, into=into, budget=budget)
-        return tree_unflatten(tree, into.results(io))
+        return tree_unflatten(tree, into.results())
     placer = io.placer([(x.shape, x.dtype) for _, x in leaves], _want(dtype), prep.shardings, prep.hosts,
                        prep.wires, prep.writers)
     try:
@@ -134,23 +150,23 @@ def _want(dtype):
     return None if dtype is None else numpy_dtype(dtype) if isinstance(dtype, str) else np.dtype(dtype)
 
 
-def _run(share: "_Share", layouts, src, group: ProcessGroup, timeout, io, placer=None, into: "_Into | None" = None,
-         budget: int | None = None) -> list[dict]:
+def _run(share: "_Share", layouts, src, group: ProcessGroup, timeout, io, placer=None,
+         into: ReceiveInto | None = None, budget: int | None = None) -> list[dict]:
     """This host's share of a plan over the group's subgroup of its participants, in the
-    memory ``io`` keeps buffers in (or into the previous arrays of ``into``); returns the
-    received buffers per leaf (``placer``, if given, sees them first and each transfer as
-    it ends). ``budget``: the executor's ``max_inflight_bytes``. A failure names the peer
-    and the group's first failure; receiving ``into`` previous arrays, it deletes them
-    once nothing writes there any more (the subgroup closed, the transfers' threads ended),
-    so they are never left half-written."""
+    memory ``io`` keeps buffers in (or staged leaf by leaf into the previous arrays of
+    ``into``); returns the received buffers per leaf (``placer``, if given, sees them
+    first and each transfer as it ends). ``budget``: the executor's
+    ``max_inflight_bytes``. A failure names the peer and the group's first failure;
+    receiving ``into`` previous arrays, it says which leaves hold the new values and
+    which their previous ones (``_stop_staging``: ``PartialUpdateError``)."""
     job = share.job
     dst, in_place = io.destinations(layouts, share) if into is None else (into.buffers, {})
     if placer is not None:
         placer.start(dst)
     backend = group.backend(share.participants)
+    done = placer.done if placer is not None else into.done if into is not None and into.atomic else None
     options = ExecutorOptions(timeout or group.timeout, job.min_rate, xp=io.xp, latency_s=job.latency_s,
-                              in_place=in_place, max_inflight_bytes=budget,
-                              on_done=None if placer is None else placer.done)
+                              in_place=in_place, max_inflight_bytes=budget, on_done=done)
     ex = HostExecutor(group.rank, layouts, src, dst, backend, job.host_of, options=options)
     try:
         ex.run(job.transfers)
@@ -158,21 +174,68 @@ def _run(share: "_Share", layouts, src, group: ProcessGroup, timeout, io, placer
         first = backend.report_failure(str(e))
         if backend.fresh_after_failure or into is not None:
             group.discard(share.participants)
-        if into is not None:
-            into.discard(ex, io)
+        message = str(e) if first == str(e) else f"{e}; the group's first failure: {first}"
+        if into is not None and not into.atomic:
+            _drop_out(into, ex, io)
+        elif into is not None:
+            _stop_staging(into, ex, io)
+            updated, unchanged = into.report()
+            raise PartialUpdateError(f"{message}; out: the new values in {_leaves(updated)}, the previous ones in "
+                                     f"{_leaves(unchanged)} (no leaf holds a mix; every array is usable; calling "
+                                     f"again moves the tree anew)", updated, unchanged) from e
         if first != str(e):
-            raise CommunicationError(f"{e}; the group's first failure: {first}") from e
+            raise CommunicationError(message) from e
         raise
     except BaseException:
         if into is not None:
             group.discard(share.participants)
-            into.discard(ex, io)
+            (_stop_staging if into.atomic else _drop_out)(into, ex, io)
         raise
     return dst
 
 
+def _leaves(paths: list) -> str:
+    """``paths`` for a message: all of them up to eight, else a count and the first few."""
+    if not paths:
+        return "no leaves"
+    shown = ", ".join(paths[:8])
+    return f"{len(paths)} leaves ({shown}{', ...' if len(paths) > 8 else ''})" if len(paths) > 1 else f"leaf {shown}"
+
+
+def _drop_out(into: ReceiveInto, ex: HostExecutor, io) -> None:
+    """After a call received in place failed mid-transfer (its subgroup closed): ``out`` is
+    half-written, so its arrays are deleted (using one raises JAX's "Array has been
+    deleted"), never returned or left readable as a mix of two versions; first the
+    transfers still on their threads end, so nothing writes into freed memory."""
+    ended = ex.join_dropped_threads(ex.timeout)
+    if io.xp is not np and hasattr(io.xp, "cuda"):
+        io.xp.cuda.runtime.deviceSynchronize()
+    if ended:
+        for y in into.arrays:
+            y.delete()
+    else:  # a writer is still alive: keep the memory, unusable, rather than free it under it
+        _KEPT.extend(into.arrays)
+
+
+def _stop_staging(into: ReceiveInto, ex: HostExecutor, io) -> None:
+    """After a failed call (its subgroup closed): no leaf is committed any more, the
+    transfers still on their threads end (their waits end at once), and the staging
+    memory goes back, unless a writer is still alive: then it is kept, unusable, rather
+    than handed to the next call under it. The committed leaves' host copies are
+    refreshed."""
+    into.close()
+    ended = ex.join_dropped_threads(ex.timeout)
+    if io.xp is not np and hasattr(io.xp, "cuda"):
+        io.xp.cuda.runtime.deviceSynchronize()
+    if not ended:
+        _KEPT.extend(into.staged_buffers())
+    for y, updated in zip(into.arrays, into.updated):
+        if updated:
+            forget_host_copies(y)
+
+
 def _reshard_between_programs(tree, dst_tree, group: ProcessGroup, strategy, bucket_bytes, wire_dtype, dtype,
-                              timeout, out=None, budget: int = MAX_INFLIGHT_BYTES):
+                              timeout, out=None, budget: int = MAX_INFLIGHT_BYTES, atomic: bool = False):
     """``reshard_tree`` where the two sides are different JAX programs (``programs``):
     exchange descriptions, plan the merged picture, run this process's share, and return
     the destination tree as this program sees it (None for a process that only sends)."""
@@ -198,71 +261,41 @@ def _reshard_between_programs(tree, dst_tree, group: ProcessGroup, strategy, buc
     ours = {path: i for i, (path, first, _) in enumerate(prep.moves) if first == hosts.first_host}
     paths = [path for path, _ in dst_leaves]
     shardings = [named_sharding(d, len(shapes[path][0])) for path, d in dst_leaves]
-    into, given = None, None
+    into = None
     if out is not None and dst_tree is not None:
         into = _into(out, paths, [(shapes[p][0], _want(dtype) or shapes[p][1]) for p in paths], shardings,
-                     [wires[p] for p in paths], [layouts[ours[p]] for p in paths], hosts, io, leaves)
-        given = [{} for _ in prep.moves]
-        for p, bufs in zip(paths, into.buffers):
-            given[ours[p]] = bufs
+                     [wires[p] for p in paths], [layouts[ours[p]] for p in paths], hosts, io, leaves, atomic)
+        into.bind(len(prep.moves), [ours[p] for p in paths], prep.writers)  # plan leaves of every program
     src = [io.sources(xs[path], hosts, numpy_dtype(wire)) if path in xs else {} for path, _, wire in prep.moves]
-    if into is not None:
-        into.buffers = given  # per plan leaf: the previous arrays' shards for ours, nothing for the rest
     dst = _run(prep, layouts, src, group, timeout, io, into=into, budget=budget)
     if dst_tree is None:
         return None
     if into is not None:
-        return tree_unflatten(dst_tree, into.results(io), is_leaf=_is_notation_pair)
+        return tree_unflatten(dst_tree, into.results(), is_leaf=_is_notation_pair)
     got = io.place([shapes[p] for p in paths], _want(dtype), shardings, [dst[ours[p]] for p in paths], hosts,
                    [wires[p] for p in paths])
     return tree_unflatten(dst_tree, got, is_leaf=_is_notation_pair)
 
 
 _KEPT: list = []
-"""Previous arrays of failed calls whose writers did not end in time: kept alive, never
-returned (freeing them could let a late write land in reused memory)."""
-
-
-class _Into:
-    """The previous arrays a call receives into (``into``): per leaf, device -> a writable
-    view of the shard's memory; ``results`` gives the arrays back once the bytes are in."""
-
-    def __init__(self, arrays: list, buffers: list):
-        self.arrays, self.buffers = arrays, buffers
-
-    def discard(self, ex: HostExecutor, io) -> None:
-        """After a call failed mid-transfer (the subgroup already closed): ``out`` is
-        half-written, so its arrays are deleted (using one raises JAX's "Array has been
-        deleted"), never returned or left readable as a mix of two versions; first the
-        transfers still on their threads end, so nothing writes into freed memory."""
-        ended = ex.join_dropped_threads(ex.timeout)
-        if io.xp is not np and hasattr(io.xp, "cuda"):
-            io.xp.cuda.runtime.deviceSynchronize()
-        if ended:
-            for y in self.arrays:
-                y.delete()
-        else:  # a writer is still alive: keep the memory, unusable, rather than free it under it
-            _KEPT.extend(self.arrays)
-
-    def results(self, io) -> list:
-        if io.xp is not np and hasattr(io.xp, "cuda"):  # the executor's streams wrote them: wait for them
-            io.xp.cuda.runtime.deviceSynchronize()
-        for y in self.arrays:
-            forget_host_copies(y)
-        return self.arrays
+"""Previous arrays or staging buffers of failed calls whose writers did not end in time:
+kept alive, never reused (freeing them could let a late write land in memory another
+call uses)."""
 
 
 def _into(out, paths: list, results: list, shardings: list, wires: list, layouts: list, hosts, io,
-          sources: list) -> _Into:
+          sources: list, atomic: bool) -> ReceiveInto:
     """``out``'s leaves checked against the results they take in place and the
     ``sources`` ((path, array) pairs) the call reads (``into.check_out``, each refusal
-    naming the leaf) and their shards as writable destination buffers."""
+    naming the leaf), with their shards as writable views to commit into and staging
+    buffers from ``io`` (``ReceiveInto``)."""
     given = dict(tree_flatten(out))
     if set(given) != set(paths):
         raise InvalidOptionError(f"out's leaves {sorted(given)} do not match the destination tree's {sorted(paths)}")
     arrays = [given[p] for p in paths]
     check_out(arrays, paths, [s for s, _ in results], [t for _, t in results], shardings, wires, sources)
-    return _Into(arrays, [writable_shards(y, hosts, lay.dtype, io.xp) for y, lay in zip(arrays, layouts)])
+    return ReceiveInto(arrays, paths, [writable_shards(y, hosts, lay.dtype, io.xp) for y, lay in zip(arrays, layouts)],
+                      io.alloc, io.xp, atomic)
 
 
 @dataclass
