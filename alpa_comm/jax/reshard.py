@@ -153,12 +153,13 @@ def _want(dtype):
 def _run(share: "_Share", layouts, src, group: ProcessGroup, timeout, io, placer=None,
          into: ReceiveInto | None = None, budget: int | None = None) -> list[dict]:
     """This host's share of a plan over the group's subgroup of its participants, in the
-    memory ``io`` keeps buffers in (or staged leaf by leaf into the previous arrays of
-    ``into``); returns the received buffers per leaf (``placer``, if given, sees them
-    first and each transfer as it ends). ``budget``: the executor's
+    memory ``io`` keeps buffers in (or into the previous arrays of ``into``, in place or
+    leaf by leaf through staging); returns the received buffers per leaf (``placer``, if
+    given, sees them first and each transfer as it ends). ``budget``: the executor's
     ``max_inflight_bytes``. A failure names the peer and the group's first failure;
-    receiving ``into`` previous arrays, it says which leaves hold the new values and
-    which their previous ones (``_stop_staging``: ``PartialUpdateError``)."""
+    receiving ``into`` previous arrays in place, it deletes them (``_drop_out``), leaf by
+    leaf it says which leaves hold the new values and which their previous ones
+    (``_stop_staging``, ``PartialUpdateError``)."""
     job = share.job
     dst, in_place = io.destinations(layouts, share) if into is None else (into.buffers, {})
     if placer is not None:
