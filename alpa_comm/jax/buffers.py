@@ -23,6 +23,7 @@ import numpy as np
 
 from ..runtime.executor import Destinations, Layout, destination_buffers, kept_threads
 from ..runtime.host_memory import BufferPool
+from .completion import LeafCompletion
 from .placement import JaxHosts, has_device_memory
 
 
@@ -146,12 +147,7 @@ class ProgressivePlacer(Placer):
 
     def __init__(self, io, leaves, want, shardings, hosts: JaxHosts, wires, writers: dict):
         super().__init__(io, leaves, want, shardings, hosts, wires)
-        self.writers = writers
-        self.pending = [0] * len(leaves)
-        for written in writers.values():
-            for i in written:
-                self.pending[i] += 1
-        self.left = sum(1 for n in self.pending if n)  # leaves some transfer here still writes into
+        self.completion = LeafCompletion(len(leaves), writers)
         self.types = [want or np.dtype(dtype) for _, dtype in leaves]
         self.out: list = [None] * len(leaves)
         self.public = False  # the private path failed: place everything at the end
@@ -161,20 +157,20 @@ class ProgressivePlacer(Placer):
         self._pool = kept_threads("place", 1, "alpa-comm-place")
         self._closed = False
 
+    @property
+    def left(self) -> int:
+        """Leaves some transfer here still writes into."""
+        return self.completion.left
+
     def done(self, transfer) -> None:
         """``transfer`` ended here: the leaves it completes go to the placing thread, unless
         they are the last ones (nothing else is on its way in: the caller's ``results``
         adopts them at once, where a hand-off to a thread that must first wake only adds
         the wake-up: 10 x 1 MiB between two processes took 0.23-0.55 ms from the last byte
         to the results handed over, 0.21-0.27 ms adopted at once)."""
-        ready = []
         with self._lock:
-            for i in self.writers.get(transfer.id, ()):
-                self.pending[i] -= 1
-                if self.pending[i] == 0:
-                    ready.append(i)
-            self.left -= len(ready)
-            if not ready or self.public or self._closed or self.left == 0:
+            ready = self.completion.ended(transfer.id)
+            if not ready or self.public or self._closed or self.completion.left == 0:
                 return
             self._placing.append((self._pool.submit(self._place, ready), ready))
 

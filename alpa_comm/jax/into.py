@@ -40,6 +40,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from ..errors import InternalError, InvalidOptionError
+from .completion import LeafCompletion
 
 
 def check_out(out_leaves: list, paths: list, shapes: list, types: list, shardings: list, wires: list,
@@ -193,10 +194,9 @@ class ReceiveInto:
         self.arrays, self.paths, self.views, self.xp, self.atomic = arrays, paths, views, xp, atomic
         self.staging = [Staging(v, alloc) if atomic else v for v in views]
         self.updated = [False] * len(arrays)
-        self.buffers: list = list(self.staging)
-        self._out_of: list = list(range(len(arrays)))  # plan leaf -> index into arrays (None: not ours)
-        self._writers: dict = {}
-        self._pending: list = []
+        self.buffers: list = []  # per plan leaf (``bind``)
+        self._out_of: list = []  # plan leaf -> index into arrays (None: not ours)
+        self._completion: LeafCompletion | None = None
         self._lock = threading.Lock()
         self._closed = False
 
@@ -209,24 +209,18 @@ class ReceiveInto:
         for j, i in enumerate(plan_leaf_of):
             self._out_of[i] = j
             self.buffers[i] = self.staging[j]
-        self._writers = writers
-        self._pending = [0] * plan_leaves
-        for written in writers.values():
-            for i in written:
-                self._pending[i] += 1
+        self._completion = LeafCompletion(plan_leaves, writers)
         for j, i in enumerate(plan_leaf_of):
-            if not self._pending[i]:
+            if self._completion.unwritten(i):
                 self.updated[j] = True
 
     def done(self, transfer) -> None:
-        """``transfer`` ended here: commit the leaves it was the last writer of."""
-        if not self.atomic:
-            return
-        for i in self._writers.get(transfer.id, ()):
-            with self._lock:
-                self._pending[i] -= 1
+        """``transfer`` ended here: commit the leaves it was the last writer of (the
+        executor's ``on_done`` with ``atomic`` only: in place there is nothing to commit)."""
+        with self._lock:
+            for i in self._completion.ended(transfer.id):
                 j = self._out_of[i]
-                if self._pending[i] or self._closed or j is None:
+                if self._closed or j is None:
                     continue
                 staged = self.staging[j].made()
                 for device, view in self.views[j].items():
