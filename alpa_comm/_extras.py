@@ -19,7 +19,7 @@ from .errors import MissingExtraError
 
 EXTRAS = {
     "plot": "PNG charts",
-    "jax": "alpa_comm.jax, the models and the trainer",
+    "jax": "alpa_comm.jax, the models and the trainer (its checkpoints too)",
     "runtime": "host workers on Ray with gloo transfers: Cluster, bench, train on a cluster",
     "train": "the trainer on host workers: jax and the runtime together",
     "alpa": "Alpa 0.2.3's own code: the Alpa baselines of --alpa-baseline code",
@@ -32,6 +32,7 @@ EXTRA_OF = {
     "jax": "jax",
     "jaxlib": "jax",
     "optax": "jax",
+    "orbax": "jax",
     "ray": "runtime",
     "torch": "runtime",
     "msgpack": "alpa",
@@ -40,7 +41,7 @@ EXTRA_OF = {
 """Top-level optional module -> the extra that installs it (tests/test_extras.py checks
 that each extra here lists the module's distribution in setup.cfg)."""
 
-DISTRIBUTION = {"cupy": "cupy-cuda12x", "jaxlib": "jax"}
+DISTRIBUTION = {"cupy": "cupy-cuda12x", "jaxlib": "jax", "orbax": "orbax-checkpoint"}
 """Where the distribution that brings a module is named apart from it (jax brings jaxlib)."""
 
 

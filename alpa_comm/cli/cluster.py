@@ -114,6 +114,13 @@ def _register_train(sub) -> None:
                    help="seconds any transfer may wait (default 60)")
     p.add_argument("--trace", type=output_file, help="write a Chrome trace of the last steps here")
     p.add_argument("--out", type=output_dir, help="write loss.json and loss.png into this folder")
+    p.add_argument("--checkpoint-dir", type=output_dir, default=None,
+                   help="save checkpoints here (Orbax; each stage mesh its parameters and optimizer state, "
+                        "written in the background; on a cluster a directory every host sees)")
+    p.add_argument("--checkpoint-every", type=count(1, 10_000_000), default=None,
+                   help="steps between checkpoints, and the last step (default 10; needs --checkpoint-dir)")
+    p.add_argument("--resume", action="store_true",
+                   help="go on from the latest complete checkpoint in --checkpoint-dir, to --steps in all")
     p.set_defaults(func=cmd_train)
 
 
@@ -288,8 +295,9 @@ def cmd_train(args) -> int:
     cfg = TrainConfig(**{k: getattr(args, k) for k in TrainConfig.__dataclass_fields__ if hasattr(args, k)})
     result = train(cfg, log=sys.stderr)  # this call's stderr, not the one bound when the module loaded
     timed = result.step_seconds[1:] or result.step_seconds
+    resumed = f" (resumed at step {result.start_step})" if result.start_step else ""
     print(f"{cfg.model}, {cfg.stages} stages x dp {cfg.dp}, {result.schedule.name}, {cfg.strategy} on {cfg.cluster}: "
-          f"loss {result.losses[0]:.4f} -> {result.losses[-1]:.4f} over {cfg.steps} steps; "
+          f"loss {result.losses[0]:.4f} -> {result.losses[-1]:.4f} over {cfg.steps} steps{resumed}; "
           f"{sum(timed) / len(timed):.3f} s/step after the first, {result.samples_per_second:.1f} samples/s")
     if args.out:
         for path in write_loss(result, cfg, args.out):

@@ -15,9 +15,11 @@ LOG_EVERY_S = 10.0
 class Progress:
     """``step(what)`` after each unit of work, ``close()`` at the end (or use ``with``)."""
 
-    def __init__(self, total: int, desc: str = "", stream=None, unit: str = "step", enabled: bool = True):
+    def __init__(self, total: int, desc: str = "", stream=None, unit: str = "step", enabled: bool = True,
+                 initial: int = 0):
+        """``initial``: units already done before this process (a resumed run counts on from them)."""
         self.stream = sys.stderr if stream is None else stream
-        self.total, self.desc, self.done, self.enabled = total, desc, 0, enabled
+        self.total, self.desc, self.done, self.enabled = total, desc, initial, enabled
         self.t0 = self._last = time.monotonic()
         self.bar = None
         isatty = getattr(self.stream, "isatty", None)
@@ -25,7 +27,7 @@ class Progress:
             from tqdm import tqdm  # noqa: PLC0415 - only for interactive output
 
             self.bar = tqdm(total=total, desc=desc or None, file=self.stream, unit=unit, dynamic_ncols=True,
-                            leave=True)
+                            leave=True, initial=initial)
 
     def step(self, what: str = "") -> None:
         self.done += 1
@@ -43,6 +45,15 @@ class Progress:
                   f"{now - self.t0:.0f} s) {what}", file=self.stream, flush=True)
 
     __call__ = step
+
+    def note(self, message: str) -> None:
+        """One line between the updates (a checkpoint saved, a run resumed), above a bar."""
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.write(message, file=self.stream)
+        else:
+            print(message, file=self.stream, flush=True)
 
     def close(self) -> None:
         if self.bar is not None:

@@ -228,6 +228,37 @@ class DistributedPipeline:
         by_stage = {v: p for per_mesh in self.cluster._wait(refs, "fetching parameters") for v, p in per_mesh.items()}
         return [by_stage[v] for v in range(len(self.mesh_of))]
 
+    # ---------------------------------------------------------------- checkpoints (``checkpoint``)
+    def _writers(self) -> list[int]:
+        """The hosts that write checkpoints: each stage's replica 0 (every replica holds the same state)."""
+        return [stage_hosts(s, self.dp)[0] for s in range(self.num_stages)]
+
+    def start_checkpoints(self, directory, step: int | None) -> None:
+        """Every host restores its stage's state from ``directory`` at ``step`` (None: a fresh
+        run, nothing to restore); the writers open their part for saving."""
+        refs = [(self.cluster.workers[h].checkpoint_open.remote(str(directory), step, h in self._writers()), h)
+                for h in self.hosts]
+        self.cluster._wait(refs, "restoring its checkpoint" if step is not None else "opening its checkpoints")
+
+    def save_checkpoint(self, step: int, keep: list[int]) -> list:
+        """The writers start saving ``step`` (each waits for its previous save first, keeping the
+        steps in ``keep``); returns each writer's latest finished step."""
+        refs = [(self.cluster.workers[h].checkpoint_save.remote(step, keep), h) for h in self._writers()]
+        return self.cluster._wait(refs, f"saving checkpoint step {step}")
+
+    @staticmethod
+    def checkpoints_done(per_host: list[dict]) -> list:
+        """Each writer's latest finished save, as its last training step reported it."""
+        return [r["checkpoint_done"] for r in per_host if r.get("checkpoint_writer")]
+
+    def wait_checkpoints(self) -> list:
+        refs = [(self.cluster.workers[h].checkpoint_wait.remote(), h) for h in self._writers()]
+        return self.cluster._wait(refs, "finishing its checkpoint")
+
+    def prune_checkpoints(self, keep: list[int]) -> None:
+        refs = [(self.cluster.workers[h].checkpoint_prune.remote(keep), h) for h in self._writers()]
+        self.cluster._wait(refs, "removing old checkpoints")
+
     def regime(self) -> list[dict]:
         """Per stage (replica 0): its forward's flop count and its host's matmul rate
         (``PipelineWorker.regime``), one stage after another so the hosts' timings do

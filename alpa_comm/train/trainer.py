@@ -21,7 +21,7 @@ from ..pipeline.edges import with_skips
 from ..pipeline.ir import Schedule
 from ..pipeline.weight_delay import auto_backward
 from ..validation import positive_int
-from .data import batches, stdlib_corpus, synthetic
+from .data import DataStream, batches, stdlib_corpus, synthetic
 
 # Relative costs for --delay-wgrad auto before anything is measured: backward twice
 # the forward, a transfer half of it (the regime where delaying pays; see docs/schedules.md).
@@ -90,6 +90,9 @@ class TrainConfig:
     timeout: float = 60.0
     trace: str | None = None
     out: str | None = None
+    checkpoint_dir: str | None = None  # save here (``checkpoint``); None: no checkpoints
+    checkpoint_every: int | None = None  # steps between checkpoints (None: checkpoint.DEFAULT_EVERY)
+    resume: bool = False  # go on from the latest complete checkpoint in checkpoint_dir, to ``steps`` in all
 
     def __post_init__(self):
         """Every value checked here, so an API user and the CLI get the same one-line error
@@ -139,6 +142,9 @@ class TrainConfig:
         if self.transport != "gloo" and self.cluster == "inprocess":
             raise InvalidOptionError(f"--transport {self.transport} needs host workers (--cluster local, emulated or "
                                      "ray://...): --cluster inprocess moves no data between hosts")
+        from .checkpoint import check_options  # noqa: PLC0415
+
+        check_options(self)
         if self.trace and self.cluster == "inprocess":
             raise InvalidOptionError("--trace needs host workers (--cluster local, emulated or ray://...): "
                                      "--cluster inprocess runs every stage in this process and moves no data")
@@ -194,6 +200,7 @@ class TrainResult:
     schedule: Schedule
     samples_per_second: float
     steps: list = field(default_factory=list)  # per step: every host's record (distributed runs)
+    start_step: int = 0  # a resumed run: the checkpoint's step (``losses`` holds every step, the seconds this run's)
 
 
 def build_schedule(cfg: TrainConfig, model, costs: Costs = DEFAULT_COSTS, log=None, model_for=None) -> Schedule:
@@ -476,12 +483,15 @@ def calibration_from(runs: list[dict], cfg: TrainConfig) -> Calibration:
     return Calibration(costs, predict_measured, max(kept, default=0.5), list(runs))
 
 
-def data_stream(cfg: TrainConfig):
+def data_stream(cfg: TrainConfig, state: dict | None = None) -> DataStream:
+    """The run's training steps, from the start or from ``state`` (a ``DataStream.state()``:
+    a resumed run draws exactly the steps the uninterrupted run would have drawn next)."""
     rows = cfg.microbatch_size
     if cfg.data == "corpus":
-        return batches(stdlib_corpus(), cfg.microbatches, rows, cfg.seq, cfg.seed)
+        corpus = stdlib_corpus()
+        return DataStream(lambda rng: batches(corpus, cfg.microbatches, rows, cfg.seq, rng=rng), cfg.seed, state)
     if cfg.data == "synthetic":
-        return synthetic(cfg.microbatches, rows, cfg.seq, cfg.seed)
+        return DataStream(lambda rng: synthetic(cfg.microbatches, rows, cfg.seq, rng=rng), cfg.seed, state)
     raise InvalidOptionError(f"unknown data {cfg.data!r}; choose corpus or synthetic")
 
 
@@ -501,7 +511,7 @@ def train(cfg: TrainConfig, log=sys.stderr) -> TrainResult:
             on a cluster), before any work starts.
     """
     positive_int(cfg.steps, "--steps")
-    for module in TRAINER_MODULES:
+    for module in TRAINER_MODULES + (("orbax.checkpoint",) if cfg.checkpoint_dir else ()):
         require(module, extra="jax" if cfg.cluster == "inprocess" else "train")
     if cfg.cluster == "inprocess":
         return _train_inprocess(cfg, log)
@@ -521,24 +531,62 @@ def _train_inprocess(cfg: TrainConfig, log) -> TrainResult:
     sched = build_schedule(cfg, model, log=log)
     opt, update = make_optimizer(cfg.optimizer, cfg.lr)
     state = opt.init(model.params)
-    data = data_stream(cfg)
-    losses, seconds = [], []
-    with _bar(cfg, log) as bar:
-        for _ in range(cfg.steps):
+    ck = writer = None
+    if cfg.checkpoint_dir:
+        from .checkpoint import INPROCESS, Checkpoints, PartWriter, restore_part  # noqa: PLC0415
+
+        ck = Checkpoints(cfg, sched, [INPROCESS])
+        if ck.restored:
+            got = restore_part(ck.dir / INPROCESS, ck.start, {"params": model.params, "opt_state": state})
+            model.params, state = got["params"], got["opt_state"]
+        writer = PartWriter(ck.dir / INPROCESS)
+    data = data_stream(cfg, ck.data_state() if ck else None)
+    losses, seconds = (ck.losses() if ck else []), []
+    start = ck.start if ck else 0
+    with _bar(cfg, log, start) as bar:
+        _resumed(ck, bar)
+        for step in range(start + 1, cfg.steps + 1):
             t0 = time.perf_counter()
             run = run_schedule(model, sched, [{k: jnp.asarray(v) for k, v in mb.items()} for mb in next(data)])
             model.params, state = update(model.params, state, run.grads)
             seconds.append(time.perf_counter() - t0)
             losses.append(run.loss)
+            if ck:
+                _saved(ck.report([writer.finished()]), bar)
+                if ck.due(step):
+                    _saved(ck.report([writer.save(step, {"params": model.params, "opt_state": state}, ck.keep())]),
+                           bar)
+                    ck.saving(step, data.state(), losses)
+                    bar.note(f"checkpoint: writing step {step}")
             bar.step(_status(cfg, run.loss, seconds))
-    return TrainResult(losses, seconds, sched, _rate(cfg, seconds))
+        if ck:
+            _finish(ck, bar, lambda: [writer.wait()], lambda keep: writer.prune(keep))
+            writer.close()
+    return TrainResult(losses, seconds, sched, _rate(cfg, seconds), start_step=start)
 
 
-def _bar(cfg: TrainConfig, log):
-    """Progress over the training steps (silent when ``log`` is None)."""
+def _resumed(ck, bar) -> None:
+    if ck is not None and ck.restored:
+        bar.note(f"resumed from {ck.dir} at step {ck.start} (of {ck.total})")
+
+
+def _saved(step, bar) -> None:
+    """Says that ``step`` (None: none) has just become a complete checkpoint."""
+    if step is not None:
+        bar.note(f"checkpoint: step {step} complete")
+
+
+def _finish(ck, bar, wait, prune) -> None:
+    """At the end: wait for the last save, write its metadata, keep the last ``KEEP``."""
+    _saved(ck.report(wait()), bar)
+    prune(ck.keep())
+
+
+def _bar(cfg: TrainConfig, log, start: int = 0):
+    """Progress over the training steps (silent when ``log`` is None), from ``start`` (resumed)."""
     from ..report.progress import Progress  # noqa: PLC0415
 
-    return Progress(cfg.steps, "train", log, enabled=bool(log))
+    return Progress(cfg.steps, "train", log, enabled=bool(log), initial=start)
 
 
 def _status(cfg: TrainConfig, loss: float, seconds: list[float]) -> str:
@@ -571,8 +619,9 @@ def _train_distributed(cfg: TrainConfig, log) -> TrainResult:
     auto = cfg.schedule == AUTO
     # auto: a cap nothing fits fails here, before any host starts (peaks do not depend on costs)
     sched = build_schedule(cfg, model, model_for=model_for)
-    data = data_stream(cfg)
     losses, seconds, records = [], [], []
+    # a resume that does not match its checkpoint is refused before any host starts (auto: after the pick)
+    ck = _stage_checkpoints(cfg, sched) if cfg.checkpoint_dir and not auto else None
     with open_cluster(cfg, log) as cluster:
         if auto:  # measured on this cluster, then ranked; training starts afresh with the pick
             trial_data = data_stream(cfg)
@@ -586,19 +635,41 @@ def _train_distributed(cfg: TrainConfig, log) -> TrainResult:
         pipe = DistributedPipeline(cluster, cfg.model, cfg.stages, sched, microbatch_size=cfg.microbatch_size,
                                    model_kwargs=cfg.model_kwargs(), dp=cfg.dp, strategy=cfg.strategy,
                                    optimizer=cfg.optimizer, lr=cfg.lr, transport=cfg.transport)
-        with _bar(cfg, log) as bar:
-            for _ in range(cfg.steps):
+        if cfg.checkpoint_dir:
+            ck = ck or _stage_checkpoints(cfg, sched)
+            pipe.start_checkpoints(ck.dir, ck.start if ck.restored else None)
+        data = data_stream(cfg, ck.data_state() if ck else None)
+        losses = ck.losses() if ck else []
+        start = ck.start if ck else 0
+        with _bar(cfg, log, start) as bar:
+            _resumed(ck, bar)
+            for step in range(start + 1, cfg.steps + 1):
                 res = pipe.step(next(data))
                 losses.append(res.loss)
                 seconds.append(res.seconds)
                 records.append(res.per_host)
+                if ck:
+                    _saved(ck.report(pipe.checkpoints_done(res.per_host)), bar)
+                    if ck.due(step):
+                        _saved(ck.report(pipe.save_checkpoint(step, ck.keep())), bar)
+                        ck.saving(step, data.state(), losses)
+                        bar.note(f"checkpoint: writing step {step}")
                 bar.step(_status(cfg, res.loss, seconds))
+            if ck:
+                _finish(ck, bar, pipe.wait_checkpoints, pipe.prune_checkpoints)
     if cfg.trace:
         # the last steps (after compilation), so the trace shows the steady state
         write_chrome_trace(records[-min(3, len(records)):], cfg.trace)
         if log:
             print(f"wrote {cfg.trace} (open in chrome://tracing or ui.perfetto.dev)", file=log)
-    return TrainResult(losses, seconds, sched, _rate(cfg, seconds), records)
+    return TrainResult(losses, seconds, sched, _rate(cfg, seconds), records, start_step=start)
+
+
+def _stage_checkpoints(cfg: TrainConfig, sched: Schedule):
+    """The driver's side of the checkpoints of a run on host workers: one part per stage mesh."""
+    from .checkpoint import Checkpoints, stage_part  # noqa: PLC0415
+
+    return Checkpoints(cfg, sched, [stage_part(s) for s in range(cfg.stages)])
 
 
 def write_loss(result: TrainResult, cfg: TrainConfig, out: str | Path) -> list[Path]:

@@ -69,6 +69,7 @@ class PipelineWorker(HostWorker):
         self.mailbox = None
         self._built: dict = {}    # (model, kwargs, model stages) -> (model, {model stage: compiled programs})
         self._updates: dict = {}  # (optimizer, lr) -> (optax transformation, compiled update)
+        self._writer = None  # this stage's checkpoint part (``checkpoint.PartWriter``), on replica 0
 
     # ---------------------------------------------------------------- set-up
     def setup_stage(self, cfg: StageSetup) -> dict:
@@ -247,7 +248,9 @@ class PipelineWorker(HostWorker):
                 "losses": last.losses if last is not None else {}, "events": events,
                 "transfers": list(self.mailbox.events), "peak_live": peak[0], "peak_live_bytes": peak[1],
                 "state_bytes": state_bytes, "cpu_seconds": time.process_time() - cpu0,
-                "cpu_by_thread": difference(thread_cpu_seconds(), threads0)}
+                "cpu_by_thread": difference(thread_cpu_seconds(), threads0),
+                "checkpoint_writer": self._writer is not None,
+                "checkpoint_done": self._writer.finished() if self._writer is not None else None}
 
     def _update(self, grads: dict) -> None:
         """Average ``grads`` (model stage -> tree) over the stage's data-parallel hosts in one
@@ -265,6 +268,36 @@ class PipelineWorker(HostWorker):
         for v in self.model_stages:
             self.params[v], self.opt_state[v] = self.update(self.params[v], self.opt_state[v], grads[v])
         jax.block_until_ready(self.params)
+
+    # ---------------------------------------------------------------- checkpoints (``checkpoint``)
+    def checkpoint_open(self, directory: str, step: int | None, writer: bool) -> None:
+        """Restore this stage's parameters and optimizer state from ``directory`` at ``step``
+        (None: a fresh run), into the shardings set-up gave them; a writer (replica 0) then
+        opens its part for saving."""
+        from pathlib import Path  # noqa: PLC0415
+
+        from . import checkpoint  # noqa: PLC0415
+
+        root = Path(directory) / checkpoint.stage_part(self.stage)
+        if step is not None:
+            got = checkpoint.restore_part(root, step, checkpoint.state_tree(self.params, self.opt_state))
+            self.params = {v: got["params"][str(v)] for v in self.model_stages}
+            self.opt_state = {v: got["opt_state"][str(v)] for v in self.model_stages}
+        if self._writer is not None:
+            self._writer.close()
+        self._writer = checkpoint.PartWriter(root) if writer else None
+
+    def checkpoint_save(self, step: int, keep: list[int]) -> int | None:
+        """Start saving this stage's state as ``step`` (``PartWriter.save``: returns at once)."""
+        from . import checkpoint  # noqa: PLC0415
+
+        return self._writer.save(step, checkpoint.state_tree(self.params, self.opt_state), keep)
+
+    def checkpoint_wait(self) -> int | None:
+        return self._writer.wait()
+
+    def checkpoint_prune(self, keep: list[int]) -> None:
+        self._writer.prune(keep)
 
     def regime(self, min_seconds: float = 0.5) -> dict:
         """What the stage's compute is made of, for reading a benchmark's regime:
@@ -329,6 +362,9 @@ class PipelineWorker(HostWorker):
         return out
 
     def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
         if self.mailbox is not None:
             self.mailbox.close()
         super().close()
