@@ -21,6 +21,8 @@ timed from a common barrier to the slowest process's end:
 
 * ``alpa_comm``: ``reshard_tree(params, out=old_weights, max_inflight_bytes=budget)``:
   received into the previous weights' memory;
+* ``alpa_comm_atomic``: the same with ``atomic=True``: each leaf through staging memory,
+  committed whole (groups of leaves in turn, staging within half the budget);
 * ``alpa_comm_fresh``: the same call without ``out``: new arrays beside the old weights
   (what receiving into the old weights avoids);
 * ``jax_device_put``: JAX's own cross-host ``jax.device_put`` of the tree onto each replica
@@ -59,7 +61,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 WORLD, DEVICES, TRAIN, REPLICAS = 6, 2, (0, 1), ((2, 3), (4, 5))
-METHODS = ("alpa_comm", "alpa_comm_fresh", "jax_device_put", "gather_broadcast")
+METHODS = ("alpa_comm", "alpa_comm_atomic", "alpa_comm_fresh", "jax_device_put", "gather_broadcast")
 LATENCY_S = 1e-3
 """What one message costs here beyond its bytes (Python, the transport and the tc queue on
 two shared cores), as ``alpa_comm_bench.sync_processes`` tells the planner."""
@@ -207,8 +209,9 @@ def _worker(config_path: str) -> int:
         with PeakMemory(baseline) as mem:
             t0 = time.perf_counter()
             got = None
-            if method == "alpa_comm":
-                got = reshard_tree(src, None, out=current, group=group, max_inflight_bytes=budget)
+            if method in ("alpa_comm", "alpa_comm_atomic"):
+                got = reshard_tree(src, None, out=current, group=group, max_inflight_bytes=budget,
+                                   atomic=method == "alpa_comm_atomic")
                 current = got
             elif method == "alpa_comm_fresh":
                 got = reshard_tree(src, targets, group=group, max_inflight_bytes=budget)
@@ -243,7 +246,7 @@ def _worker(config_path: str) -> int:
                         report["checked"] += 1
                         want = values(i, run % 2, arrays[i][1], s.index)
                         report["wrong"] += not np.array_equal(np.asarray(s.data), want)
-        if method != "alpa_comm":
+        if method not in ("alpa_comm", "alpa_comm_atomic"):
             del got
         say(f"run {run + 1}/{cfg['repeat'] + 1}: {seconds:.2f} s")
 

@@ -364,3 +364,19 @@ def test_a_gloo_group_without_torch_names_the_extra_in_one_line():
     name, _, message = done.stdout.strip().partition(" | ")
     assert name == "torch" and "install the extra 'runtime'" in message, done.stdout
     assert done.stderr == "", done.stderr
+
+
+def test_a_tree_received_leaf_by_leaf_keeps_its_staging_within_half_the_budget():
+    """``atomic=True`` with a small ``max_inflight_bytes``: the tree runs as groups of leaves
+    in turn (``resharding.staging``), so the staging alive at once on the receiver stays
+    within half the budget (each leaf here 256 KiB on the receiver, the budget 2 MiB), and
+    every shard is exact. In one plan the order keeps many leaves open at once."""
+    leaf = {"shape": [256, 256], "dtype": "float32", "src": {"ids": [[2, 3]], "axes": ["x", "y"], "spec": "S1R"},
+            "dst": {"ids": [[4, 5]], "axes": ["x", "y"], "spec": "RS1"}}
+    case = {"tree": [leaf] * 48, "bucket": 64 << 10, "into": True, "atomic": True, "budget": 2 << 20}
+    results = jax_processes.run(WORLD, DEVICES, [case, case], timeout=150)
+    out, err = results[2]
+    assert out is not None, err
+    for r in out:
+        assert not r.get("error") and not r["wrong"], r
+        assert 0 < r["staging_peak"] <= 1 << 20, r

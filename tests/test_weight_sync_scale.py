@@ -19,7 +19,8 @@ def test_every_method_verifies_and_reports_memory(tmp_path):
                         "--repeat", "1", "--out", str(tmp_path), "--json"], capture_output=True, text=True, timeout=500)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = json.loads(r.stdout.strip().splitlines()[-1])
-    assert [row["method"] for row in rows] == ["alpa_comm", "alpa_comm_fresh", "jax_device_put", "gather_broadcast"]
+    assert [row["method"] for row in rows] == ["alpa_comm", "alpa_comm_atomic", "alpa_comm_fresh", "jax_device_put",
+                                              "gather_broadcast"]
     assert all(row["verified"] and row["leaves"] == 2 * 12 + 3 and row["seconds"] > 0 for row in rows)
     assert set(rows[0]) == {"method", "model_bytes", "leaves", "replicas", "nic", "seconds", "gbps_busiest_receiver",
                             "bound_seconds", "peak_extra_bytes", "bucket_bytes", "verified"}

@@ -88,6 +88,10 @@ class HostBuffers:
     def layouts(self, layouts: list[Layout]) -> list[Layout]:
         return layouts
 
+    def carrier(self, dtype: np.dtype) -> np.dtype:
+        """The type buffers of ``dtype`` are held as here (host memory: the type itself)."""
+        return np.dtype(dtype)
+
     def place(self, leaves, want, shardings, buffers, hosts: JaxHosts, wires) -> list:
         """The destination ``jax.Array`` of every leaf from this process's received buffers
         (``want``: the result type, None for each leaf's own). On CPU devices the aligned
@@ -238,6 +242,10 @@ class DeviceBuffers:
     def layouts(self, layouts: list[Layout]) -> list[Layout]:
         return [lay if carrier(lay.dtype) == lay.dtype else replace(lay, dtype=carrier(lay.dtype))
                 for lay in layouts]
+
+    def carrier(self, dtype: np.dtype) -> np.dtype:
+        """The type buffers of ``dtype`` are held as on the device (``carrier``)."""
+        return carrier(np.dtype(dtype))
 
     def placer(self, leaves, want, shardings, hosts: JaxHosts, wires, writers: dict) -> Placer:
         """Places every leaf at the end: one batched hand-back by DLPack."""

@@ -20,11 +20,10 @@ staging buffers of its own, made when its first transfer here starts, and are co
 into its previous arrays in one step once every transfer writing it here has ended (the
 staging memory then goes back to the pool, for the leaves after it); a call that fails
 part of the way raises ``PartialUpdateError`` naming the leaves that hold the new values
-and those that still hold their previous ones, and every array stays usable. The price
-is the staging of the leaves being received: a leaf's from its first transfer here to
-its last, which the plan's order spreads over much of the call where a leaf gathers
-pieces from many senders (a 557 MiB model from FSDP to tensor-parallel replicas held
-159-167 MiB of staging at its peak on a process receiving 278 MiB).
+and those that still hold their previous ones, and every array stays usable. The staging
+stays within the budget: the tree runs as groups of leaves in turn whose staging fits half
+of it on every host (``resharding.staging``), the plans and executors within the other
+half.
 
 Refused by name, before anything moves: a leaf of another shape, type or sharding than
 the result would have, a deleted array, two leaves sharing memory, a shard whose memory
@@ -200,19 +199,22 @@ class ReceiveInto:
         self._lock = threading.Lock()
         self._closed = False
 
-    def bind(self, plan_leaves: int, plan_leaf_of: list, writers: dict) -> None:
-        """``plan_leaf_of[j]``: the plan leaf that ``arrays[j]`` receives; ``writers``:
-        transfer id -> the plan leaves it writes here (``reshard._Share.writers``). A leaf
-        that no transfer writes here (nothing of it to move) counts as updated."""
-        self._out_of = [None] * plan_leaves
-        self.buffers = [{} for _ in range(plan_leaves)]
-        for j, i in enumerate(plan_leaf_of):
-            self._out_of[i] = j
-            self.buffers[i] = self.staging[j]
-        self._completion = LeafCompletion(plan_leaves, writers)
-        for j, i in enumerate(plan_leaf_of):
-            if self._completion.unwritten(i):
-                self.updated[j] = True
+    def bind(self, plan_leaves: int, plan_leaf_of: dict, writers: dict) -> None:
+        """The plan about to run: ``plan_leaf_of[j]``, the plan leaf that ``arrays[j]``
+        receives, for the arrays it moves (all of them, or one group of leaves after
+        another: ``resharding.staging``); ``writers``: transfer id -> the plan leaves it
+        writes here (``reshard._Share.writers``). A leaf that no transfer writes here
+        (nothing of it to move) counts as updated."""
+        with self._lock:
+            self._out_of = [None] * plan_leaves
+            self.buffers = [{} for _ in range(plan_leaves)]
+            for j, i in plan_leaf_of.items():
+                self._out_of[i] = j
+                self.buffers[i] = self.staging[j]
+            self._completion = LeafCompletion(plan_leaves, writers)
+            for j, i in plan_leaf_of.items():
+                if self._completion.unwritten(i):
+                    self.updated[j] = True
 
     def done(self, transfer) -> None:
         """``transfer`` ended here: commit the leaves it was the last writer of (the

@@ -23,6 +23,9 @@ import numpy as np
 
 from ..errors import InvalidOptionError, InvalidSpecError
 from ..mesh import DeviceMesh
+from ..placement import Resharding
+from ..resharding.staging import staged_bytes
+from ..resharding.staging import staging_groups as cut_groups
 from ..spec import ShardingSpec
 from .placement import JaxHosts
 
@@ -93,4 +96,31 @@ def merge(descriptions: list[str]) -> dict:
                                      f"different destination shardings")
     if not targets:
         raise InvalidOptionError("no member of the group passed destination shardings (dst_tree=None everywhere)")
-    return {"devices_per_host": dph.pop(), "src": first, "dst": {str(k): v for k, v in sorted(targets.items())}}
+    return {"devices_per_host": dph.pop(), "src": first, "dst": {str(k): v for k, v in sorted(targets.items())},
+            "atomic": any(d.get("atomic", False) for d in parsed)}
+
+
+def staging_groups(picture: dict, limit: int) -> list[list[str]]:
+    """The source paths of ``picture`` cut into groups run in turn where a receiver takes
+    its leaves atomically (``resharding.staging``: each group's staging within ``limit``
+    on every host of every destination program)."""
+    dph = picture["devices_per_host"]
+    per_leaf = []
+    for path, s in picture["src"]:
+        need: dict[int, int] = {}
+        for targets in picture["dst"].values():
+            mesh, spec = placement_of(targets[path], len(s["shape"]), dph)
+            move = Resharding.between(tuple(s["shape"]), s["wire"], mesh, spec, mesh, spec)
+            for host, n in staged_bytes(move, dph).items():
+                need[host] = need.get(host, 0) + n
+        per_leaf.append(need)
+    paths = [path for path, _ in picture["src"]]
+    return [[paths[i] for i in g] for g in cut_groups(per_leaf, limit)]
+
+
+def restricted(picture: dict, paths: list) -> dict:
+    """``picture`` with only the leaves at ``paths`` (one group of ``staging_groups``)."""
+    keep = set(paths)
+    return {**picture, "src": [[p, s] for p, s in picture["src"] if p in keep],
+            "dst": {first: {p: d for p, d in targets.items() if p in keep}
+                    for first, targets in picture["dst"].items()}}

@@ -26,6 +26,7 @@ from ..gc_pause import gc_paused
 from ..placement import Resharding
 from ..resharding import plan_resharding
 from ..resharding.host_job import HostJob
+from ..resharding.staging import staged_bytes, staging_groups
 from ..resharding.tree import plan_resharding_tree, tree_flatten, tree_unflatten
 from ..runtime.backend import CommunicationError
 from ..resharding.admission import MAX_INFLIGHT_BYTES
@@ -85,15 +86,15 @@ def reshard_tree(tree, dst_tree, *, group: ProcessGroup | None = None, strategy:
     leaf's bytes land in staging memory of its own and are copied into its array once all
     are in, and a call that fails part of the way raises ``PartialUpdateError`` naming the
     leaves that hold the new values and those that hold their previous ones, every array
-    usable (the staging of the leaves being received is memory beyond the budget: see
-    ``into``).
+    usable (see ``into``).
 
     ``max_inflight_bytes`` (default ``MAX_INFLIGHT_BYTES``, 256 MiB): beyond the source
     arrays and the results, the buffers this process makes for the call (packed buckets,
     receives that cannot land in place) stay within it; buckets are at most half of it,
     so the next is packed while the previous is on the wire. Receiving into ``out`` with
-    ``atomic``, the staging of the leaves being received comes on top: each leaf's from
-    its first transfer here to its last, recycled for the leaves after it."""
+    ``atomic``, the staging of the leaves counts too: the tree runs as groups of leaves in
+    turn whose staging fits half of the budget on every process, the buffers of each
+    group's plan within the other half (a leaf over half of it is staged whole, alone)."""
     budget = MAX_INFLIGHT_BYTES if max_inflight_bytes is None else positive_int(max_inflight_bytes,
                                                                                 "max_inflight_bytes")
     if not isinstance(atomic, bool):
@@ -122,28 +123,68 @@ def _reshard_tree(tree, dst_tree, group, strategy, bucket_bytes, wire_dtype, dty
     if set(dsts) != {p for p, _ in leaves}:
         raise InvalidOptionError(f"the destination tree's leaves {sorted(dsts)} do not match the array tree's "
                                  f"{sorted(p for p, _ in leaves)}")
-    prep = _prepare(leaves, dsts, group, strategy, bucket_bytes, wire_dtype, budget)
-    io = buffers_for(group.buffers, prep.hosts, group.pool)
-    layouts = io.layouts(prep.layouts)
-    into = None
-    if out is not None:
-        paths = [p for p, _ in leaves]
-        into = _into(out, paths, [(x.shape, _want(dtype) or x.dtype) for _, x in leaves], prep.shardings,
-                     prep.wires, layouts, prep.hosts, io, leaves, atomic)
-        into.bind(len(leaves), list(range(len(leaves))), prep.writers)
-    src = ([io.sources(x, prep.hosts, wire) for (_, x), wire in zip(leaves, prep.wires)] if prep.sends
-           else [{}] * len(leaves))  # a process that only receives reads no shards
-    if into is not None:
-        _run(prep, layouts, src, group, timeout, io, into=into, budget=budget)
-        return tree_unflatten(tree, into.results())
-    placer = io.placer([(x.shape, x.dtype) for _, x in leaves], _want(dtype), prep.shardings, prep.hosts,
-                       prep.wires, prep.writers)
+    if out is None:
+        prep = _prepare(leaves, dsts, group, strategy, bucket_bytes, wire_dtype, budget)
+        io = buffers_for(group.buffers, prep.hosts, group.pool)
+        layouts = io.layouts(prep.layouts)
+        src = _sources(io, prep, prep.hosts, [x for _, x in leaves], prep.wires)
+        placer = io.placer([(x.shape, x.dtype) for _, x in leaves], _want(dtype), prep.shardings, prep.hosts,
+                           prep.wires, prep.writers)
+        try:
+            _run(prep, layouts, src, group, timeout, io, placer, budget=budget)
+        except BaseException:
+            placer.close()
+            raise
+        return tree_unflatten(tree, placer.results())
+    whole = _tree_of(leaves, dsts, group, wire_dtype, budget)
+    io = buffers_for(group.buffers, whole.hosts, group.pool)
+    paths = [p for p, _ in leaves]
+    into = _into(out, paths, [(x.shape, _want(dtype) or x.dtype) for _, x in leaves], whole.shardings, whole.wires,
+                 whole.hosts, io, leaves, atomic)
+    groups = whole.groups if atomic else [list(range(len(leaves)))]
+    for k, g in enumerate(groups):
+        part = [leaves[i] for i in g]
+        prep = _prepare(part, dsts, group, strategy, bucket_bytes, wire_dtype, _plan_budget(budget, atomic))
+        into.bind(len(part), dict(zip(g, range(len(g)))), prep.writers)
+        src = _sources(io, prep, prep.hosts, [x for _, x in part], prep.wires)
+        _in_turn(k, into, lambda: _run(prep, io.layouts(prep.layouts), src, group, timeout, io, into=into,
+                                       budget=_plan_budget(budget, atomic)))
+    return tree_unflatten(tree, into.results())
+
+
+def _sources(io, share: "_Share", hosts: JaxHosts, arrays: list, wires: list) -> list:
+    """The source shards of ``arrays`` (None: not held here) this host reads: none on a
+    host that only receives."""
+    if not share.sends:
+        return [{}] * len(arrays)
+    return [io.sources(x, hosts, wire) if x is not None else {} for x, wire in zip(arrays, wires)]
+
+
+def _plan_budget(budget: int, atomic: bool) -> int:
+    """What the plan and the executor may hold: receiving leaf by leaf, half of the budget
+    (the staging of each group of leaves takes the other half: ``resharding.staging``)."""
+    return max(1, budget // 2) if atomic else budget
+
+
+def _in_turn(k: int, into: ReceiveInto, run) -> None:
+    """Run group ``k`` of a call receiving into ``out``; a communication failure before its
+    transfers start, after earlier groups committed, still says which leaves are new."""
     try:
-        _run(prep, layouts, src, group, timeout, io, placer, budget=budget)
-    except BaseException:
-        placer.close()
+        run()
+    except PartialUpdateError:
         raise
-    return tree_unflatten(tree, placer.results())
+    except CommunicationError as e:
+        if not into.atomic or k == 0:
+            raise
+        into.close()
+        raise _partial(str(e), into) from e
+
+
+def _partial(message: str, into: ReceiveInto) -> PartialUpdateError:
+    updated, unchanged = into.report()
+    return PartialUpdateError(f"{message}; out: the new values in {_leaves(updated)}, the previous ones in "
+                              f"{_leaves(unchanged)} (no leaf holds a mix; every array is usable; calling "
+                              f"again moves the tree anew)", updated, unchanged)
 
 
 def _want(dtype):
@@ -180,10 +221,7 @@ def _run(share: "_Share", layouts, src, group: ProcessGroup, timeout, io, placer
             _drop_out(into, ex, io)
         elif into is not None:
             _stop_staging(into, ex, io)
-            updated, unchanged = into.report()
-            raise PartialUpdateError(f"{message}; out: the new values in {_leaves(updated)}, the previous ones in "
-                                     f"{_leaves(unchanged)} (no leaf holds a mix; every array is usable; calling "
-                                     f"again moves the tree anew)", updated, unchanged) from e
+            raise _partial(message, into) from e
         if first != str(e):
             raise CommunicationError(message) from e
         raise
@@ -239,7 +277,9 @@ def _reshard_between_programs(tree, dst_tree, group: ProcessGroup, strategy, buc
                               timeout, out=None, budget: int = MAX_INFLIGHT_BYTES, atomic: bool = False):
     """``reshard_tree`` where the two sides are different JAX programs (``programs``):
     exchange descriptions, plan the merged picture, run this process's share, and return
-    the destination tree as this program sees it (None for a process that only sends)."""
+    the destination tree as this program sees it (None for a process that only sends).
+    Where any receiver takes its tree leaf by leaf (``atomic``), every member runs the
+    same groups of leaves in turn (``resharding.staging``)."""
     import jax  # noqa: PLC0415
 
     hosts = JaxHosts(jax.devices(), first_host=group.rank - jax.process_index())
@@ -250,30 +290,46 @@ def _reshard_between_programs(tree, dst_tree, group: ProcessGroup, strategy, buc
                 "wire": dtype_name(_wire_type(np.dtype(x.dtype), wire_dtype)),
                 **programs.describe_sharding(x.sharding, hosts)}] for path, x in leaves]
     mine = {"first": hosts.first_host, "devices_per_host": hosts.devices_per_host, "src": src_desc,
-            "dst": None if dst_tree is None else {path: programs.describe_sharding(d, hosts) for path, d in dst_leaves}}
+            "dst": None if dst_tree is None else {path: programs.describe_sharding(d, hosts) for path, d in dst_leaves},
+            "atomic": bool(atomic and out is not None and dst_tree is not None)}
     picture = programs.merge(group.exchange(programs.TOPIC, json.dumps(mine, sort_keys=True)))
-    key = (_group_key(group), strategy, bucket_bytes, budget, json.dumps(picture, sort_keys=True))
-    prep = _cached(key, lambda: _prepare_programs(picture, group, strategy, bucket_bytes, budget))
     xs = dict(leaves)
     io = buffers_for(group.buffers, hosts, group.pool)
-    layouts = io.layouts(prep.layouts)
     shapes = {path: (tuple(d["shape"]), numpy_dtype(d["dtype"])) for path, d in picture["src"]}
     wires = {path: numpy_dtype(d["wire"]) for path, d in picture["src"]}
-    ours = {path: i for i, (path, first, _) in enumerate(prep.moves) if first == hosts.first_host}
     paths = [path for path, _ in dst_leaves]
     shardings = [named_sharding(d, len(shapes[path][0])) for path, d in dst_leaves]
     into = None
     if out is not None and dst_tree is not None:
         into = _into(out, paths, [(shapes[p][0], _want(dtype) or shapes[p][1]) for p in paths], shardings,
-                     [wires[p] for p in paths], [layouts[ours[p]] for p in paths], hosts, io, leaves, atomic)
-        into.bind(len(prep.moves), [ours[p] for p in paths], prep.writers)  # plan leaves of every program
-    src = [io.sources(xs[path], hosts, numpy_dtype(wire)) if path in xs else {} for path, _, wire in prep.moves]
-    dst = _run(prep, layouts, src, group, timeout, io, into=into, budget=budget)
+                     [wires[p] for p in paths], hosts, io, leaves, atomic)
+    split = picture["atomic"]
+    key = (_group_key(group), strategy, bucket_bytes, budget, json.dumps(picture, sort_keys=True))
+    groups = _cached(("groups",) + key, lambda: programs.staging_groups(picture, budget - _plan_budget(budget, True))
+                     ) if split else [[path for path, _ in picture["src"]]]
+    index = {p: j for j, p in enumerate(paths)}
+    received: dict = {}  # path -> this process's buffers (receiving without out)
+    for k, group_paths in enumerate(groups):
+        part = programs.restricted(picture, group_paths) if split else picture
+        prep = _cached(("programs", budget, split) + key + (tuple(group_paths) if split else (),),
+                       lambda: _prepare_programs(part, group, strategy, bucket_bytes, _plan_budget(budget, split)))
+        ours = {path: i for i, (path, first, _) in enumerate(prep.moves) if first == hosts.first_host}
+        if into is not None:
+            into.bind(len(prep.moves), {index[p]: i for p, i in ours.items()}, prep.writers)
+        src = _sources(io, prep, hosts, [xs.get(path) for path, _, _ in prep.moves],
+                       [numpy_dtype(wire) for _, _, wire in prep.moves])
+        layouts = io.layouts(prep.layouts)
+        if into is not None:
+            _in_turn(k, into, lambda: _run(prep, layouts, src, group, timeout, io, into=into,
+                                           budget=_plan_budget(budget, split)))
+            continue
+        dst = _run(prep, layouts, src, group, timeout, io, budget=_plan_budget(budget, split))
+        received.update((p, dst[i]) for p, i in ours.items())
     if dst_tree is None:
         return None
     if into is not None:
         return tree_unflatten(dst_tree, into.results(), is_leaf=_is_notation_pair)
-    got = io.place([shapes[p] for p in paths], _want(dtype), shardings, [dst[ours[p]] for p in paths], hosts,
+    got = io.place([shapes[p] for p in paths], _want(dtype), shardings, [received[p] for p in paths], hosts,
                    [wires[p] for p in paths])
     return tree_unflatten(dst_tree, got, is_leaf=_is_notation_pair)
 
@@ -284,19 +340,19 @@ kept alive, never reused (freeing them could let a late write land in memory ano
 call uses)."""
 
 
-def _into(out, paths: list, results: list, shardings: list, wires: list, layouts: list, hosts, io,
-          sources: list, atomic: bool) -> ReceiveInto:
+def _into(out, paths: list, results: list, shardings: list, wires: list, hosts, io, sources: list,
+          atomic: bool) -> ReceiveInto:
     """``out``'s leaves checked against the results they take in place and the
     ``sources`` ((path, array) pairs) the call reads (``into.check_out``, each refusal
-    naming the leaf), with their shards as writable views to commit into and staging
-    buffers from ``io`` (``ReceiveInto``)."""
+    naming the leaf), before anything moves, with their shards as writable views to
+    commit into and staging buffers from ``io`` (``ReceiveInto``)."""
     given = dict(tree_flatten(out))
     if set(given) != set(paths):
         raise InvalidOptionError(f"out's leaves {sorted(given)} do not match the destination tree's {sorted(paths)}")
     arrays = [given[p] for p in paths]
     check_out(arrays, paths, [s for s, _ in results], [t for _, t in results], shardings, wires, sources)
-    return ReceiveInto(arrays, paths, [writable_shards(y, hosts, lay.dtype, io.xp) for y, lay in zip(arrays, layouts)],
-                      io.alloc, io.xp, atomic)
+    views = [writable_shards(y, hosts, io.carrier(wire), io.xp) for y, wire in zip(arrays, wires)]
+    return ReceiveInto(arrays, paths, views, io.alloc, io.xp, atomic)
 
 
 @dataclass
@@ -415,13 +471,27 @@ def _prepare(leaves, dsts: dict, group: ProcessGroup, strategy: str, bucket_byte
 
 def _prepare_afresh(leaves, dsts: dict, group: ProcessGroup, strategy: str, bucket_bytes, wire_dtype,
                     budget: int) -> _Prepared:
+    hosts, moves, shardings, wires = _moves(leaves, dsts, group, wire_dtype)
+    cluster = _cluster(group, hosts.devices_per_host)
+    if len(moves) == 1 and bucket_bytes is None:
+        m = moves[0]
+        plan = plan_resharding(m.shape, m.dtype, m.src_mesh, m.src_spec, m.dst_mesh, m.dst_spec, cluster=cluster,
+                               strategy=strategy, max_inflight_bytes=budget)
+    else:  # a list keeps the leaves in order: plan leaf i is leaves[i]
+        plan = plan_resharding_tree(moves, cluster=cluster, strategy=strategy, bucket_bytes=bucket_bytes,
+                                    max_inflight_bytes=budget, vectored=group.vectored)
+    return _Prepared(**vars(_Share.of(plan, group.rank)), hosts=hosts, shardings=shardings, wires=wires)
+
+
+def _moves(leaves, dsts: dict, group: ProcessGroup, wire_dtype) -> tuple[JaxHosts, list, list, list]:
+    """This program's hosts, and per leaf its move (``Resharding``), its destination
+    ``NamedSharding`` and the type it travels in."""
     import jax  # noqa: PLC0415
 
     hosts = JaxHosts(jax.devices())
     if hosts.num_processes > group.world_size:
         raise InvalidOptionError(f"the program has {hosts.num_processes} processes but the group only "
                                  f"{group.world_size}")
-    cluster = _cluster(group, hosts.devices_per_host)
     moves, shardings, wires = [], [], []
     for path, x in leaves:
         sharding = named_sharding(dsts[path], x.ndim)
@@ -431,14 +501,32 @@ def _prepare_afresh(leaves, dsts: dict, group: ProcessGroup, strategy: str, buck
         moves.append(Resharding.between(tuple(x.shape), dtype_name(wire), src_mesh, src_spec, dst_mesh, dst_spec))
         shardings.append(sharding)
         wires.append(wire)
-    if len(moves) == 1 and bucket_bytes is None:
-        m = moves[0]
-        plan = plan_resharding(m.shape, m.dtype, m.src_mesh, m.src_spec, m.dst_mesh, m.dst_spec, cluster=cluster,
-                               strategy=strategy, max_inflight_bytes=budget)
-    else:  # a list keeps the leaves in order: plan leaf i is leaves[i]
-        plan = plan_resharding_tree(moves, cluster=cluster, strategy=strategy, bucket_bytes=bucket_bytes,
-                                    max_inflight_bytes=budget, vectored=group.vectored)
-    return _Prepared(**vars(_Share.of(plan, group.rank)), hosts=hosts, shardings=shardings, wires=wires)
+    return hosts, moves, shardings, wires
+
+
+@dataclass
+class _Tree:
+    """A tree received into ``out``, whole: its hosts, destination shardings and wire
+    types (to check and view ``out`` before anything moves) and the groups of leaves that
+    leaf by leaf run in turn (``resharding.staging``: each group's staging within half
+    the budget on every host)."""
+
+    hosts: JaxHosts
+    shardings: list
+    wires: list
+    groups: list
+
+
+def _tree_of(leaves, dsts: dict, group: ProcessGroup, wire_dtype, budget: int) -> _Tree:
+    key = ("tree", _group_key(group), str(wire_dtype), budget,
+           tuple((path, x.shape, x.dtype, x.sharding, _hashable(dsts[path])) for path, x in leaves))
+
+    def make() -> _Tree:
+        hosts, moves, shardings, wires = _moves(leaves, dsts, group, wire_dtype)
+        per_leaf = [staged_bytes(m, hosts.devices_per_host) for m in moves]
+        return _Tree(hosts, shardings, wires, staging_groups(per_leaf, budget - _plan_budget(budget, True)))
+
+    return _cached(key, make)
 
 
 def _hashable(dst):
