@@ -66,6 +66,19 @@ class PartialUpdateError(CommunicationError):
         return type(self), (str(self), self.updated, self.unchanged)
 
 
+class LostDataError(CommunicationError):
+    """A call that failed over from lost hosts (``on_failure="replan"``) cannot finish:
+    ``lost`` lists the slices (leaf path, index box) that only the lost hosts held, named
+    in the message; nothing of the retry moved."""
+
+    def __init__(self, message: str, lost: list):
+        super().__init__(message)
+        self.lost = list(lost)
+
+    def __reduce__(self):
+        return type(self), (str(self), self.lost)
+
+
 class CommunicationTimeoutError(CommunicationError, TimeoutError):
     """A wait for a peer (a rendezvous key, a host's answer) ran out of time; the message
     names what was awaited and for how long."""

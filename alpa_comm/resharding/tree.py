@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from ..dtypes import itemsize
-from ..errors import InvalidOptionError
+from ..errors import InvalidOptionError, LostDataError
 from ..gc_pause import gc_paused
 from ..placement import Placement, Resharding
 from ..topology import ClusterSpec
@@ -134,7 +134,7 @@ def plan_resharding_tree(tree, *, cluster: ClusterSpec, strategy: str = "broadca
                          bucket_bytes: int | str | None = "auto", chunks: int | None = None, seed: int = 0,
                          dfs_budget_s: float = balancing.DEFAULT_DFS_BUDGET_S,
                          cache: bool | PlanCache = True, max_inflight_bytes: int | None = None,
-                         vectored: bool = False) -> TreePlan:
+                         vectored: bool = False, lost_hosts=()) -> TreePlan:
     """One plan for a pytree whose leaves are ``Resharding`` records.
 
     ``bucket_bytes``: ``"auto"`` (from latency and bandwidth), a byte count, or
@@ -149,6 +149,10 @@ def plan_resharding_tree(tree, *, cluster: ClusterSpec, strategy: str = "broadca
     halving transfers (``ramp_down``): each piece would only add a message's fixed cost
     (``benchmarks/user_script.py``: 10 x 256 KiB moves faster than JAX's ``device_put``
     without them, slower with the halving pieces).
+
+    ``lost_hosts``: hosts that take no part any more (a failover after they died: see
+    ``without_hosts``): their devices neither send nor receive; a slice only they held
+    raises ``LostDataError`` naming it.
     """
     if not is_choice(strategy, TREE_STRATEGIES):
         raise InvalidOptionError(f"strategy {strategy!r} is not available for trees; choose one of "
@@ -162,7 +166,9 @@ def plan_resharding_tree(tree, *, cluster: ClusterSpec, strategy: str = "broadca
     flat = tree_flatten(tree)
     store = cache_for(cache)
     vectored = bool(vectored)
-    options = (cluster, strategy, loadbalance, bucket, chunks, seed, dfs_budget_s, stream, vectored, one_hop_bucket)
+    lost = frozenset(int(h) for h in lost_hosts)
+    options = (cluster, strategy, loadbalance, bucket, chunks, seed, dfs_budget_s, stream, vectored, one_hop_bucket,
+               lost)
     same = None
     if store is not None:  # the very leaves of an earlier call: recognised by identity
         same = IdentityKey(tuple(move for _, move in flat), ("tree", tuple(path for path, _ in flat)) + options)
@@ -181,7 +187,7 @@ def plan_resharding_tree(tree, *, cluster: ClusterSpec, strategy: str = "broadca
         raise InvalidOptionError("the tree has no leaves")
     moves = tuple(move_key(leaf.resharding) for leaf in leaves)
     key = HashedKey(("tree", tuple((leaf.path, m) for leaf, m in zip(leaves, moves)), cluster_key(cluster), strategy,
-                     loadbalance, bucket, chunks, seed, dfs_budget_s, stream, vectored, one_hop_bucket))
+                     loadbalance, bucket, chunks, seed, dfs_budget_s, stream, vectored, one_hop_bucket, lost))
     if store is not None:
         hit = store.get(key)
         if hit is not None:
@@ -190,6 +196,8 @@ def plan_resharding_tree(tree, *, cluster: ClusterSpec, strategy: str = "broadca
             return hit
     with gc_paused():
         per_leaf, layouts = _decompose_leaves(leaves, moves)
+        if lost:
+            per_leaf = without_hosts(leaves, per_leaf, layouts, lost, cluster)
         bounds = LowerBounds(None, cluster, [(per_leaf[first], len(same)) for first, same in layouts.items()])
         plan = plan_for(strategy, lambda s: _plan_tree(leaves, per_leaf, bounds, cluster, s, loadbalance, bucket,
                                                        chunks, seed, dfs_budget_s, stream, layouts, vectored,
@@ -218,6 +226,37 @@ def _decompose_leaves(leaves: tuple[Leaf, ...], moves: tuple[tuple, ...]
                         tuple(decompose(leaf.shape, itemsize(leaf.dtype), leaf.src_mesh, leaf.src_spec, leaf.dst_mesh,
                                         leaf.dst_spec)))
     return tuple(per_leaf), layouts
+
+
+def without_hosts(leaves: tuple[Leaf, ...], per_leaf: tuple[tuple[UnitTask, ...], ...], layouts: dict[int, list[int]],
+                  lost: frozenset, cluster: ClusterSpec) -> tuple[tuple[UnitTask, ...], ...]:
+    """Each leaf's unit tasks without the devices of the ``lost`` hosts: a slice keeps the
+    live replicas that hold it (the planner balances over them as over any replicas) and
+    goes only to live devices that need it (a slice no live device needs is dropped; task
+    ids are renumbered, as plans index tasks by id). A slice that live devices need and
+    only lost hosts held cannot be moved: ``LostDataError`` names every such slice."""
+    host = cluster.host_of
+    out: list = [None] * len(per_leaf)
+    missing = []
+    for first, same in layouts.items():
+        kept = []
+        for t in per_leaf[first]:
+            dst = tuple(d for d in t.dst_devices if host(d) not in lost)
+            if not dst:
+                continue
+            src = tuple(d for d in t.src_devices if host(d) not in lost)
+            if not src:
+                missing += [(leaves[i].path, t.index) for i in same]
+                continue
+            kept.append(t._replace(id=len(kept), src_devices=src, dst_devices=dst))
+        for i in same:
+            out[i] = tuple(kept)
+    if missing:
+        shown = ", ".join(f"{path} {list(map(list, box))}" for path, box in missing[:8])
+        more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
+        raise LostDataError(f"hosts {sorted(lost)} held the only copies of {len(missing)} slice(s) the live "
+                            f"hosts need: {shown}{more}", missing)
+    return tuple(out)
 
 
 def _leaves(flat: list[tuple[str, Any]], cluster: ClusterSpec) -> tuple[Leaf, ...]:

@@ -64,12 +64,15 @@ def _first_overlap(boxes: list) -> tuple[int, int] | None:
     return None
 
 
-def verify_plan(plan) -> None:
+def verify_plan(plan, lost_hosts=()) -> None:
     """Raise ``PlanError`` naming the first transfer or device that goes wrong.
 
     Any plan: a single-array plan is read as a one-leaf plan, a tree plan leaf by
-    leaf; a coalesced transfer delivers each of its parts."""
-    ledger = _Ledger.of(plan.leaves)
+    leaf; a coalesced transfer delivers each of its parts. ``lost_hosts``: a plan made
+    without them (``plan_resharding_tree(lost_hosts=...)``): their devices hold nothing
+    and need nothing."""
+    lost = frozenset(lost_hosts)
+    ledger = _Ledger.of(plan.leaves, (lambda d: plan.cluster.host_of(d) in lost) if lost else None)
     for t in plan.transfers:
         ledger.run(t)
     ledger.check_many_boxes()
@@ -90,9 +93,12 @@ class _Ledger:
     done: set = field(default_factory=set)  # ids of the transfers played so far
 
     @classmethod
-    def of(cls, leaves) -> "_Ledger":
-        need = [leaf.resharding.dst.device_boxes(leaf.shape) for leaf in leaves]
-        holds = [{d: [b] for d, b in leaf.resharding.src.device_boxes(leaf.shape).items()} for leaf in leaves]
+    def of(cls, leaves, gone=None) -> "_Ledger":
+        """``gone(device)``: whether a device takes no part (its host was lost)."""
+        live = (lambda boxes: boxes) if gone is None else (lambda boxes: {d: b for d, b in boxes.items()
+                                                                          if not gone(d)})
+        need = [live(leaf.resharding.dst.device_boxes(leaf.shape)) for leaf in leaves]
+        holds = [{d: [b] for d, b in live(leaf.resharding.src.device_boxes(leaf.shape)).items()} for leaf in leaves]
         return cls(leaves, need, holds, [{d: [] for d in n} for n in need], [{d: [] for d in n} for n in need])
 
     def where(self, t, leaf: int) -> str:
