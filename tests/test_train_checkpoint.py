@@ -1,10 +1,13 @@
 """Trainer checkpoints (``--checkpoint-dir``, ``--checkpoint-every``, ``--resume``): a run
 stopped and resumed gives exactly (bit for bit) the losses and parameters of an
 uninterrupted one; a half-written step is ignored; bad requests are named."""
+import contextlib
 import json
 
 import numpy as np
 import pytest
+
+from conftest import emulation_marks
 
 jax = pytest.importorskip("jax")
 pytest.importorskip("optax")
@@ -87,3 +90,75 @@ def test_local_ray_resume_is_bit_exact(tmp_path):
     train(TrainConfig(steps=3, checkpoint_dir=str(tmp_path), checkpoint_every=2, **kw), log=None)
     resumed = train(TrainConfig(steps=5, checkpoint_dir=str(tmp_path), resume=True, **kw), log=None)
     assert resumed.start_step == 3 and resumed.losses == ref.losses
+
+
+def _part_leaves(root, part, step):
+    """Part ``part``'s parameters at ``step`` (any part: ``inprocess``, ``stage_<s>``), as NumPy leaves."""
+    from alpa_comm.train.checkpoint import orbax
+    with orbax().CheckpointManager(root / part) as m:
+        got = m.restore(step)
+    return [np.asarray(x) for x in jax.tree_util.tree_leaves(got["params"])]
+
+
+@pytest.mark.parametrize("seed", [pytest.param(0, marks=emulation_marks())])  # root, slow, its xdist group
+def test_emulated_host_loss_then_resume_is_bit_exact(tmp_path, monkeypatch, seed):
+    """A run on the emulated cluster (2 hosts, 400 Mbit/s, 10 steps, a checkpoint every 2)
+    loses a stage's host at a seeded step: its worker process is SIGKILLed during the step
+    (``CommunicationError`` naming the host, the cluster torn down, a checkpoint possibly
+    half-written). ``--resume`` on a fresh cluster goes on from the latest complete
+    checkpoint, and its losses and final parameters equal an uninterrupted run's bit for bit.
+
+    In this file, not beside ``test_train_emulated``'s module-wide cluster: a killed worker
+    leaves a cluster unusable (``Cluster.broken``) and the emulated cluster's names are
+    machine-wide, so the lost run needs a cluster of its own while no other is up."""
+    import os
+    import random
+    import signal
+    import threading
+
+    ray = pytest.importorskip("ray")
+    pytest.importorskip("torch")
+    from alpa_comm.runtime.backend import CommunicationError
+    from alpa_comm.runtime.emulated import netns
+    from alpa_comm.train import trainer
+    from alpa_comm.train.checkpoint import stage_part
+    from alpa_comm.train.distributed import DistributedPipeline, PipelineCluster
+
+    rng = random.Random(seed)
+    steps, every = 10, 2
+    # from step 5: a writer finishes step 2's save before it starts step 4's, so step 2 is complete by then
+    kill_step, victim, delay = rng.randint(2 * every + 1, steps - 2), rng.randrange(2), rng.uniform(0.0, 0.1)
+    why = f"seed {seed}: stage {victim}'s worker killed {delay * 1e3:.0f} ms into step {kill_step}"
+    kw = {**KW, "cluster": "emulated", "nic": "400mbit", "devices_per_host": 1, "microbatch_size": 4,
+          "timeout": 10, "steps": steps}
+    run_dir, ref_dir = tmp_path / "run", tmp_path / "ref"
+    real_step = DistributedPipeline.step
+    seen = {"steps": 0, "pid": None}
+
+    def losing_a_host(pipe, microbatches):
+        seen["steps"] += 1
+        if seen["steps"] == kill_step:
+            seen["pid"] = ray.get(pipe.cluster.workers[victim].pid.remote())
+            threading.Timer(delay, os.kill, (seen["pid"], signal.SIGKILL)).start()
+        return real_step(pipe, microbatches)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(DistributedPipeline, "step", losing_a_host)
+        with pytest.raises(CommunicationError, match=f"host {victim}"):
+            train(TrainConfig(checkpoint_dir=str(run_dir), checkpoint_every=every, **kw), log=None)
+    assert kill_step <= seen["steps"] <= kill_step + 1, why  # lost in that step or the next
+    assert not netns.existing_namespaces() and not netns._alive(seen["pid"]), why
+    complete = sorted(int(p.stem) for p in (run_dir / "meta").glob("*.json"))
+    assert complete and every <= complete[-1] < seen["steps"], (why, complete)
+
+    with PipelineCluster.emulated(2, 1, nic="400mbit", timeout=10, log=None) as cluster:  # the restart
+        monkeypatch.setattr(trainer, "open_cluster", lambda cfg, log=None: contextlib.nullcontext(cluster))
+        resumed = train(TrainConfig(checkpoint_dir=str(run_dir), resume=True, **kw), log=None)
+        ref = train(TrainConfig(checkpoint_dir=str(ref_dir), checkpoint_every=100, **kw), log=None)
+    assert not netns.existing_namespaces()
+    assert resumed.start_step == complete[-1], why
+    assert len(resumed.step_seconds) == steps - complete[-1]
+    assert resumed.losses == ref.losses, why  # bit for bit: the same floats
+    for s in range(2):
+        for a, b in zip(_part_leaves(run_dir, stage_part(s), steps), _part_leaves(ref_dir, stage_part(s), steps)):
+            assert np.array_equal(a, b), (why, f"stage {s}")
