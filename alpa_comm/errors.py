@@ -67,9 +67,9 @@ class PartialUpdateError(CommunicationError):
 
 
 class LostDataError(CommunicationError):
-    """A call that failed over from lost hosts (``on_failure="replan"``) cannot finish:
-    ``lost`` lists the slices (leaf path, index box) that only the lost hosts held, named
-    in the message; nothing of the retry moved."""
+    """A plan without lost hosts (``plan_resharding_tree(lost_hosts=...)``) cannot be made:
+    ``lost`` lists the slices (leaf path, index box) that live devices need and only the
+    lost hosts held, named in the message; nothing was planned."""
 
     def __init__(self, message: str, lost: list):
         super().__init__(message)

@@ -160,5 +160,6 @@ def test_emulated_host_loss_then_resume_is_bit_exact(tmp_path, monkeypatch, seed
     assert len(resumed.step_seconds) == steps - complete[-1]
     assert resumed.losses == ref.losses, why  # bit for bit: the same floats
     for s in range(2):
-        for a, b in zip(_part_leaves(run_dir, stage_part(s), steps), _part_leaves(ref_dir, stage_part(s), steps)):
+        for a, b in zip(_part_leaves(run_dir, stage_part(s), steps), _part_leaves(ref_dir, stage_part(s), steps),
+                        strict=True):
             assert np.array_equal(a, b), (why, f"stage {s}")

@@ -95,10 +95,11 @@ class _Ledger:
     @classmethod
     def of(cls, leaves, gone=None) -> "_Ledger":
         """``gone(device)``: whether a device takes no part (its host was lost)."""
-        live = (lambda boxes: boxes) if gone is None else (lambda boxes: {d: b for d, b in boxes.items()
-                                                                          if not gone(d)})
-        need = [live(leaf.resharding.dst.device_boxes(leaf.shape)) for leaf in leaves]
-        holds = [{d: [b] for d, b in live(leaf.resharding.src.device_boxes(leaf.shape)).items()} for leaf in leaves]
+        gone = gone or (lambda d: False)
+        need = [{d: b for d, b in leaf.resharding.dst.device_boxes(leaf.shape).items() if not gone(d)}
+                for leaf in leaves]
+        holds = [{d: [b] for d, b in leaf.resharding.src.device_boxes(leaf.shape).items() if not gone(d)}
+                 for leaf in leaves]
         return cls(leaves, need, holds, [{d: [] for d in n} for n in need], [{d: [] for d in n} for n in need])
 
     def where(self, t, leaf: int) -> str:
